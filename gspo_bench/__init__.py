@@ -1,0 +1,7 @@
+"""gspo_bench: PPO, GRPO, DAPO, GSPO, GSPO-token and CISPO side by side on equal terms.
+
+The math is pinned by ALGORITHMS.md; ``gspo_bench.losses.policy_loss`` and
+``gspo_bench.advantages`` are the public, pure-function API.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,162 @@
+"""Command line: ``python -m gspo_bench {run,list}`` (also installed as ``gspo-bench``).
+
+Bad input prints one line naming the bad value and the allowed ones, and
+exits with code 2, before anything is written to MLflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from gspo_bench.config import ConfigError, load_config, presets
+
+console = Console(highlight=False)
+if not console.is_terminal:  # logs and CI: don't squeeze tables into 80 columns
+    console = Console(highlight=False, width=160)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2 (argparse's default prints usage too)
+        console.print(f"gspo-bench: error: {message} (see --help)", style="red", soft_wrap=True)
+        sys.exit(2)
+
+
+def _csv(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def _eps(s: str):
+    return None if s.lower() in ("none", "null") else float(s)
+
+
+def _seeds(s: str) -> list[int]:
+    """'3' alone means seeds 0,1,2 for --seeds; a comma list is taken as is."""
+    try:
+        return [int(x) for x in _csv(s)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds must be integers, got {s!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="gspo-bench", description="Side-by-side RL policy-optimisation benchmark "
+                                               "(PPO, GRPO, DAPO, GSPO, GSPO-token, CISPO).")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    r = sub.add_parser("run", help="warm start, then train each algorithm from it; track in MLflow")
+    r.add_argument("--algos", default=None, help="'all' or a comma list, e.g. grpo,gspo (default: the preset's)")
+    r.add_argument("--preset", default="default", help=f"one of: {', '.join(presets())}")
+    r.add_argument("--config", action="append", default=[], metavar="YAML",
+                   help="config file(s) merged over the preset, e.g. baselines/gspo.yaml")
+    r.add_argument("--task", help="built-in task name or a task spec YAML path")
+    r.add_argument("--model", help="tiny-dense | tiny-moe | local path | hub id")
+    r.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with a hub model")
+    r.add_argument("--steps", type=int, help="RL steps per algorithm")
+    r.add_argument("--seed", type=_seeds, help="seed or comma list of seeds")
+    r.add_argument("--seeds", type=int, help="run seeds 0..N-1")
+    r.add_argument("--lr", type=float, help="policy learning rate")
+    r.add_argument("--minibatches", type=int, help="optimiser steps per rollout")
+    r.add_argument("--eps-low", type=_eps, default=argparse.SUPPRESS, help="lower clip offset ('none' = no lower bound)")
+    r.add_argument("--eps-high", type=float, help="upper clip offset")
+    r.add_argument("--engine", help="generation engine: hf | vllm")
+    r.add_argument("--no-warmstart", action="store_true", help="skip the supervised warm start")
+    r.add_argument("--on-collapse", help="continue | stop")
+    r.add_argument("--tracking-uri", help="MLflow URI (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    r.add_argument("--experiment", help="MLflow experiment name")
+    r.add_argument("--no-progress", action="store_true", help="no progress bars")
+    sub.add_parser("list", help="show algorithms, tasks, models and presets")
+    return p
+
+
+def overrides_from(args) -> dict:
+    o: dict = {}
+
+    def put(path: str, value):
+        if value is None:
+            return
+        *heads, last = path.split(".")
+        d = o
+        for h in heads:
+            d = d.setdefault(h, {})
+        d[last] = value
+
+    if args.algos is not None:
+        from gspo_bench.losses import LOSSES
+
+        put("algos", list(LOSSES) if args.algos == "all" else _csv(args.algos))
+    put("task", args.task)
+    put("model.name", args.model)
+    put("model.trust_remote_code", True if args.trust_remote_code else None)
+    put("train.steps", args.steps)
+    put("seeds", args.seed)
+    put("seeds", list(range(args.seeds)) if args.seeds is not None else None)
+    put("train.lr", args.lr)
+    put("train.minibatches", args.minibatches)
+    if hasattr(args, "eps_low"):  # present only when given; None means "no lower bound"
+        o.setdefault("loss", {})["eps_low"] = args.eps_low
+    put("loss.eps_high", args.eps_high)
+    put("rollout.engine", args.engine)
+    put("warmstart.enabled", False if args.no_warmstart else None)
+    put("collapse.on_collapse", args.on_collapse)
+    put("tracking.tracking_uri", args.tracking_uri)
+    put("tracking.experiment", args.experiment)
+    put("train.progress", False if args.no_progress else None)
+    return o
+
+
+def cmd_run(args) -> int:
+    if args.seeds is not None and args.seeds < 1:
+        raise ConfigError(f"--seeds={args.seeds} must be >= 1")
+    cfg = load_config(args.preset, tuple(args.config), overrides_from(args))
+    from gspo_bench.runner import run, validate
+
+    uri = validate(cfg)
+    console.print(f"[bold]gspo_bench[/bold] preset={cfg.preset} task={cfg.task} model={cfg.model.name} "
+                  f"algos={','.join(cfg.algos)} seeds={cfg.seeds} steps={cfg.train.steps}")
+    results = run(cfg, log=console.print)
+    table = Table(title=f"{cfg.task} / {cfg.model.name} / preset {cfg.preset}")
+    for col in ("algo", "seed", "status", "reward first→last", "eval pass@1 start→end", "clip/frac (last)",
+                "collapses", "wall s"):
+        table.add_column(col)
+    for r in results:
+        f, l = r.first.get("reward/mean"), r.last.get("reward/mean")
+        table.add_row(r.algo, str(r.seed), r.status,
+                      f"{f:.3f}→{l:.3f}" if f is not None and l is not None else "-",
+                      f"{r.eval_start:.3f}→{r.eval_end:.3f}" if r.eval_end is not None else "-",
+                      f"{r.last.get('clip/frac', float('nan')):.4f}", str(r.collapse_events), f"{r.seconds:.0f}")
+    console.print(table)
+    console.print(f"MLflow: mlflow ui --backend-store-uri {uri}  (experiment '{cfg.tracking.experiment}')")
+    return 0 if all(r.status == "FINISHED" for r in results) else 1
+
+
+def cmd_list(args) -> int:
+    from gspo_bench.losses import LOSSES
+    from gspo_bench.models import BUILTIN_MODELS
+    from gspo_bench.tasks import builtin_tasks, resolve_task_spec
+
+    t = Table(title="algorithms")
+    for col in ("name", "ratio", "loss", "aggregation", "clip (eps_low / eps_high)"):
+        t.add_column(col)
+    for s in LOSSES.values():
+        t.add_row(s.name, s.ratio, s.loss, s.aggregation, f"{s.eps_low} / {s.eps_high}")
+    console.print(t)
+    console.print("tasks:   " + ", ".join(f"{n} ({resolve_task_spec(n).description})" for n in builtin_tasks()))
+    console.print("models:  " + ", ".join(f"{m.name} ({m.description})" for m in BUILTIN_MODELS.values())
+                  + ", or any local path / hub id of a causal LM")
+    console.print("presets: " + ", ".join(presets()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"run": cmd_run, "list": cmd_list}[args.cmd](args)
+    except ConfigError as e:
+        console.print(f"gspo-bench: error: {e}", style="red", soft_wrap=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

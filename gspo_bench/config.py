@@ -1,0 +1,320 @@
+"""Typed configuration, one small dataclass per concern, loadable from YAML.
+
+A ``RunConfig`` is what ``run`` executes: the algorithms, the task, the model
+and seeds, plus the sections below. Presets (``gspo_bench/presets/*.yaml``)
+and baselines (``baselines/*.yaml``) are partial RunConfigs merged over the
+dataclass defaults; CLI flags are merged last.
+
+``"auto"`` means "the algorithm's own default" (the registry in ``losses.py``
+for clip ranges, the algorithm module for everything else); it is resolved
+per algorithm, so one config can drive all six side by side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Union
+
+import yaml
+
+from gspo_bench.losses import KL_ESTIMATORS, LOSSES
+
+AUTO = "auto"
+PRESET_DIR = Path(__file__).resolve().parent / "presets"
+
+
+class ConfigError(ValueError):
+    """A bad user-supplied value; the CLI prints it on one line and exits 2."""
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def _choice(name: str, value: Any, allowed) -> None:
+    _check(value in allowed, f"{name}={value!r} is not allowed (allowed: {', '.join(map(str, allowed))})")
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny-dense"
+    """Built-in model name, a local directory, or a hub id (loaded with from_pretrained)."""
+    trust_remote_code: bool = False
+    """Let transformers run code shipped with a hub model; off unless asked for."""
+    dtype: str = "float32"
+    """Parameter dtype when loading a checkpoint: float32 | bfloat16 | float16 | auto."""
+
+    def __post_init__(self):
+        _choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16", "auto"))
+
+
+@dataclass
+class WarmStartConfig:
+    enabled: bool = True
+    """Supervised fine-tune on the task's train split before RL (random weights earn no reward)."""
+    target_pass1: float = 0.3
+    """Stop once greedy pass@1 on eval reaches this (aim: a modest 20-50 %)."""
+    max_steps: int = 1500
+    """Give up climbing after this many optimiser steps (the score reached is reported)."""
+    batch_size: int = 64
+    """Sequences per supervised step."""
+    lr: float = 3e-3
+    """AdamW learning rate of the warm start."""
+    eval_every: int = 50
+    """Steps between greedy pass@1 checks."""
+    eval_prompts: int = 128
+    """Eval prompts used by those checks (the final score uses the whole eval split)."""
+
+    def __post_init__(self):
+        _check(0 < self.target_pass1 <= 1, f"warmstart.target_pass1={self.target_pass1} must be in (0, 1]")
+        for k in ("max_steps", "batch_size", "eval_every", "eval_prompts"):
+            _check(getattr(self, k) > 0, f"warmstart.{k}={getattr(self, k)} must be > 0")
+        _check(self.lr > 0, f"warmstart.lr={self.lr} must be > 0")
+
+
+@dataclass
+class RolloutConfig:
+    prompts_per_step: int = 16
+    """Distinct prompts per RL step."""
+    group_size: int = 8
+    """G: samples per prompt (the group of the z-score advantage)."""
+    max_new_tokens: Union[int, str] = AUTO
+    """Response length cap; auto = the task's own."""
+    temperature: float = 1.0
+    """Sampling temperature (log-probs for training use the same temperature)."""
+    engine: str = "hf"
+    """Generation engine: hf (transformers generate) | vllm (optional GPU extra)."""
+    dynamic_sampling: Union[bool, str] = AUTO
+    """DAPO: drop groups whose rewards all agree and resample; auto = on for dapo only."""
+    max_gen_batches: int = 4
+    """Dynamic sampling: at most this many generation rounds to fill the batch."""
+    overlong_buffer: Union[int, str, None] = AUTO
+    """DAPO overlong shaping buffer L_buf in tokens; null = off; auto = max_new_tokens//4 for dapo only."""
+    overlong_penalty: float = 1.0
+    """Scale of the overlong shaping penalty."""
+    advantage_scale: str = "std"
+    """Group advantage: std (z-score) | none (Dr. GRPO, no division)."""
+    old_logp_source: str = "recompute"
+    """recompute (a forward pass of the training model) | rollout (the engine's log-probs)."""
+
+    def __post_init__(self):
+        _check(self.prompts_per_step > 0, f"rollout.prompts_per_step={self.prompts_per_step} must be > 0")
+        _check(self.group_size >= 2, f"rollout.group_size={self.group_size} must be >= 2 (group advantages)")
+        _check(self.max_new_tokens == AUTO or (isinstance(self.max_new_tokens, int) and self.max_new_tokens > 0),
+               f"rollout.max_new_tokens={self.max_new_tokens!r} must be a positive int or auto")
+        _check(self.temperature > 0, f"rollout.temperature={self.temperature} must be > 0")
+        _choice("rollout.engine", self.engine, ("hf", "vllm"))
+        _choice("rollout.dynamic_sampling", self.dynamic_sampling, (True, False, AUTO))
+        _check(self.max_gen_batches >= 1, f"rollout.max_gen_batches={self.max_gen_batches} must be >= 1")
+        _check(self.overlong_buffer in (None, AUTO) or (isinstance(self.overlong_buffer, int)
+                                                        and self.overlong_buffer > 0),
+               f"rollout.overlong_buffer={self.overlong_buffer!r} must be a positive int, null or auto")
+        _choice("rollout.advantage_scale", self.advantage_scale, ("std", "none"))
+        _choice("rollout.old_logp_source", self.old_logp_source, ("recompute", "rollout"))
+
+
+@dataclass
+class LossConfig:
+    eps_low: Union[float, str, None] = AUTO
+    """Lower clip offset (band [1-eps_low, 1+eps_high]); null = no lower bound; auto = algorithm default."""
+    eps_high: Union[float, str] = AUTO
+    """Upper clip offset; auto = algorithm default."""
+    dual_clip_c: Union[float, None] = None
+    """PPO dual clip c (3.0 is usual); null = off."""
+    kl_coef: Union[float, str] = AUTO
+    """KL-to-reference weight; auto = 0.05 for ppo (in the reward), 0 otherwise (in the loss)."""
+    kl_estimator: str = "k3"
+    """k1 | k2 | k3 (ALGORITHMS.md)."""
+    gamma: float = 1.0
+    """PPO GAE discount."""
+    lam: float = 0.95
+    """PPO GAE lambda."""
+    vf_coef: float = 0.5
+    """PPO critic loss weight (the critic has its own optimiser; this scales its loss)."""
+    value_clip: Union[float, None] = 0.2
+    """PPO value clipping range; null = off."""
+
+    def __post_init__(self):
+        lo, hi = self.eps_low, self.eps_high
+        _check(lo in (None, AUTO) or (isinstance(lo, (int, float)) and 0 <= lo < 1),
+               f"loss.eps_low={lo!r} must satisfy 0 <= eps_low < 1 (or null for no lower bound, or auto)")
+        _check(hi == AUTO or (isinstance(hi, (int, float)) and 0 <= hi and math.isfinite(hi)),
+               f"loss.eps_high={hi!r} must be a finite number >= 0 (or auto)")
+        _check(self.dual_clip_c is None or self.dual_clip_c > 1, f"loss.dual_clip_c={self.dual_clip_c} must be > 1")
+        _check(self.kl_coef == AUTO or (isinstance(self.kl_coef, (int, float)) and self.kl_coef >= 0),
+               f"loss.kl_coef={self.kl_coef!r} must be >= 0 (or auto)")
+        _choice("loss.kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        _check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "loss.gamma and loss.lam must be in [0, 1]")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 40
+    """RL steps (one rollout batch each)."""
+    minibatches: int = 4
+    """Optimiser steps per rollout batch; later minibatches are off-policy (ALGORITHMS.md)."""
+    lr: float = 2e-4
+    """Policy AdamW learning rate."""
+    critic_lr: float = 1e-3
+    """PPO critic learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm; 0 = off."""
+    eval_every: int = 10
+    """RL steps between held-out evaluations (also run before the first step and at the end)."""
+    eval_prompts: int = 256
+    """Held-out prompts scored by greedy pass@1 (capped by the eval split)."""
+    eval_samples: int = 4
+    """k: sampled completions per eval prompt for the mean-reward score; 0 = skip."""
+    accelerator: str = "auto"
+    """Lightning accelerator: auto | cpu | gpu."""
+    precision: str = "32-true"
+    """Lightning precision, e.g. 32-true or bf16-mixed."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self):
+        _check(isinstance(self.steps, int) and self.steps > 0, f"train.steps={self.steps!r} must be a positive int")
+        _check(self.minibatches >= 1, f"train.minibatches={self.minibatches} must be >= 1")
+        _check(self.lr > 0 and self.critic_lr > 0, "train.lr and train.critic_lr must be > 0")
+        _check(self.eval_every > 0, f"train.eval_every={self.eval_every} must be > 0")
+        _check(self.eval_prompts > 0 and self.eval_samples >= 0, "train.eval_prompts must be > 0, eval_samples >= 0")
+        _check(self.max_grad_norm >= 0, f"train.max_grad_norm={self.max_grad_norm} must be >= 0")
+
+
+@dataclass
+class CollapseConfig:
+    on_collapse: str = "continue"
+    """What a collapse event does: continue (log it) | stop (end this algorithm's run)."""
+    window: int = 5
+    """Steps in the running reward mean."""
+    reward_drop: float = 0.3
+    """reward_drop fires when the running mean is this far (absolute) below its best."""
+    entropy_floor: float = 0.005
+    """entropy_collapse fires when mean token entropy falls under this (nats)."""
+    length_factor: float = 3.0
+    """length_blowup fires when mean response length exceeds this times the first step's."""
+    ratio_max: float = 100.0
+    """ratio_explosion fires when the max token ratio exceeds this ..."""
+    delta_std_max: float = 2.0
+    """... or when the std of the token log-ratio exceeds this."""
+
+    def __post_init__(self):
+        _choice("collapse.on_collapse", self.on_collapse, ("continue", "stop"))
+        _check(self.window >= 1, f"collapse.window={self.window} must be >= 1")
+
+
+@dataclass
+class TrackingConfig:
+    tracking_uri: Union[str, None] = None
+    """MLflow URI; default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db in the working directory."""
+    experiment: str = "gspo_bench"
+    """MLflow experiment (one per benchmark name)."""
+
+
+@dataclass
+class RunConfig:
+    preset: str = "default"
+    """Name of the preset this config came from (tagged on every run)."""
+    source: str = ""
+    """Where these settings come from (a paper, a tuning study); free text."""
+    algos: list[str] = field(default_factory=lambda: list(LOSSES))
+    """Algorithms to run, in order."""
+    task: str = "arith"
+    """Built-in task name or a task spec YAML path."""
+    seeds: list[int] = field(default_factory=lambda: [0])
+    """One run per algorithm per seed."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    collapse: CollapseConfig = field(default_factory=CollapseConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self):
+        _check(len(self.algos) > 0, "algos must name at least one algorithm")
+        for a in self.algos:
+            _choice("algo", a, list(LOSSES))
+        _check(len(self.seeds) > 0 and all(isinstance(s, int) and s >= 0 for s in self.seeds),
+               f"seeds={self.seeds!r} must be non-negative ints")
+
+
+def _build(cls, data: dict, where: str):
+    """Instantiate dataclass ``cls`` from a (partial) dict, recursing into sections."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'} must be a mapping, got {type(data).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    unknown = set(data) - set(known)
+    if unknown:
+        raise ConfigError(f"unknown key(s) {sorted(unknown)} in {where or 'config'} (allowed: {', '.join(known)})")
+    kwargs = {}
+    for name, value in data.items():
+        sub = _section_type(cls, name)
+        kwargs[name] = _build(sub, value, f"{where}.{name}".strip(".")) if sub else value
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ConfigError(f"{where or 'config'}: {e}") from None
+
+
+def _section_type(cls, name: str):
+    hints = {"model": ModelConfig, "warmstart": WarmStartConfig, "rollout": RolloutConfig, "loss": LossConfig,
+             "train": TrainConfig, "collapse": CollapseConfig, "tracking": TrackingConfig}
+    return hints.get(name) if cls is RunConfig else None
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def presets() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(PRESET_DIR.glob("*.yaml"))}
+
+
+def read_yaml(path: str | Path) -> dict:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    data = yaml.safe_load(p.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    return data
+
+
+def load_config(preset: str = "default", config_files: tuple = (), overrides: dict | None = None) -> RunConfig:
+    """Dataclass defaults <- preset YAML <- each --config file <- CLI overrides."""
+    known = presets()
+    _choice("preset", preset, list(known))
+    data = deep_merge(read_yaml(known[preset]), {"preset": preset})
+    for f in config_files:
+        data = deep_merge(data, read_yaml(f))
+    data = deep_merge(data, overrides or {})
+    # a baseline file names one algorithm; accept the singular for readability
+    if "algo" in data:
+        data["algos"] = [data.pop("algo")]
+    return _build(RunConfig, data, "")
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """{'loss': {'eps_low': 0.2}} -> {'loss.eps_low': 0.2} (for MLflow params)."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out

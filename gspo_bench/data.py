@@ -1,0 +1,228 @@
+"""The one rollout/verifier datamodule every algorithm shares.
+
+Each training "batch" is a whole rollout: ``prompts_per_step`` prompts, ``G``
+samples each from the *current* policy, verifier rewards, optional DAPO
+shaping/filtering, and group z-score advantages (ALGORITHMS.md). Prompts for
+step ``s`` are drawn from a generator seeded by ``(seed, s)``, so every
+algorithm sees the same prompts in the same order: the comparison is on equal
+terms. Modules never touch the task: scoring and evaluation go through here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from gspo_bench import advantages as adv
+from gspo_bench.engine import Generation, generate
+from gspo_bench.tasks import Task
+
+
+@dataclass
+class RolloutSettings:
+    """A RolloutConfig with every ``auto`` resolved for one algorithm."""
+
+    prompts_per_step: int
+    group_size: int
+    max_new_tokens: int
+    temperature: float = 1.0
+    engine: str = "hf"
+    dynamic_sampling: bool = False
+    max_gen_batches: int = 4
+    overlong_buffer: int | None = None
+    overlong_penalty: float = 1.0
+    advantage_scale: str = "std"
+    want_rollout_logp: bool = False
+
+
+@dataclass
+class RolloutBatch:
+    input_ids: torch.Tensor  # (B, P+T)
+    attention_mask: torch.Tensor  # (B, P+T)
+    prompt_len: int  # P
+    response_mask: torch.Tensor  # (B, T)
+    rollout_logp: torch.Tensor | None  # (B, T)
+    scores: torch.Tensor  # (B,) verifier reward
+    rewards: torch.Tensor  # (B,) reward after shaping (what advantages see)
+    advantages: torch.Tensor  # (B,) group z-score
+    texts: list[str]
+    answers: list[str]
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def to(self, device) -> "RolloutBatch":
+        for k in ("input_ids", "attention_mask", "response_mask", "rollout_logp", "scores", "rewards", "advantages"):
+            v = getattr(self, k)
+            if v is not None:
+                setattr(self, k, v.to(device))
+        return self
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+
+def merge_generations(gens: list[Generation], pad_id: int) -> Generation:
+    """Concatenate generations of different prompt/response widths (left-pad prompts, right-pad responses)."""
+    if len(gens) == 1:
+        return gens[0]
+    P = max(g.prompt_len for g in gens)
+    T = max(g.response_mask.shape[1] for g in gens)
+
+    def pad(x, left, right, value):
+        return torch.nn.functional.pad(x, (left, right), value=value)
+
+    ids, attn, rmask, logp = [], [], [], []
+    for g in gens:
+        lp, rp = P - g.prompt_len, T - g.response_mask.shape[1]
+        ids.append(pad(pad(g.input_ids, lp, 0, pad_id), 0, rp, pad_id))
+        attn.append(pad(pad(g.attention_mask, lp, 0, 0), 0, rp, 0))
+        rmask.append(pad(g.response_mask, 0, rp, 0.0))
+        if g.rollout_logp is not None:
+            logp.append(pad(g.rollout_logp, 0, rp, 0.0))
+    return Generation(torch.cat(ids), torch.cat(attn), P, torch.cat(rmask),
+                      torch.cat(logp) if len(logp) == len(gens) else None, sum((g.texts for g in gens), []))
+
+
+def select(g: Generation, idx: torch.Tensor) -> Generation:
+    il = idx.tolist()
+    return Generation(g.input_ids[idx], g.attention_mask[idx], g.prompt_len, g.response_mask[idx],
+                      None if g.rollout_logp is None else g.rollout_logp[idx], [g.texts[i] for i in il])
+
+
+class _RolloutStream(IterableDataset):
+    def __init__(self, dm: "RolloutDataModule"):
+        self.dm = dm
+
+    def __len__(self) -> int:
+        return self.dm.steps
+
+    def __iter__(self):
+        for step in range(self.dm.steps):
+            yield self.dm.rollout(step)
+
+
+class RolloutDataModule(L.LightningDataModule):
+    """Prompts -> G samples from the current policy -> verifier rewards -> advantages."""
+
+    def __init__(self, task: Task, tokenizer, settings: RolloutSettings, *, steps: int, seed: int,
+                 eval_prompts: int = 256, eval_samples: int = 0, eval_batch: int = 256):
+        super().__init__()
+        self.task, self.tokenizer, self.s = task, tokenizer, settings
+        self.steps, self.seed = steps, seed
+        self.eval_rows = task.eval.select(range(min(eval_prompts, len(task.eval))))
+        self.eval_samples, self.eval_batch = eval_samples, eval_batch
+        self.policy = None  # set by the module in setup(); the engine samples from it
+
+    # -- scoring (the only place the verifier is called) ------------------------------------
+    def score(self, texts: list[str], answers: list[str]) -> torch.Tensor:
+        return torch.tensor([self.task.verify(t, a) for t, a in zip(texts, answers)], dtype=torch.float32)
+
+    def _prompts_for(self, step: int, round_: int) -> list[dict]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step * 101 + round_)
+        idx = torch.randint(len(self.task.train), (self.s.prompts_per_step,), generator=g).tolist()
+        rows = self.task.train.select(idx)
+        return [{"prompt": p, "answer": a} for p, a in zip(list(rows["prompt"]), list(rows["answer"]))]
+
+    def _sample(self, rows: list[dict]) -> tuple[Generation, list[str]]:
+        G = self.s.group_size
+        prompts = [r["prompt"] for r in rows for _ in range(G)]
+        answers = [r["answer"] for r in rows for _ in range(G)]
+        gen = generate(self.s.engine, self.policy, self.tokenizer, prompts, max_new_tokens=self.s.max_new_tokens,
+                       temperature=self.s.temperature, return_logp=self.s.want_rollout_logp)
+        return gen, answers
+
+    def rollout(self, step: int) -> RolloutBatch:
+        """One rollout batch for RL step ``step`` (DAPO dynamic sampling included when on)."""
+        if self.policy is None:
+            raise RuntimeError("RolloutDataModule.policy is not set; attach the datamodule to a policy module")
+        t0 = time.perf_counter()
+        G, want = self.s.group_size, self.s.prompts_per_step
+        kept_gens, kept_answers, kept_scores, kept_rewards = [], [], [], []
+        dropped = rounds = n_groups = 0
+        all_scores = []
+        while rounds < (self.s.max_gen_batches if self.s.dynamic_sampling else 1):
+            gen, answers = self._sample(self._prompts_for(step, rounds))
+            rounds += 1
+            scores = self.score(gen.texts, answers)
+            all_scores.append(scores)
+            rewards = scores.clone()
+            if self.s.overlong_buffer:
+                lengths = gen.response_mask.sum(-1).cpu()
+                # r += min(0, -(L - (L_max - L_buf)) / L_buf) * penalty
+                rewards = rewards + adv.overlong_penalty(lengths, self.s.max_new_tokens, self.s.overlong_buffer,
+                                                         self.s.overlong_penalty)
+            keep = torch.ones(len(rewards) // G, dtype=torch.bool)
+            if self.s.dynamic_sampling:
+                keep = ~adv.group_is_degenerate(rewards, G)
+                dropped += int((~keep).sum())
+                # on the last round, top up with degenerate groups rather than train on too few
+                if rounds == self.s.max_gen_batches and n_groups + int(keep.sum()) < want:
+                    deficit = want - n_groups - int(keep.sum())
+                    extra = (~keep).nonzero().flatten()[:deficit]
+                    keep[extra] = True
+            room = want - n_groups
+            groups = keep.nonzero().flatten()[:room]
+            idx = (groups[:, None] * G + torch.arange(G)).flatten()
+            kept_gens.append(select(gen, idx.to(gen.input_ids.device)))
+            kept_answers += [answers[i] for i in idx.tolist()]
+            kept_scores.append(scores[idx])
+            kept_rewards.append(rewards[idx])
+            n_groups += len(groups)
+            if n_groups >= want:
+                break
+        gen = merge_generations(kept_gens, self.tokenizer.pad_token_id)
+        scores, rewards = torch.cat(kept_scores), torch.cat(kept_rewards)
+        # A_i = (R_i - mean(R_group)) / (std(R_group) + 1e-6), population std
+        advantages = adv.group_zscore(rewards, G, scale=self.s.advantage_scale)
+        gen_s = time.perf_counter() - t0
+        lengths = gen.response_mask.sum(-1)
+        n_tokens = float(sum(g.response_mask.sum() for g in kept_gens))
+        sampled = torch.cat(all_scores)
+        stats = {
+            "reward/mean": float(sampled.mean()),
+            "reward/std": float(sampled.std(unbiased=False)),
+            "reward/train_batch_mean": float(scores.mean()),
+            "reward/shaped_mean": float(rewards.mean()),
+            "response/length_mean": float(lengths.float().mean()),
+            "response/length_max": float(lengths.max()),
+            "response/truncated_frac": float((lengths >= self.s.max_new_tokens).float().mean()),
+            "time/gen_s": gen_s,
+            "throughput/gen_tokens_per_s": n_tokens / max(gen_s, 1e-9),
+            "throughput/completions_per_s": len(sampled) / max(gen_s, 1e-9),
+        }
+        if self.s.dynamic_sampling:
+            stats.update({"dynamic/dropped_groups": float(dropped), "dynamic/gen_batches": float(rounds),
+                          "dynamic/kept_groups": float(n_groups)})
+        return RolloutBatch(gen.input_ids, gen.attention_mask, gen.prompt_len, gen.response_mask,
+                            gen.rollout_logp, scores, rewards, advantages, gen.texts, kept_answers, stats)
+
+    # -- evaluation --------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, policy, rows: dict) -> dict[str, torch.Tensor]:
+        """Greedy pass@1 hits and mean reward over ``eval_samples`` samples for a batch of eval rows."""
+        prompts, answers = rows["prompt"], rows["answer"]
+        greedy = generate(self.s.engine, policy, self.tokenizer, prompts, max_new_tokens=self.s.max_new_tokens,
+                          greedy=True)
+        out = {"pass1": self.score(greedy.texts, answers)}
+        k = self.eval_samples
+        if k:
+            sampled = generate(self.s.engine, policy, self.tokenizer, [p for p in prompts for _ in range(k)],
+                               max_new_tokens=self.s.max_new_tokens, temperature=self.s.temperature,
+                               return_logp=False)
+            out["reward"] = self.score(sampled.texts, [a for a in answers for _ in range(k)])
+        return out
+
+    # -- Lightning hooks ---------------------------------------------------------------------------
+    def train_dataloader(self):
+        return DataLoader(_RolloutStream(self), batch_size=None, collate_fn=lambda b: b)
+
+    def val_dataloader(self):
+        rows = [{"prompt": p, "answer": a} for p, a in zip(list(self.eval_rows["prompt"]), list(self.eval_rows["answer"]))]
+        return DataLoader(rows, batch_size=self.eval_batch, shuffle=False,
+                          collate_fn=lambda b: {"prompt": [r["prompt"] for r in b], "answer": [r["answer"] for r in b]})
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+        return batch.to(device) if isinstance(batch, RolloutBatch) else batch

@@ -1,0 +1,139 @@
+"""Generation engines and token log-probs.
+
+A rollout is stored as one left-padded prompt block followed by a right-padded
+response block, so every response starts at the same column ``P``:
+
+    input_ids (B, P + T) = [pad.. prompt | response .. eos pad..]
+
+``response_mask`` (B, T) is 1 on generated tokens up to and including the
+first eos. Position ids are derived from the attention mask, as
+transformers' ``generate`` does, so a training forward pass sees the same
+positions the sampler saw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+ENGINES = ("hf", "vllm")
+
+
+@dataclass
+class Generation:
+    """Token-level output of one generate call (all tensors on the model's device)."""
+
+    input_ids: torch.Tensor  # (B, P+T)
+    attention_mask: torch.Tensor  # (B, P+T)
+    prompt_len: int  # P
+    response_mask: torch.Tensor  # (B, T) float
+    rollout_logp: torch.Tensor | None  # (B, T) log-probs the sampler used, or None
+    texts: list[str]  # decoded responses, without special tokens
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    # pos_t = (number of real tokens before t), pads get 0
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def response_mask_from(response_ids: torch.Tensor, eos_id: int | list[int], pad_id: int) -> torch.Tensor:
+    """1 up to and including the first eos of each row, 0 after it."""
+    eos_ids = torch.tensor([eos_id] if isinstance(eos_id, int) else list(eos_id), device=response_ids.device)
+    is_eos = torch.isin(response_ids, eos_ids)
+    # tokens strictly after the first eos: cumulative eos count, shifted right by one
+    after = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
+    mask = ~after
+    if pad_id not in eos_ids.tolist():
+        mask &= response_ids != pad_id
+    return mask.float()
+
+
+def token_logp(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / temperature)[token] without keeping the full log-softmax around."""
+    logits = logits.float() / temperature
+    # log p(x) = logit_x - logsumexp(logits)
+    return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    # H = -sum_v p_v log p_v
+    logp = F.log_softmax(logits.float() / temperature, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def forward_response(model, input_ids, attention_mask, prompt_len: int, temperature: float = 1.0,
+                     with_entropy: bool = False, output_hidden_states: bool = False):
+    """Per-token log-probs of the response block, (B, T); optionally entropy and hidden states."""
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids(attention_mask),
+        use_cache=False,
+        output_hidden_states=output_hidden_states,
+    )
+    # logits at position t predict token t+1: the response block is predicted by [P-1, P+T-1)
+    logits = out.logits[:, prompt_len - 1 : -1]
+    resp = input_ids[:, prompt_len:]
+    logp = token_logp(logits, resp, temperature)
+    ent = None
+    if with_entropy:
+        with torch.no_grad():
+            ent = token_entropy(logits.detach(), temperature)
+    hidden = out.hidden_states[-1][:, prompt_len - 1 : -1] if output_hidden_states else None
+    return logp, ent, hidden
+
+
+@torch.inference_mode()
+def hf_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
+                greedy: bool = False, return_logp: bool = True) -> Generation:
+    """Sample with transformers' ``generate`` (KV-cached), batch of already-repeated prompts."""
+    device = next(model.parameters()).device
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    out = model.generate(
+        **enc,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=eos,
+        return_dict_in_generate=True,
+        output_logits=return_logp and not greedy,
+        **kwargs,
+    )
+    P = enc["input_ids"].shape[1]
+    seq = out.sequences
+    resp = seq[:, P:]
+    rmask = response_mask_from(resp, eos, tokenizer.pad_token_id)
+    # pad out anything after eos so stale tokens never leak into a training pass
+    resp = torch.where(rmask.bool(), resp, torch.full_like(resp, tokenizer.pad_token_id))
+    seq = torch.cat([seq[:, :P], resp], dim=1)
+    attn = torch.cat([enc["attention_mask"], rmask.long()], dim=1)
+    logp = None
+    if return_logp and not greedy and out.logits:
+        logits = torch.stack(out.logits, dim=1)  # (B, T, V) raw logits
+        logp = token_logp(logits, resp, temperature) * rmask
+    texts = tokenizer.batch_decode(resp, skip_special_tokens=True)
+    return Generation(seq, attn, P, rmask, logp, texts)
+
+
+def vllm_generate(*args, **kwargs) -> Generation:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        raise RuntimeError(
+            "engine 'vllm' needs the optional extra: pip install 'gspo-bench[vllm]' (GPU machines only); "
+            "use --engine hf on this machine"
+        ) from None
+    raise NotImplementedError("the vllm engine is not wired up yet; use --engine hf")
+
+
+def generate(engine: str, *args, **kwargs) -> Generation:
+    if engine == "hf":
+        return hf_generate(*args, **kwargs)
+    if engine == "vllm":
+        return vllm_generate(*args, **kwargs)
+    raise ValueError(f"unknown engine {engine!r} (allowed: {', '.join(ENGINES)})")

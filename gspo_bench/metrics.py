@@ -1,0 +1,35 @@
+"""Per-step aggregation of minibatch statistics with torchmetrics.
+
+A rollout step runs several minibatches; each returns the same keys. Keys
+ending in ``/min`` or ``_min`` reduce by min, ``/max`` or ``_max`` by max,
+everything else by mean, so ``ratio/max`` is the max over the whole step.
+"""
+
+from __future__ import annotations
+
+import torch
+from torchmetrics.aggregation import MaxMetric, MeanMetric, MinMetric
+
+
+def _reducer(key: str):
+    if key.endswith(("/min", "_min")):
+        return MinMetric(nan_strategy="ignore")
+    if key.endswith(("/max", "_max")):
+        return MaxMetric(nan_strategy="ignore")
+    return MeanMetric(nan_strategy="ignore")
+
+
+class StepStats:
+    """Accumulate dicts of 0-dim tensors/floats; ``reduce()`` returns plain floats."""
+
+    def __init__(self):
+        self._m: dict = {}
+
+    def add(self, stats: dict) -> None:
+        for k, v in stats.items():
+            if k not in self._m:
+                self._m[k] = _reducer(k)
+            self._m[k].update(torch.as_tensor(v, dtype=torch.float32).detach().cpu())
+
+    def reduce(self) -> dict[str, float]:
+        return {k: float(m.compute()) for k, m in self._m.items()}

@@ -1,0 +1,159 @@
+"""Built-in tiny models, the character tokenizer, and the standard loading path.
+
+The machines this harness must run on have no network, so the built-in models
+are tiny Qwen3 / Qwen3-MoE *configs* with random weights (a warm start makes
+them useful, see ``warmstart.py``). They are saved and loaded exactly like hub
+models (``save_pretrained`` / ``from_pretrained``), so a real checkpoint given
+with ``--model PATH_OR_HUB_ID`` goes through the same code.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
+
+PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
+# Printable ASCII minus the characters we never need; one token per character.
+CHARSET = string.digits + string.ascii_letters + string.punctuation + " \n"
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level tokenizer built with ``tokenizers``, wrapped for transformers."""
+    vocab = {tok: i for i, tok in enumerate([PAD, BOS, EOS, *CHARSET])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD))
+    # Split("") isolates every character, so the word-level model sees one char at a time.
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=PAD,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def _common(tok: PreTrainedTokenizerFast) -> dict:
+    return dict(
+        vocab_size=len(tok),
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
+
+
+def tiny_dense_config(tok: PreTrainedTokenizerFast) -> Qwen3Config:
+    """Qwen3, hidden 128, 4 layers, 4 heads / 2 kv heads: about 1M parameters."""
+    return Qwen3Config(
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        **_common(tok),
+    )
+
+
+def tiny_moe_config(tok: PreTrainedTokenizerFast) -> Qwen3MoeConfig:
+    """Qwen3-MoE, same trunk as tiny-dense, 8 experts with top-2 routing per layer."""
+    return Qwen3MoeConfig(
+        hidden_size=128,
+        intermediate_size=512,
+        moe_intermediate_size=128,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        **_common(tok),
+    )
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    name: str
+    description: str
+    make_config: Callable[[PreTrainedTokenizerFast], object]
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel] = {
+    m.name: m
+    for m in (
+        BuiltinModel("tiny-dense", "Qwen3ForCausalLM, ~1M params, char tokenizer", tiny_dense_config),
+        BuiltinModel("tiny-moe", "Qwen3MoeForCausalLM, 8 experts top-2, char tokenizer", tiny_moe_config),
+    )
+}
+
+
+def build_builtin(name: str, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """Random-weight built-in model (deterministic in ``seed``) and its tokenizer."""
+    tok = char_tokenizer()
+    config = BUILTIN_MODELS[name].make_config(tok)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    return model, tok
+
+
+def classify_model_ref(ref: str) -> str:
+    """'builtin', 'path' or 'hub'; raises ValueError for a path that does not exist."""
+    if ref in BUILTIN_MODELS:
+        return "builtin"
+    if Path(ref).expanduser().exists():
+        return "path"
+    if ref.startswith((".", "/", "~")) or not HUB_ID.match(ref) or ref.count("/") > 1:
+        raise ValueError(
+            f"model path {ref!r} does not exist (built-in models: {', '.join(BUILTIN_MODELS)}; "
+            "or give a local directory or a hub id such as Qwen/Qwen3-0.6B)"
+        )
+    return "hub"
+
+
+def load_pretrained(
+    ref: str, *, trust_remote_code: bool = False, dtype: torch.dtype | str = "auto"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """Standard transformers loading for a local directory or hub id."""
+    ref = str(Path(ref).expanduser()) if classify_model_ref(ref) == "path" else ref
+    tok = AutoTokenizer.from_pretrained(ref, trust_remote_code=trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(ref, trust_remote_code=trust_remote_code, dtype=dtype)
+    if tok.pad_token is None:
+        # Many causal LMs ship without a pad token; eos is the usual stand-in.
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tok.pad_token_id
+    return model, tok
+
+
+def is_moe(model: PreTrainedModel) -> bool:
+    """True when the model has routed experts (a ``num_experts``-style config field)."""
+    cfg = model.config
+    return any(getattr(cfg, k, 0) or 0 for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,25 @@
+"""Where built-in declarative files and caches live."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def builtin_dir(kind: str) -> Path:
+    """``tasks`` / ``baselines`` folder: inside the wheel, or at the top of a source checkout.
+
+    A non-editable install copies the top-level ``tasks/`` and ``baselines/``
+    folders into ``gspo_bench/_builtin/`` (see pyproject.toml); an editable or
+    source checkout reads them where they are.
+    """
+    installed = PACKAGE_DIR / "_builtin" / kind
+    return installed if installed.is_dir() else PACKAGE_DIR.parent / kind
+
+
+def cache_dir() -> Path:
+    """Warm-start checkpoints and other reusable artefacts; ``GSPO_BENCH_CACHE`` overrides."""
+    root = os.environ.get("GSPO_BENCH_CACHE") or Path.home() / ".cache" / "gspo_bench"
+    return Path(root).expanduser()

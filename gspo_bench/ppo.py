@@ -1,0 +1,101 @@
+"""PPO: the one algorithm with real code of its own (a critic and GAE).
+
+Departures from the textbook, all per ALGORITHMS.md: the scalar reward sits on
+the last response token; the KL to the reference model is a per-token penalty
+folded into the reward (``kl_coef`` 0.05 by default), not a loss term;
+``gamma = 1``, ``lambda = 0.95``. The critic is a separate copy of the
+warm-started trunk with a scalar head and its own optimiser, so the policy's
+gradients are exactly the clipped surrogate's, as for the other five.
+Advantages are whitened over the rollout's response tokens (the usual PPO
+practice; the group algorithms normalise per group instead).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModel
+
+from gspo_bench import advantages as adv
+from gspo_bench.data import RolloutBatch
+from gspo_bench.engine import position_ids
+from gspo_bench.losses import kl_penalty
+from gspo_bench.metrics import StepStats
+from gspo_bench.modules import PolicyModule, register_module
+
+
+class Critic(torch.nn.Module):
+    """V(s_t) for every response position: a transformer trunk plus a linear head."""
+
+    def __init__(self, model_path: str, trust_remote_code: bool = False):
+        super().__init__()
+        self.trunk = AutoModel.from_pretrained(model_path, trust_remote_code=trust_remote_code, dtype=torch.float32)
+        hidden = self.trunk.config.hidden_size
+        self.head = torch.nn.Linear(hidden, 1)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids, attention_mask, prompt_len: int) -> torch.Tensor:
+        h = self.trunk(input_ids=input_ids, attention_mask=attention_mask,
+                       position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state
+        # the state before emitting response token t is position P-1+t, as for the policy's logits
+        return self.head(h[:, prompt_len - 1 : -1].float()).squeeze(-1)  # (B, T)
+
+
+@register_module
+class PPO(PolicyModule):
+    """PPO (Schulman et al. 2017) with GAE, a learned critic and a KL-shaped reward."""
+
+    loss_name = "ppo"
+    default_kl_coef = 0.05
+    kl_in_loss = False  # the KL is in the reward, so the policy loss is the bare clipped surrogate
+
+    def __init__(self, cfg, model_path: str, seed: int = 0):
+        super().__init__(cfg, model_path, seed)
+        self.critic = Critic(model_path, cfg.model.trust_remote_code)
+
+    def configure_optimizers(self):
+        t = self.cfg.train
+        return [
+            torch.optim.AdamW(self.policy.parameters(), lr=t.lr, weight_decay=t.weight_decay),
+            torch.optim.AdamW(self.critic.parameters(), lr=t.critic_lr, weight_decay=0.0),
+        ]
+
+    def prepare(self, batch: RolloutBatch, stats: StepStats) -> dict[str, torch.Tensor]:
+        out = super().prepare(batch, stats)
+        mask = batch.response_mask
+        lc = self.cfg.loss
+        with torch.no_grad():
+            values = self.critic(batch.input_ids, batch.attention_mask, batch.prompt_len) * mask
+            kl = None
+            if self.ref is not None:
+                # per-token KL(pi_old || pi_ref) estimate, k = kl_estimator (ALGORITHMS.md)
+                kl = kl_penalty(out["old_logp"], out["ref_logp"], lc.kl_estimator) * mask
+                stats.add({"critic/ref_kl": kl.sum() / mask.sum().clamp(min=1)})
+            # r_t = R on the last token - kl_coef * kl_t
+            rewards = adv.token_rewards(batch.rewards, mask, kl, self.kl_coef if kl is not None else 0.0)
+            advantages, returns = adv.gae(rewards, values, mask, gamma=lc.gamma, lam=lc.lam)
+            stats.add({"critic/explained_var": adv.explained_variance(values, returns, mask),
+                       "critic/value_mean": values.sum() / mask.sum().clamp(min=1),
+                       "critic/adv_raw_mean": advantages.sum() / mask.sum().clamp(min=1)})
+        out.update(advantages=adv.whiten(advantages, mask), returns=returns, values=values)
+        return out
+
+    def minibatch_loss(self, batch: RolloutBatch, prep: dict, idx: torch.Tensor, stats: StepStats):
+        policy = super().minibatch_loss(batch, prep, idx, stats)
+        mask = batch.response_mask[idx]
+        v = self.critic(batch.input_ids[idx], batch.attention_mask[idx], batch.prompt_len)
+        v_old, ret = prep["values"][idx], prep["returns"][idx]
+        err = (v - ret).square()
+        c = self.cfg.loss.value_clip
+        if c is not None:
+            # V_clip = V_old + clamp(V - V_old, -c, c); loss = max((V - R)^2, (V_clip - R)^2)
+            err = torch.maximum(err, (v_old + (v - v_old).clamp(-c, c) - ret).square())
+        # value loss = vf_coef * 0.5 * token-mean of the squared error
+        value_loss = self.cfg.loss.vf_coef * 0.5 * (err * mask).sum() / mask.sum().clamp(min=1)
+        stats.add({"critic/value_loss": value_loss.detach()})
+        return policy + value_loss
+
+    def step_optimizers(self, stats: StepStats) -> None:
+        max_norm = self.cfg.train.max_grad_norm or float("inf")
+        stats.add({"critic/grad_norm": torch.nn.utils.clip_grad_norm_(self.critic.parameters(), max_norm)})
+        super().step_optimizers(stats)

@@ -1,0 +1,182 @@
+"""``run``: warm start once per seed, then each algorithm from that checkpoint, tracked in MLflow.
+
+Everything a user can get wrong is checked in ``validate`` before the first
+MLflow run is created, so a bad flag never leaves a run RUNNING. An exception
+inside one algorithm marks that run FAILED and the others still run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lightning as L
+import yaml
+from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.loggers import MLFlowLogger
+from transformers import AutoTokenizer
+
+from gspo_bench import ppo  # noqa: F401  (registers the PPO module)
+from gspo_bench.callbacks import CollapseCallback, MoEFlipProbe
+from gspo_bench.config import ConfigError, RunConfig, flatten, to_dict
+from gspo_bench.data import RolloutDataModule, RolloutSettings
+from gspo_bench.losses import LOSSES
+from gspo_bench.models import classify_model_ref, is_moe
+from gspo_bench.modules import MODULES
+from gspo_bench.tasks import load_task, resolve_task_spec
+from gspo_bench.warmstart import WarmStart, warm_start
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+
+
+@dataclass
+class RunResult:
+    algo: str
+    seed: int
+    run_id: str | None
+    status: str  # FINISHED | FAILED
+    first: dict = field(default_factory=dict)  # first step's metrics
+    last: dict = field(default_factory=dict)  # last step's metrics
+    eval_start: float | None = None
+    eval_end: float | None = None
+    collapse_events: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+    module: object | None = None  # the trained LightningModule, only when asked for (tests, notebooks)
+
+
+class ProgressBar(RichProgressBar):
+    """Rich bar with reward and clip fraction, without Lightning's ``v_num`` clutter."""
+
+    def get_metrics(self, trainer, pl_module):
+        items = super().get_metrics(trainer, pl_module)
+        items.pop("v_num", None)
+        return items
+
+
+def quiet() -> None:
+    """Keep the console to what a user needs: our lines and the progress bar."""
+    import mlflow  # noqa: F401  (import first: it sets its own log levels on import)
+    import transformers
+
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "transformers", "mlflow", "alembic",
+                 "mlflow.store.db.utils"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", module="lightning")
+    warnings.filterwarnings("ignore", module="transformers")
+    warnings.filterwarnings("ignore", category=UserWarning, module="torch")
+
+
+def tracking_uri(cfg: RunConfig) -> str:
+    uri = cfg.tracking.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        if not db.parent.expanduser().resolve().is_dir():
+            raise ConfigError(f"tracking URI {uri!r}: directory {str(db.parent)!r} does not exist")
+    elif "://" not in uri:
+        raise ConfigError(f"tracking URI {uri!r} is a bare path; mlflow 3 needs a database URI such as "
+                          "sqlite:///mlflow.db")
+    return uri
+
+
+def validate(cfg: RunConfig) -> str:
+    """Check everything cheap to check before any run exists; returns the tracking URI."""
+    for algo in cfg.algos:
+        if algo not in MODULES:
+            raise ConfigError(f"algo {algo!r} has a loss but no module (modules: {', '.join(MODULES)})")
+    try:
+        resolve_task_spec(cfg.task)
+        classify_model_ref(cfg.model.name)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return tracking_uri(cfg)
+
+
+def make_logger(cfg: RunConfig, uri: str, algo: str, seed: int, ws: WarmStart, settings: RolloutSettings,
+                hparams: dict, task_name: str) -> MLFlowLogger:
+    tags = {"algo": algo, "task": task_name, "model": cfg.model.name, "seed": str(seed), "preset": cfg.preset,
+            "moe": "unknown", "gspo_bench.version": "0.1.0"}
+    logger = MLFlowLogger(experiment_name=cfg.tracking.experiment, run_name=f"{algo}-s{seed}",
+                          tracking_uri=uri, tags=tags)
+    resolved = to_dict(cfg)
+    resolved["algos"] = [algo]
+    resolved["seeds"] = [seed]
+    resolved["resolved"] = {"loss": hparams, "rollout": vars(settings),
+                            "warmstart": {"path": str(ws.path), "pass1": ws.pass1, "steps": ws.steps}}
+    params = {k: ("null" if v is None else v) for k, v in flatten(resolved).items()}
+    logger.log_hyperparams(params)
+    logger.experiment.log_text(logger.run_id, yaml.safe_dump(resolved, sort_keys=False), "config.yaml")
+    return logger
+
+
+def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str, log=print,
+            keep_module: bool = False) -> RunResult:
+    cls = MODULES[algo]
+    settings = RolloutSettings(**cls.resolve_rollout(cfg, task.spec.max_new_tokens))
+    L.seed_everything(seed, verbose=False)
+    module = cls(cfg, str(ws.path), seed)
+    tok = AutoTokenizer.from_pretrained(ws.path)
+    dm = RolloutDataModule(task, tok, settings, steps=cfg.train.steps, seed=seed,
+                           eval_prompts=cfg.train.eval_prompts, eval_samples=cfg.train.eval_samples)
+    hparams = {**module.hp, "kl_coef": module.kl_coef}
+    logger = make_logger(cfg, uri, algo, seed, ws, settings, hparams, task.name)
+    moe = is_moe(module.policy)
+    logger.experiment.set_tag(logger.run_id, "moe", str(moe).lower())
+    collapse = CollapseCallback(cfg.collapse, log=log)
+    callbacks: list = [collapse] + ([MoEFlipProbe()] if moe else [])
+    if cfg.train.progress:
+        callbacks.append(ProgressBar(leave=True))
+    trainer = L.Trainer(
+        max_epochs=1, max_steps=-1, logger=logger, callbacks=callbacks, accelerator=cfg.train.accelerator,
+        devices=1, precision=cfg.train.precision, val_check_interval=cfg.train.eval_every,
+        check_val_every_n_epoch=None, num_sanity_val_steps=0, enable_checkpointing=False,
+        enable_model_summary=False, enable_progress_bar=cfg.train.progress, log_every_n_steps=1,
+    )
+    result = RunResult(algo, seed, logger.run_id, "FAILED")
+    t0 = time.perf_counter()
+    try:
+        trainer.fit(module, datamodule=dm)
+        result.status = "FINISHED"
+    except Exception as e:  # one algorithm failing must not take the benchmark down
+        result.error = f"{type(e).__name__}: {e}"
+        log(f"[error] {algo} seed {seed} failed: {result.error}")
+        log(traceback.format_exc())
+        logger.experiment.set_terminated(logger.run_id, "FAILED")
+    result.seconds = time.perf_counter() - t0
+    result.first, result.last = module.first_metrics, module.last_metrics
+    result.eval_start, result.eval_end = module.eval_history[0][1] if module.eval_history else None, (
+        module.eval_history[-1][1] if module.eval_history else None)
+    result.collapse_events = len(collapse.events)
+    logger.experiment.log_metric(logger.run_id, "time/wall_s", result.seconds)
+    if keep_module:
+        result.module = module
+    return result
+
+
+def run(cfg: RunConfig, log=print, keep_modules: bool = False) -> list[RunResult]:
+    """All algorithms x seeds of ``cfg``; returns one result per run."""
+    quiet()
+    uri = validate(cfg)
+    results = []
+    for seed in cfg.seeds:
+        task = load_task(cfg.task, seed)
+        ws = warm_start(task, cfg.model, cfg.warmstart, seed, task.spec.max_new_tokens,
+                        progress=cfg.train.progress, log=log)
+        if ws.cached:
+            log(f"warm start (cached): greedy pass@1 {ws.pass1:.1%} on {len(task.eval)} held-out prompts "
+                f"-> {ws.path}")
+        for algo in cfg.algos:
+            log(f"== {algo} (seed {seed}) ==")
+            results.append(run_one(cfg, algo, seed, task, ws, uri, log, keep_modules))
+    return results
+
+
+def all_algos() -> list[str]:
+    return list(LOSSES)

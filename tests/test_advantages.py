@@ -1,0 +1,162 @@
+"""Hand-computed checks of gspo_bench.advantages against ALGORITHMS.md."""
+
+import math
+
+import pytest
+import torch
+
+from gspo_bench.advantages import (
+    explained_variance,
+    gae,
+    group_is_degenerate,
+    group_zscore,
+    overlong_penalty,
+    token_rewards,
+    whiten,
+)
+
+
+def close_list(got, want, tol=1e-6):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g == pytest.approx(w, abs=tol), (got, want)
+
+
+def close_grid(got, want, tol=1e-6):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        close_list(g, w, tol)
+
+
+# ----------------------------------------------------------------------------- group z-score
+
+
+def test_group_zscore_contract_check():
+    adv = group_zscore(torch.tensor([1.0, 0.0, 1.0, 0.0]), group_size=4)
+    close_list(adv.tolist(), [1.0, -1.0, 1.0, -1.0], 1e-5)
+
+
+def test_group_zscore_population_std_and_eps():
+    # rewards [0, 1, 2]: mean 1, population std sqrt(2/3) (the sample std would be 1)
+    adv = group_zscore(torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64), group_size=3)
+    sd = math.sqrt(2 / 3) + 1e-6
+    close_list(adv.tolist(), [-1 / sd, 0.0, 1 / sd], 1e-12)
+
+
+def test_group_zscore_two_groups_and_scale_none():
+    r = torch.tensor([1.0, 0.0, 3.0, 5.0, 5.0, 5.0])
+    # group 1 [1, 0, 3]: mean 4/3, population std sd; group 2 is constant -> 0
+    m = 4 / 3
+    sd = math.sqrt(((1 - m) ** 2 + m**2 + (3 - m) ** 2) / 3)
+    close_list(group_zscore(r, 3).tolist(), [(1 - m) / (sd + 1e-6), -m / (sd + 1e-6), (3 - m) / (sd + 1e-6),
+                                             0, 0, 0])
+    close_list(group_zscore(r, 3, scale="none").tolist(), [1 - m, -m, 3 - m, 0, 0, 0])
+    # groups are consecutive runs: pairs [1, 0], [3, 5], [5, 5]
+    close_list(group_zscore(r, 2, scale="none").tolist(), [0.5, -0.5, -1.0, 1.0, 0.0, 0.0])
+
+
+def test_group_zscore_rejects_bad_input():
+    with pytest.raises(ValueError, match="groups of 4"):
+        group_zscore(torch.zeros(6), 4)
+    with pytest.raises(ValueError, match="scale"):
+        group_zscore(torch.zeros(4), 2, scale="mad")
+    with pytest.raises(ValueError, match="group_size"):
+        group_zscore(torch.zeros(4), 0)
+
+
+def test_group_is_degenerate_uses_a_tolerance():
+    r = torch.tensor([1.0, 1.0 + 1e-9, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 2.0, 2.0, 2.0, 2.0], dtype=torch.float64)
+    # group 0 differs by 1e-9: not equal, but degenerate within tol
+    assert group_is_degenerate(r, 4).tolist() == [True, False, True]
+    assert group_is_degenerate(r, 4, tol=0.0).tolist() == [False, False, True]
+    with pytest.raises(ValueError):
+        group_is_degenerate(r, 5)
+
+
+# ----------------------------------------------------------------------------- overlong shaping
+
+
+def test_overlong_penalty_by_hand():
+    # max_len 100, buffer 20: zero up to 80, then -(L - 80)/20
+    lengths = torch.tensor([10, 80, 81, 90, 100, 110])
+    close_list(overlong_penalty(lengths, 100, 20).tolist(), [0.0, 0.0, -0.05, -0.5, -1.0, -1.5])
+    close_list(overlong_penalty(lengths, 100, 20, penalty=2.0).tolist(), [0.0, 0.0, -0.1, -1.0, -2.0, -3.0])
+
+
+@pytest.mark.parametrize("max_len, buffer", [(100, 0), (100, -5), (10, 20)])
+def test_overlong_penalty_rejects_bad_buffer(max_len, buffer):
+    with pytest.raises(ValueError, match="buffer"):
+        overlong_penalty(torch.tensor([5]), max_len, buffer)
+
+
+# ----------------------------------------------------------------------------- PPO rewards and GAE
+
+
+def test_token_rewards_places_score_on_last_response_token():
+    scores = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [0, 1, 1, 0]])
+    close_grid(token_rewards(scores, mask).tolist(),
+               [[0, 1, 0, 0], [0, 0, 0, 2], [0, 0, 0, 0], [0, 0, 4, 0]])
+    kl = torch.full((4, 4), 0.2)
+    # minus kl_coef * kl = 0.1 on every response token only
+    close_grid(token_rewards(scores, mask, kl, kl_coef=0.5).tolist(),
+               [[-0.1, 0.9, 0, 0], [-0.1, -0.1, -0.1, 1.9], [0, 0, 0, 0], [0, -0.1, 3.9, 0]])
+    with pytest.raises(ValueError, match="kl_BT"):
+        token_rewards(scores, mask, kl_coef=0.5)
+
+
+def test_gae_single_row_gamma1_lam095():
+    rewards = torch.tensor([[0.0, 0.0, 1.0]])
+    values = torch.tensor([[0.5, 0.6, 0.7]], requires_grad=True)
+    adv, ret = gae(rewards, values, torch.ones(1, 3))
+    # t2: d = 1 + 0 - .7 = .3, A = .3 | t1: d = .7 - .6 = .1, A = .1 + .95*.3 = .385
+    # t0: d = .6 - .5 = .1, A = .1 + .95*.385 = .46575
+    close_grid(adv.tolist(), [[0.46575, 0.385, 0.3]])
+    close_grid(ret.tolist(), [[0.96575, 0.985, 1.0]])
+    assert not adv.requires_grad and not ret.requires_grad  # values are constants
+
+
+def test_gae_gamma_and_lambda_both_used():
+    adv, _ = gae(torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.6, 0.7]]), torch.ones(1, 3),
+                 gamma=0.9, lam=0.5)
+    # t2: .3 | t1: d = .9*.7 - .6 = .03, A = .03 + .45*.3 = .165 | t0: d = .9*.6 - .5 = .04, A = .04 + .45*.165
+    close_grid(adv.tolist(), [[0.04 + 0.45 * 0.165, 0.165, 0.3]])
+
+
+def test_gae_ragged_right_padded_batch():
+    rewards = torch.tensor([[0.0, 0.0, 2.0, 5.0], [0.0, -1.0, 7.0, 7.0]])
+    values = torch.tensor([[1.0, 1.0, 1.0, 9.0], [0.2, 0.4, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    adv, ret = gae(rewards, values, mask)
+    # row 0: t2 d = 2 - 1 = 1 | t1 d = 0, A = .95 | t0 d = 0, A = .9025 (padding reward 5 and value 9 ignored)
+    # row 1: t1 d = -1 + 0 - .4 = -1.4 | t0 d = .4 - .2 = .2, A = .2 + .95 * -1.4 = -1.13
+    close_grid(adv.tolist(), [[0.9025, 0.95, 1.0, 0.0], [-1.13, -1.4, 0.0, 0.0]])
+    close_grid(ret.tolist(), [[1.9025, 1.95, 2.0, 0.0], [-0.93, -1.0, 0.0, 0.0]])
+
+
+def test_gae_rejects_shape_mismatch():
+    with pytest.raises(ValueError, match="shape"):
+        gae(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3))
+
+
+# ----------------------------------------------------------------------------- whiten, explained variance
+
+
+def test_whiten_by_hand():
+    x = torch.tensor([[2.0, 4.0, 100.0], [6.0, -50.0, -50.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    # response values 2, 4, 6: mean 4, Bessel variance (4 + 0 + 4) / 2 = 4, std 2
+    close_grid(whiten(x, mask).tolist(), [[-1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    close_grid(whiten(x, mask, shift_mean=False).tolist(), [[3.0, 4.0, 0.0], [5.0, 0.0, 0.0]])
+
+
+def test_explained_variance_by_hand():
+    mask = torch.tensor([[1, 1, 1, 0]])
+    ret = torch.tensor([[1.0, 2.0, 3.0, 50.0]])
+    close_list([explained_variance(torch.tensor([[1.0, 2.0, 3.0, 0.0]]), ret, mask).item()], [1.0])
+    close_list([explained_variance(torch.zeros(1, 4), ret, mask).item()], [0.0])
+    # residual [0, 0, -1]: variance 2/9; returns variance 2/3 -> 1 - 1/3
+    close_list([explained_variance(torch.tensor([[1.0, 2.0, 4.0, 0.0]]), ret, mask).item()], [2 / 3])
+    # constant returns: undefined, reported as 0 (never NaN)
+    ev = explained_variance(torch.tensor([[0.0, 1.0, 2.0, 0.0]]), torch.ones(1, 4), mask)
+    assert ev.dim() == 0 and ev.item() == 0.0

@@ -1,0 +1,195 @@
+"""Built-in tiny models, the character tokenizer and the loading path (gspo_bench.models)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoTokenizer, Qwen3ForCausalLM, Qwen3MoeForCausalLM
+
+from gspo_bench.models import (
+    BOS,
+    CHARSET,
+    EOS,
+    PAD,
+    build_builtin,
+    char_tokenizer,
+    classify_model_ref,
+    count_parameters,
+    is_moe,
+    load_pretrained,
+)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def dense():
+    return build_builtin("tiny-dense", 0)
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+
+def test_char_tokenizer_special_tokens_and_vocab(tok):
+    assert (tok.pad_token, tok.bos_token, tok.eos_token) == (PAD, BOS, EOS)
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
+    # three specials + one id per character of the charset
+    assert len(tok) == 3 + len(CHARSET)
+    assert tok.padding_side == "left"
+
+
+@pytest.mark.parametrize("text", ["12+34=46", "Hello, World!", "a b\nc", "~{}|\\", ""])
+def test_char_tokenizer_round_trip(tok, text):
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    # one token per character, none of them special
+    assert len(ids) == len(text)
+    assert all(i > 2 for i in ids)
+    assert tok.decode(ids) == text
+
+
+def test_char_tokenizer_one_id_per_character(tok):
+    ids = tok("0123", add_special_tokens=False)["input_ids"]
+    # the vocab lists pad, bos, eos, then digits in order
+    assert ids == [3, 4, 5, 6]
+    assert tok.convert_ids_to_tokens([0, 1, 2, 3]) == [PAD, BOS, EOS, "0"]
+
+
+def test_char_tokenizer_pads_on_the_left(tok):
+    enc = tok(["12+3=", "7="], padding=True, add_special_tokens=False)
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    assert len(ids[0]) == len(ids[1]) == 5
+    assert ids[1][:3] == [tok.pad_token_id] * 3
+    assert mask == [[1, 1, 1, 1, 1], [0, 0, 0, 1, 1]]
+    assert ids[1][3:] == tok("7=", add_special_tokens=False)["input_ids"]
+    assert tok.batch_decode(ids, skip_special_tokens=True) == ["12+3=", "7="]
+
+
+def test_char_tokenizer_skip_special_tokens_on_decode(tok):
+    ids = [tok.bos_token_id, *tok("42", add_special_tokens=False)["input_ids"], tok.eos_token_id,
+           tok.pad_token_id]
+    assert tok.decode(ids, skip_special_tokens=True) == "42"
+    assert tok.decode(ids, skip_special_tokens=False) == f"{BOS}42{EOS}{PAD}"
+
+
+def test_tokenizer_save_and_autotokenizer_round_trip(tok, tmp_path):
+    tok.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(str(tmp_path))
+    texts = ["3+4=7", "Zz!? \n", "9"]
+    a = tok(texts, padding=True, add_special_tokens=False)
+    b = loaded(texts, padding=True, add_special_tokens=False)
+    assert a["input_ids"] == b["input_ids"]
+    assert a["attention_mask"] == b["attention_mask"]
+    assert loaded.padding_side == "left"
+    assert (loaded.pad_token_id, loaded.bos_token_id, loaded.eos_token_id) == (0, 1, 2)
+    assert loaded.batch_decode(b["input_ids"], skip_special_tokens=True) == texts
+
+
+# ----------------------------------------------------------------------------- built-in models
+
+
+def test_tiny_dense_architecture(dense):
+    model, tok = dense
+    assert isinstance(model, Qwen3ForCausalLM)
+    c = model.config
+    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads) == (128, 4, 4, 2)
+    assert c.vocab_size == len(tok)
+    assert (c.pad_token_id, c.bos_token_id, c.eos_token_id) == (0, 1, 2)
+    n = count_parameters(model)
+    assert 800_000 <= n <= 1_200_000, n
+    assert model.generation_config.pad_token_id == tok.pad_token_id
+    assert model.generation_config.eos_token_id == tok.eos_token_id
+    assert is_moe(model) is False
+
+
+def test_count_parameters_by_hand():
+    lin = torch.nn.Linear(3, 2)  # 3*2 weights + 2 biases
+    assert count_parameters(lin) == 8
+
+
+def test_build_builtin_is_deterministic_in_seed(dense):
+    a, _ = dense
+    b, _ = build_builtin("tiny-dense", 0)
+    c, _ = build_builtin("tiny-dense", 1)
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert sa.keys() == sb.keys() == sc.keys()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    # at least the randomly initialised matrices differ across seeds
+    differ = [k for k in sa if not torch.equal(sa[k], sc[k])]
+    assert "model.embed_tokens.weight" in differ
+    assert len(differ) >= 4 * 7  # q, k, v, o, gate, up, down in each of 4 layers
+
+
+def test_build_builtin_leaves_the_global_rng_alone():
+    torch.manual_seed(123)
+    want = torch.rand(3)
+    torch.manual_seed(123)
+    build_builtin("tiny-dense", 7)
+    assert torch.equal(torch.rand(3), want)
+
+
+def test_tiny_moe_architecture():
+    model, tok = build_builtin("tiny-moe", 0)
+    assert isinstance(model, Qwen3MoeForCausalLM)
+    assert model.config.num_experts == 8
+    assert model.config.num_experts_per_tok == 2
+    assert model.config.num_hidden_layers == 4
+    assert is_moe(model) is True
+    assert count_parameters(model) > count_parameters(build_builtin("tiny-dense", 0)[0])
+
+
+def test_build_builtin_unknown_name():
+    with pytest.raises(KeyError):
+        build_builtin("tiny-nope", 0)
+
+
+# ----------------------------------------------------------------------------- classify / load
+
+
+def test_classify_model_ref(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert classify_model_ref("tiny-dense") == "builtin"
+    assert classify_model_ref("tiny-moe") == "builtin"
+    assert classify_model_ref(str(tmp_path)) == "path"
+    (tmp_path / "ckpt").mkdir()
+    assert classify_model_ref("./ckpt") == "path"
+    assert classify_model_ref("Qwen/Qwen3-0.6B") == "hub"
+    assert classify_model_ref("gpt2") == "hub"
+
+
+@pytest.mark.parametrize("ref", ["./missing", "/no/such/dir", "~/no-such-dir-gspo-bench-test", "a/b/c", "bad id!"])
+def test_classify_model_ref_rejects_missing_paths(ref, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as e:
+        classify_model_ref(ref)
+    assert repr(ref) in str(e.value)
+    assert "tiny-dense" in str(e.value)  # the message lists the built-ins
+
+
+def test_load_pretrained_round_trip(dense, tmp_path):
+    model, tok = dense
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    loaded, ltok = load_pretrained(str(tmp_path))
+    assert isinstance(loaded, Qwen3ForCausalLM)
+    assert loaded.dtype == torch.float32
+    assert ltok.padding_side == "left"
+    assert ltok.pad_token_id == tok.pad_token_id
+    assert loaded.generation_config.pad_token_id == tok.pad_token_id
+
+    enc = ltok(["1+2=", "34+56="], return_tensors="pt", padding=True, add_special_tokens=False)
+    assert enc["input_ids"].tolist() == tok(["1+2=", "34+56="], padding=True, add_special_tokens=False)["input_ids"]
+    model.eval()
+    loaded.eval()
+    with torch.no_grad():
+        want = model(**enc).logits
+        got = loaded(**enc).logits
+    assert got.shape == (2, 6, len(tok))
+    assert torch.equal(got, want)
+
+
+def test_load_pretrained_missing_path_raises(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        load_pretrained(str(tmp_path / "nothing-here"))
