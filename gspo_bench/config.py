@@ -18,12 +18,29 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union
 
+import re
+
 import yaml
 
 from gspo_bench.losses import KL_ESTIMATORS, LOSSES
 
 AUTO = "auto"
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads ``3e-4`` (no dot) as a string; clip ranges are written that way, so read it as a float."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$|^[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?$"),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str):
+    return yaml.load(text, Loader=_Loader)
 
 
 class ConfigError(ValueError):
@@ -33,6 +50,13 @@ class ConfigError(ValueError):
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
+
+
+def _numbers(section: str, obj, *names: str) -> None:
+    for n in names:
+        v = getattr(obj, n)
+        _check(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+               f"{section}.{n}={v!r} must be a number")
 
 
 def _choice(name: str, value: Any, allowed) -> None:
@@ -70,6 +94,7 @@ class WarmStartConfig:
     """Eval prompts used by those checks (the final score uses the whole eval split)."""
 
     def __post_init__(self):
+        _numbers("warmstart", self, "target_pass1", "max_steps", "batch_size", "lr", "eval_every", "eval_prompts")
         _check(0 < self.target_pass1 <= 1, f"warmstart.target_pass1={self.target_pass1} must be in (0, 1]")
         for k in ("max_steps", "batch_size", "eval_every", "eval_prompts"):
             _check(getattr(self, k) > 0, f"warmstart.{k}={getattr(self, k)} must be > 0")
@@ -102,6 +127,8 @@ class RolloutConfig:
     """recompute (a forward pass of the training model) | rollout (the engine's log-probs)."""
 
     def __post_init__(self):
+        _numbers("rollout", self, "prompts_per_step", "group_size", "temperature", "max_gen_batches",
+                 "overlong_penalty")
         _check(self.prompts_per_step > 0, f"rollout.prompts_per_step={self.prompts_per_step} must be > 0")
         _check(self.group_size >= 2, f"rollout.group_size={self.group_size} must be >= 2 (group advantages)")
         _check(self.max_new_tokens == AUTO or (isinstance(self.max_new_tokens, int) and self.max_new_tokens > 0),
@@ -139,6 +166,10 @@ class LossConfig:
     """PPO value clipping range; null = off."""
 
     def __post_init__(self):
+        _numbers("loss", self, "gamma", "lam", "vf_coef")
+        _check(self.vf_coef >= 0, f"loss.vf_coef={self.vf_coef} must be >= 0")
+        _check(self.value_clip is None or (isinstance(self.value_clip, (int, float)) and self.value_clip > 0),
+               f"loss.value_clip={self.value_clip!r} must be > 0 or null")
         lo, hi = self.eps_low, self.eps_high
         _check(lo in (None, AUTO) or (isinstance(lo, (int, float)) and 0 <= lo < 1),
                f"loss.eps_low={lo!r} must satisfy 0 <= eps_low < 1 (or null for no lower bound, or auto)")
@@ -179,6 +210,9 @@ class TrainConfig:
     """Show a progress bar."""
 
     def __post_init__(self):
+        _numbers("train", self, "minibatches", "lr", "critic_lr", "weight_decay", "max_grad_norm", "eval_every",
+                 "eval_prompts", "eval_samples")
+        _check(self.weight_decay >= 0, f"train.weight_decay={self.weight_decay} must be >= 0")
         _check(isinstance(self.steps, int) and self.steps > 0, f"train.steps={self.steps!r} must be a positive int")
         _check(self.minibatches >= 1, f"train.minibatches={self.minibatches} must be >= 1")
         _check(self.lr > 0 and self.critic_lr > 0, "train.lr and train.critic_lr must be > 0")
@@ -206,7 +240,12 @@ class CollapseConfig:
 
     def __post_init__(self):
         _choice("collapse.on_collapse", self.on_collapse, ("continue", "stop"))
+        _numbers("collapse", self, "window", "reward_drop", "entropy_floor", "length_factor", "ratio_max",
+                 "delta_std_max")
         _check(self.window >= 1, f"collapse.window={self.window} must be >= 1")
+        _check(self.reward_drop >= 0 and self.entropy_floor >= 0, "collapse.reward_drop and entropy_floor must be >= 0")
+        _check(self.length_factor > 1 and self.ratio_max > 1 and self.delta_std_max > 0,
+               "collapse.length_factor and ratio_max must be > 1, delta_std_max > 0")
 
 
 @dataclass
@@ -284,7 +323,7 @@ def read_yaml(path: str | Path) -> dict:
     p = Path(path).expanduser()
     if not p.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
-    data = yaml.safe_load(p.read_text()) or {}
+    data = load_yaml(p.read_text()) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     return data

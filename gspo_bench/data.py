@@ -142,12 +142,14 @@ class RolloutDataModule(L.LightningDataModule):
         G, want = self.s.group_size, self.s.prompts_per_step
         kept_gens, kept_answers, kept_scores, kept_rewards = [], [], [], []
         dropped = rounds = n_groups = 0
+        n_tokens = 0.0
         all_scores = []
         while rounds < (self.s.max_gen_batches if self.s.dynamic_sampling else 1):
             gen, answers = self._sample(self._prompts_for(step, rounds))
             rounds += 1
             scores = self.score(gen.texts, answers)
             all_scores.append(scores)
+            n_tokens += float(gen.response_mask.sum())
             rewards = scores.clone()
             if self.s.overlong_buffer:
                 lengths = gen.response_mask.sum(-1).cpu()
@@ -157,12 +159,12 @@ class RolloutDataModule(L.LightningDataModule):
             keep = torch.ones(len(rewards) // G, dtype=torch.bool)
             if self.s.dynamic_sampling:
                 keep = ~adv.group_is_degenerate(rewards, G)
-                dropped += int((~keep).sum())
                 # on the last round, top up with degenerate groups rather than train on too few
                 if rounds == self.s.max_gen_batches and n_groups + int(keep.sum()) < want:
                     deficit = want - n_groups - int(keep.sum())
                     extra = (~keep).nonzero().flatten()[:deficit]
                     keep[extra] = True
+                dropped += int((~keep).sum())
             room = want - n_groups
             groups = keep.nonzero().flatten()[:room]
             idx = (groups[:, None] * G + torch.arange(G)).flatten()
@@ -179,7 +181,9 @@ class RolloutDataModule(L.LightningDataModule):
         advantages = adv.group_zscore(rewards, G, scale=self.s.advantage_scale)
         gen_s = time.perf_counter() - t0
         lengths = gen.response_mask.sum(-1)
-        n_tokens = float(sum(g.response_mask.sum() for g in kept_gens))
+        # truncated: the response hit the cap without emitting eos
+        last_tok = gen.input_ids[:, gen.prompt_len:].gather(1, (lengths.long() - 1).clamp(min=0)[:, None])[:, 0]
+        truncated = (lengths >= self.s.max_new_tokens) & (last_tok != self.tokenizer.eos_token_id)
         sampled = torch.cat(all_scores)
         stats = {
             "reward/mean": float(sampled.mean()),
@@ -188,7 +192,7 @@ class RolloutDataModule(L.LightningDataModule):
             "reward/shaped_mean": float(rewards.mean()),
             "response/length_mean": float(lengths.float().mean()),
             "response/length_max": float(lengths.max()),
-            "response/truncated_frac": float((lengths >= self.s.max_new_tokens).float().mean()),
+            "response/truncated_frac": float(truncated.float().mean()),
             "time/gen_s": gen_s,
             "throughput/gen_tokens_per_s": n_tokens / max(gen_s, 1e-9),
             "throughput/completions_per_s": len(sampled) / max(gen_s, 1e-9),

@@ -39,15 +39,17 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def response_mask_from(response_ids: torch.Tensor, eos_id: int | list[int], pad_id: int) -> torch.Tensor:
-    """1 up to and including the first eos of each row, 0 after it."""
+    """1 up to and including the first eos of each row, 0 after it.
+
+    A pad token *sampled* before eos stays in the response: ``generate`` fed it
+    back to the model, so the training pass must see it too. Only what comes
+    after eos (where ``generate`` writes pads) is masked.
+    """
     eos_ids = torch.tensor([eos_id] if isinstance(eos_id, int) else list(eos_id), device=response_ids.device)
     is_eos = torch.isin(response_ids, eos_ids)
     # tokens strictly after the first eos: cumulative eos count, shifted right by one
     after = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
-    mask = ~after
-    if pad_id not in eos_ids.tolist():
-        mask &= response_ids != pad_id
-    return mask.float()
+    return (~after).float()
 
 
 def token_logp(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

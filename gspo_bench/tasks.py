@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import datasets
-import yaml
 
+from gspo_bench.config import load_yaml
 from gspo_bench.paths import builtin_dir
 
 Verifier = Callable[[str, str], float]
@@ -68,6 +68,8 @@ def generate_arith(
     """
     if not 1 <= min_digits <= max_digits:
         raise ValueError(f"arith needs 1 <= min_digits <= max_digits, got {min_digits}, {max_digits}")
+    if n_eval < 1 or n_train < 0:
+        raise ValueError(f"arith needs n_eval >= 1 and n_train >= 0, got n_eval={n_eval}, n_train={n_train}")
     lo = 0 if min_digits == 1 else 10 ** (min_digits - 1)
     hi = 10**max_digits - 1
     space = (hi - lo + 1) ** 2
@@ -164,8 +166,15 @@ def resolve_task_spec(ref: str) -> TaskSpec:
         path = Path(ref).expanduser()
     else:
         raise ValueError(f"unknown task {ref!r} (allowed: {', '.join(known)}, or a path to a task YAML)")
-    raw = yaml.safe_load(path.read_text()) or {}
+    raw = load_yaml(path.read_text()) or {}
     raw.setdefault("name", path.stem)
+    params = raw.get("params") or {}
+    for key in ("path", "eval_path"):
+        # data files named in a spec are found next to the spec first
+        if isinstance(params.get(key), str) and not Path(params[key]).expanduser().is_absolute():
+            beside = path.parent / params[key]
+            if beside.exists():
+                params[key] = str(beside)
     try:
         return TaskSpec(**raw)
     except TypeError as e:

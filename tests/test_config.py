@@ -180,11 +180,9 @@ def test_bad_value_in_a_config_file(tmp_path):
         load_config("default", (str(f),))
 
 
-# ----------------------------------------------------------------------------- known gaps (xfail)
+# ----------------------------------------------------------------------------- regressions
 
 
-@pytest.mark.xfail(strict=True, reason="read_yaml uses yaml.safe_load (YAML 1.1), which reads 3e-4 (no dot) as "
-                                       "the string '3e-4'; train.lr then fails with an unrelated TypeError message")
 def test_exponent_without_dot_in_yaml_is_a_float(tmp_path):
     f = tmp_path / "lr.yaml"
     f.write_text("train:\n  lr: 3e-4\nloss:\n  eps_low: 3e-4\n  eps_high: 4e-4\n")
@@ -193,8 +191,6 @@ def test_exponent_without_dot_in_yaml_is_a_float(tmp_path):
     assert (cfg.loss.eps_low, cfg.loss.eps_high) == (3e-4, 4e-4)
 
 
-@pytest.mark.xfail(strict=True, reason="CollapseConfig / RolloutConfig.overlong_penalty / LossConfig.vf_coef are "
-                                       "not validated: a non-numeric value is accepted and crashes mid-run")
 @pytest.mark.parametrize("overrides", [
     {"collapse": {"entropy_floor": "1e-3"}},
     {"collapse": {"reward_drop": "0.3"}},

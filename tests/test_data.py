@@ -281,8 +281,6 @@ def test_dynamic_sampling_tops_up_on_the_last_round(task, policy):
     assert batch.stats["dynamic/kept_groups"] == 2.0 and batch.stats["dynamic/gen_batches"] == 2.0
 
 
-@pytest.mark.xfail(strict=True, reason="data.py counts a degenerate group that the last-round top-up puts back "
-                                       "into the batch as dropped (dropped += before the top-up)")
 def test_dynamic_sampling_topped_up_group_is_not_counted_as_dropped(task, policy):
     dm = make_dm(task, policy, group_size=4, max_new_tokens=2, dynamic_sampling=True, max_gen_batches=2)
     dm.score = scripted([1, 1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 0, 1, 0])
@@ -339,8 +337,6 @@ def test_val_dataloader_batches_the_eval_rows(task, policy):
     assert sum((b["answer"] for b in batches), []) == list(task.eval["answer"])[:5]
 
 
-@pytest.mark.xfail(strict=True, reason="data.py computes response/truncated_frac as length >= max_new_tokens, so a "
-                                       "response whose eos is the last allowed token counts as truncated")
 def test_truncated_frac_counts_only_responses_without_eos(task, policy, monkeypatch):
     import gspo_bench.data as data_mod
 

@@ -96,8 +96,6 @@ def test_arith_bad_params_raise(kwargs, needle):
         generate_arith(0, **kwargs)
 
 
-@pytest.mark.xfail(strict=True, reason="generate_arith does not validate n_eval/n_train >= 0: a negative "
-                                       "n_eval silently slices pairs[:-1] into eval and pairs[-1:] into train")
 @pytest.mark.parametrize("kwargs", [dict(n_eval=-1, n_train=10), dict(n_eval=5, n_train=-3)])
 def test_arith_negative_sizes_raise(kwargs):
     with pytest.raises(ValueError):
