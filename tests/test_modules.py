@@ -87,3 +87,18 @@ def test_one_minibatch_is_on_policy(mixed_task, tracking_uri):
     [res] = run(cfg, log=lambda *a: None)
     assert res.last["ratio/max"] == pytest.approx(1.0, abs=1e-5)
     assert res.last["clip/frac"] == 0.0
+
+
+def test_moe_model_logs_expert_flip_rate(mixed_task, tracking_uri):
+    cfg = load_config("smoke", overrides={**tiny_overrides(mixed_task, tracking_uri), "algos": ["gspo"],
+                                          "model": {"name": "tiny-moe"},
+                                          "tracking": {"tracking_uri": tracking_uri, "experiment": "moe"}})
+    [res] = run(cfg, log=lambda *a: None)
+    assert res.status == "FINISHED", res.error
+    client = mlflow.MlflowClient(tracking_uri)
+    [row] = client.search_runs([client.get_experiment_by_name("moe").experiment_id])
+    assert row.data.tags["moe"] == "true"
+    hist = client.get_metric_history(row.info.run_id, "moe/expert_flip_rate")
+    assert [m.step for m in hist] == [1, 2]
+    # the policy moved, so some routing changed, but far from all of it
+    assert all(0.0 <= m.value < 0.5 for m in hist) and any(m.value > 0 for m in hist)
