@@ -319,10 +319,22 @@ def presets() -> dict[str, Path]:
     return {p.stem: p for p in sorted(PRESET_DIR.glob("*.yaml"))}
 
 
-def read_yaml(path: str | Path) -> dict:
+def resolve_config_file(path: str | Path) -> Path:
+    """A YAML path, or the name of a shipped baseline (``gspo`` or ``baselines/gspo.yaml``)."""
+    from gspo_bench.paths import builtin_dir
+
     p = Path(path).expanduser()
-    if not p.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+    if p.is_file():
+        return p
+    shipped = builtin_dir("baselines") / (Path(path).stem + ".yaml")
+    if Path(path).parent in (Path("."), Path("baselines")) and shipped.is_file():
+        return shipped
+    known = ", ".join(sorted(q.stem for q in builtin_dir("baselines").glob("*.yaml")))
+    raise ConfigError(f"config file {str(path)!r} does not exist (shipped baselines: {known})")
+
+
+def read_yaml(path: str | Path) -> dict:
+    p = resolve_config_file(path)
     data = load_yaml(p.read_text()) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping")

@@ -24,6 +24,7 @@ from gspo_bench.data import RolloutBatch
 from gspo_bench.engine import forward_response
 from gspo_bench.losses import LOSSES, kl_penalty, policy_loss
 from gspo_bench.metrics import StepStats
+from torchmetrics.aggregation import MeanMetric
 
 MODULES: dict[str, type["PolicyModule"]] = {}
 
@@ -60,6 +61,7 @@ class PolicyModule(L.LightningModule):
         self.eval_history: list[tuple[int, float]] = []  # (rl_step, eval pass@1)
         self._eval: dict[str, list[torch.Tensor]] = {}
         self._manual_eval = False
+        self._ratio_sample: dict | None = None
 
     # -- configuration ------------------------------------------------------------------------
     @classmethod
@@ -134,6 +136,13 @@ class PolicyModule(L.LightningModule):
                                advantages=prep["advantages"][idx], mask=mask, **self.hp, **extra)
         st["policy/entropy"] = (ent * mask).sum() / mask.sum().clamp(min=1)
         stats.add(st)
+        if self._ratio_sample is not None:
+            with torch.no_grad():
+                # delta = logp - old_logp per token; the sequence log-ratio is its mean over |y_i|
+                delta = (logp.detach() - prep["old_logp"][idx]) * mask
+                n = mask.sum(-1)
+                self._ratio_sample["token"].append(delta[mask.bool()].float().cpu())
+                self._ratio_sample["seq"].append((delta.sum(-1) / n.clamp(min=1))[n > 0].float().cpu())
         return loss
 
     def optimizer_list(self) -> list:
@@ -161,6 +170,8 @@ class PolicyModule(L.LightningModule):
         perm = torch.randperm(B, generator=g).to(batch.input_ids.device)
         for opt in self.optimizer_list():
             opt.zero_grad(set_to_none=True)
+        dump = (self.rl_step + 1) % self.cfg.train.eval_every == 0 or self.rl_step + 1 == self.cfg.train.steps
+        self._ratio_sample = {"token": [], "seq": []} if dump else None
         for idx in perm.chunk(n_mb):
             loss = self.minibatch_loss(batch, prep, idx, stats)
             finite = bool(torch.isfinite(loss))
@@ -173,7 +184,23 @@ class PolicyModule(L.LightningModule):
         metrics["time/train_s"] = time.perf_counter() - t0
         metrics["time/step_s"] = metrics["time/train_s"] + batch.stats.get("time/gen_s", 0.0)
         self.record(metrics)
+        if self._ratio_sample is not None:
+            self.log_ratio_sample()
         return None
+
+    def log_ratio_sample(self, cap: int = 20000) -> None:
+        """Artifact ``ratios/step_NNNN.json``: this step's token and sequence log-ratios (report figure c)."""
+        token = torch.cat(self._ratio_sample["token"]) if self._ratio_sample["token"] else torch.zeros(0)
+        seq = torch.cat(self._ratio_sample["seq"]) if self._ratio_sample["seq"] else torch.zeros(0)
+        self._ratio_sample = None
+        if len(token) > cap:  # real models: keep the file small, a uniform subsample tells the same story
+            token = token[torch.randperm(len(token), generator=torch.Generator().manual_seed(0))[:cap]]
+        if self.logger is None or not hasattr(self.logger, "run_id"):
+            return
+        payload = {"algo": self.loss_name, "step": self.rl_step, "eps_low": self.hp["eps_low"],
+                   "eps_high": self.hp["eps_high"], "token_log_ratio": [round(x, 6) for x in token.tolist()],
+                   "seq_log_ratio": [round(x, 6) for x in seq.tolist()]}
+        self.logger.experiment.log_dict(self.logger.run_id, payload, f"ratios/step_{self.rl_step:04d}.json")
 
     def record(self, metrics: dict[str, float]) -> None:
         """Log with the RL step as the step; also feed callback_metrics and the progress bar."""
@@ -188,19 +215,22 @@ class PolicyModule(L.LightningModule):
 
     # -- evaluation ------------------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
-        self._eval = {}
+        # torchmetrics means over every eval prompt (pass1) and every sampled completion (reward)
+        self._eval = {"pass1": MeanMetric(), "reward": MeanMetric()}
+        self._eval_seen = set()
 
     def validation_step(self, batch: dict, batch_idx: int):
         out = self.trainer.datamodule.evaluate(self.policy, batch)
         for k, v in out.items():
-            self._eval.setdefault(k, []).append(v)
+            self._eval[k].update(v.float().cpu())
+            self._eval_seen.add(k)
 
     def on_validation_epoch_end(self) -> None:
-        if not self._eval or self.trainer.sanity_checking:
+        if "pass1" not in getattr(self, "_eval_seen", ()) or self.trainer.sanity_checking:
             return
-        metrics = {"eval/pass1": float(torch.cat(self._eval["pass1"]).mean())}
-        if "reward" in self._eval:
-            metrics["eval/reward_mean"] = float(torch.cat(self._eval["reward"]).mean())
+        metrics = {"eval/pass1": float(self._eval["pass1"].compute())}
+        if "reward" in self._eval_seen:
+            metrics["eval/reward_mean"] = float(self._eval["reward"].compute())
         if self._in_val_loop():
             self.log_dict(metrics, logger=False, batch_size=1)
         if self.logger is not None:

@@ -21,6 +21,7 @@ from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.loggers import MLFlowLogger
 from transformers import AutoTokenizer
 
+from gspo_bench import __version__
 from gspo_bench import ppo  # noqa: F401  (registers the PPO module)
 from gspo_bench.callbacks import CollapseCallback, MoEFlipProbe
 from gspo_bench.config import ConfigError, RunConfig, flatten, to_dict
@@ -99,10 +100,37 @@ def validate(cfg: RunConfig) -> str:
     return tracking_uri(cfg)
 
 
+def machine() -> str:
+    import platform
+
+    import torch
+
+    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"{os.cpu_count()}-core CPU"
+    return f"{dev}, {platform.machine()}, torch {torch.__version__}"
+
+
+def git_commit() -> str:
+    """The checkout's commit (with ``+dirty`` when it has local changes), or the package version."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    from gspo_bench import __version__
+
+    return (sha + ("+dirty" if dirty else "")) if sha else f"gspo-bench {__version__}"
+
+
 def make_logger(cfg: RunConfig, uri: str, algo: str, seed: int, ws: WarmStart, settings: RolloutSettings,
                 hparams: dict, task_name: str) -> MLFlowLogger:
     tags = {"algo": algo, "task": task_name, "model": cfg.model.name, "seed": str(seed), "preset": cfg.preset,
-            "moe": "unknown", "gspo_bench.version": "0.1.0"}
+            "moe": "unknown", "gspo_bench.version": __version__, "git.commit": git_commit(),
+            "machine": machine()}
     logger = MLFlowLogger(experiment_name=cfg.tracking.experiment, run_name=f"{algo}-s{seed}",
                           tracking_uri=uri, tags=tags)
     resolved = to_dict(cfg)

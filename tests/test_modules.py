@@ -64,6 +64,15 @@ def test_two_steps_change_parameters_and_log_metrics(algo, mixed_task, tracking_
     # the resolved clip range is a param, with the registry's default
     assert float(row["params.resolved.loss.eps_high"]) == LOSSES[algo].eps_high
     assert "config.yaml" in [a.path for a in client.list_artifacts(row.run_id)]
+    assert row["tags.git.commit"] and "CPU" in row["tags.machine"] or "GPU" in row["tags.machine"]
+    # token and sequence log-ratios of each eval step's batch, for the report's histogram
+    assert [a.path for a in client.list_artifacts(row.run_id, "ratios")] == ["ratios/step_0001.json",
+                                                                              "ratios/step_0002.json"]
+    import json
+
+    dump = json.load(open(client.download_artifacts(row.run_id, "ratios/step_0002.json")))
+    assert dump["algo"] == algo and dump["eps_high"] == LOSSES[algo].eps_high
+    assert len(dump["seq_log_ratio"]) == 16 and len(dump["token_log_ratio"]) >= 16
 
 
 def test_off_policy_minibatches_move_the_ratio(mixed_task, tracking_uri):
