@@ -1,4 +1,4 @@
-"""Command line: ``python -m gspo_bench {run,list}`` (also installed as ``gspo-bench``).
+"""Command line: ``python -m gspo_bench {run,list,leaderboard,report}`` (also installed as ``gspo-bench``).
 
 Bad input prints one line naming the bad value and the allowed ones, and
 exits with code 2, before anything is written to MLflow.
@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gspo_bench.config import ConfigError, load_config, presets
+from gspo_bench.leaderboard import DEFAULT_EXPERIMENT, NOTES
 
 console = Console(highlight=False)
 if not console.is_terminal:  # logs and CI: don't squeeze tables into 80 columns
@@ -67,6 +68,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--experiment", help="MLflow experiment name")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
     sub.add_parser("list", help="show algorithms, tasks, models and presets")
+    for name, text in (("leaderboard", "one row per algorithm per task/model/preset/config, from MLflow"),
+                       ("report", "report.md + figures from MLflow, also logged as a kind=report run")):
+        c = sub.add_parser(name, help=text, description=f"{text}. {NOTES}")
+        c.add_argument("--tracking-uri", help="MLflow URI (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+        c.add_argument("--experiment", default=DEFAULT_EXPERIMENT,
+                       help=f"MLflow experiment (default {DEFAULT_EXPERIMENT})")
+        c.add_argument("--task", help="only runs of this task")
+        c.add_argument("--model", help="only runs of this model")
+        if name == "leaderboard":
+            c.add_argument("--format", choices=("table", "md", "csv"),
+                           help="default: a table on a terminal, Markdown otherwise")
+        else:
+            c.add_argument("--out", help="output folder (default results/<experiment>)")
     return p
 
 
@@ -149,10 +163,39 @@ def cmd_list(args) -> int:
     return 0
 
 
+def cmd_leaderboard(args) -> int:
+    from gspo_bench.leaderboard import collect, no_runs_message, read_uri, render, rich_table
+
+    rows = collect(read_uri(args.tracking_uri), args.experiment, args.task, args.model)
+    if not rows:  # an empty leaderboard is a mistake (wrong experiment or filter), not a result
+        raise ConfigError(no_runs_message(args.experiment, args.task, args.model))
+    fmt = args.format or ("table" if console.is_terminal else "md")
+    if fmt == "table":
+        console.print(rich_table(rows, f"leaderboard: {args.experiment}"))
+    else:
+        sys.stdout.write(render(rows, fmt))
+    return 0
+
+
+def cmd_report(args) -> int:
+    import shlex
+
+    from gspo_bench.leaderboard import read_uri
+    from gspo_bench.report import write_report
+
+    rep = write_report(read_uri(args.tracking_uri), args.experiment, args.out, args.task, args.model,
+                       command="python -m gspo_bench " + shlex.join(args.argv))
+    console.print(f"wrote {rep.path} and {len(rep.figures)} figures; logged to MLflow run {rep.run_id} "
+                  f"(name 'report', tag kind=report)", soft_wrap=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # report.md states the command
     try:
-        return {"run": cmd_run, "list": cmd_list}[args.cmd](args)
+        return {"run": cmd_run, "list": cmd_list, "leaderboard": cmd_leaderboard,
+                "report": cmd_report}[args.cmd](args)
     except ConfigError as e:
         console.print(f"gspo-bench: error: {e}", style="red", soft_wrap=True)
         return 2

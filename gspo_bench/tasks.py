@@ -1,9 +1,11 @@
 """Tasks: data plus a pure ``verify(completion, answer) -> float``.
 
 A task is declared by a YAML spec file (``tasks/<name>.yaml`` ships the
-built-in ones). ``kind`` picks a data generator/loader from ``GENERATORS`` and
-``verifier`` picks a pure function from ``VERIFIERS``; adding a task of an
-existing kind is one spec file, a new kind adds one entry to a registry here.
+built-in ones). ``kind`` picks a data generator/loader from ``GENERATORS``
+(``generators.py``) and ``verifier`` picks a pure function from ``VERIFIERS``
+(``verifiers.py``), called with the spec's ``verifier_params`` as keyword
+arguments; adding a task of an existing kind is one spec file, a new kind adds
+one entry to a registry.
 
 Every data set has the columns ``prompt``, ``answer`` (what the verifier
 compares against) and ``target`` (the supervised completion the warm start
@@ -12,111 +14,44 @@ trains on).
 
 from __future__ import annotations
 
-import random
+import importlib.util
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import datasets
 
 from gspo_bench.config import load_yaml
+from gspo_bench.generators import (
+    GENERATORS,
+    generate_arith,
+    generate_countdown,
+    load_file,
+    load_jsonl,
+    register_generator,
+)
 from gspo_bench.paths import builtin_dir
+from gspo_bench.verifiers import (
+    VERIFIER_REQUIRES,
+    VERIFIERS,
+    Verifier,
+    missing_extra_message,
+    register_verifier,
+    verify_countdown,
+    verify_exact,
+    verify_gsm8k,
+    verify_last_line,
+    verify_math,
+    verify_scratchpad,
+)
 
-Verifier = Callable[[str, str], float]
-VERIFIERS: dict[str, Verifier] = {}
-GENERATORS: dict[str, Callable[..., tuple[datasets.Dataset, datasets.Dataset]]] = {}
-
-
-def register_verifier(name: str):
-    def deco(fn: Verifier) -> Verifier:
-        VERIFIERS[name] = fn
-        return fn
-
-    return deco
-
-
-def register_generator(name: str):
-    def deco(fn):
-        GENERATORS[name] = fn
-        return fn
-
-    return deco
-
-
-@register_verifier("exact")
-def verify_exact(completion: str, answer: str) -> float:
-    """1.0 when the completion, stripped of surrounding whitespace, is exactly the answer."""
-    return float(completion.strip() == answer.strip())
-
-
-@register_verifier("last_line")
-def verify_last_line(completion: str, answer: str) -> float:
-    """1.0 when the last non-empty line of the completion is exactly the answer (scratchpads)."""
-    lines = [ln.strip() for ln in completion.strip().splitlines() if ln.strip()]
-    return float(bool(lines) and lines[-1] == answer.strip())
-
-
-@register_generator("arith")
-def generate_arith(
-    seed: int, min_digits: int = 1, max_digits: int = 2, n_train: int = 20000, n_eval: int = 256
-) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """Multi-digit addition ``a+b=`` -> ``a+b``; train and eval pairs are disjoint.
-
-    Pairs are drawn without replacement from one seeded stream, the first
-    ``n_eval`` go to eval, so no (a, b) appears in both splits. When the space
-    of pairs is small the train split is all of the remainder.
-    """
-    if not 1 <= min_digits <= max_digits:
-        raise ValueError(f"arith needs 1 <= min_digits <= max_digits, got {min_digits}, {max_digits}")
-    if n_eval < 1 or n_train < 0:
-        raise ValueError(f"arith needs n_eval >= 1 and n_train >= 0, got n_eval={n_eval}, n_train={n_train}")
-    lo = 0 if min_digits == 1 else 10 ** (min_digits - 1)
-    hi = 10**max_digits - 1
-    space = (hi - lo + 1) ** 2
-    if n_eval >= space:
-        raise ValueError(f"arith: n_eval={n_eval} leaves no training pairs (only {space} pairs exist)")
-    rng = random.Random(seed)
-    n_total = min(space, n_eval + n_train)
-    seen: set[tuple[int, int]] = set()
-    pairs: list[tuple[int, int]] = []
-    while len(pairs) < n_total:
-        p = (rng.randint(lo, hi), rng.randint(lo, hi))
-        if p not in seen:
-            seen.add(p)
-            pairs.append(p)
-
-    def rows(ps):
-        return {
-            "prompt": [f"{a}+{b}=" for a, b in ps],
-            "answer": [str(a + b) for a, b in ps],
-            "target": [str(a + b) for a, b in ps],
-        }
-
-    return datasets.Dataset.from_dict(rows(pairs[n_eval:])), datasets.Dataset.from_dict(rows(pairs[:n_eval]))
-
-
-@register_generator("jsonl")
-def load_jsonl(
-    seed: int, path: str, eval_path: str | None = None, n_eval: int = 256,
-    prompt_field: str = "prompt", answer_field: str = "answer", target_field: str | None = None,
-) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """A local JSONL/JSON file with prompt and answer fields, loaded through ``datasets``."""
-    def load(p: str) -> datasets.Dataset:
-        ds = datasets.load_dataset("json", data_files=str(Path(p).expanduser()), split="train")
-        missing = {prompt_field, answer_field} - set(ds.column_names)
-        if missing:
-            raise ValueError(f"{p}: missing field(s) {sorted(missing)}; columns are {ds.column_names}")
-        tgt = target_field or answer_field
-        return ds.map(
-            lambda r: {"prompt": r[prompt_field], "answer": str(r[answer_field]), "target": str(r[tgt])},
-            remove_columns=ds.column_names,
-        )
-
-    train = load(path)
-    if eval_path:
-        return train, load(eval_path)
-    split = train.train_test_split(test_size=min(n_eval, len(train) // 2), seed=seed)
-    return split["train"], split["test"]
+__all__ = [
+    "GENERATORS", "VERIFIERS", "Task", "TaskSpec", "Verifier", "builtin_tasks", "generate_arith",
+    "generate_countdown", "load_file", "load_jsonl", "load_task", "register_generator", "register_verifier",
+    "resolve_task_spec", "verify_countdown", "verify_exact", "verify_gsm8k", "verify_last_line", "verify_math",
+    "verify_scratchpad",
+]
 
 
 @dataclass
@@ -129,14 +64,28 @@ class TaskSpec:
     description: str = ""
     max_new_tokens: int = 8
     params: dict[str, Any] = field(default_factory=dict)
+    verifier_params: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the verifier, e.g. ``{partial_credit: 0.1}`` for ``countdown``."""
 
     def __post_init__(self):
+        self.params = self.params or {}
+        self.verifier_params = self.verifier_params or {}
         if self.kind not in GENERATORS:
             raise ValueError(f"task {self.name!r}: unknown kind {self.kind!r} (allowed: {', '.join(GENERATORS)})")
         if self.verifier not in VERIFIERS:
             raise ValueError(
                 f"task {self.name!r}: unknown verifier {self.verifier!r} (allowed: {', '.join(VERIFIERS)})"
             )
+        try:
+            inspect.signature(VERIFIERS[self.verifier]).bind("", "", **self.verifier_params)
+        except TypeError as e:
+            raise ValueError(f"task {self.name!r}: verifier_params {self.verifier_params} do not fit "
+                             f"verifier {self.verifier!r}: {e}") from None
+        if self.verifier in VERIFIER_REQUIRES:
+            module, extra = VERIFIER_REQUIRES[self.verifier]
+            # fail when the spec is read, not at the first reward after a warm start
+            if importlib.util.find_spec(module) is None:
+                raise ImportError(f"task {self.name!r}: " + missing_extra_message(module, extra))
 
 
 @dataclass
@@ -150,7 +99,7 @@ class Task:
         return self.spec.name
 
     def verify(self, completion: str, answer: str) -> float:
-        return VERIFIERS[self.spec.verifier](completion, answer)
+        return VERIFIERS[self.spec.verifier](completion, answer, **self.spec.verifier_params)
 
 
 def builtin_tasks() -> dict[str, Path]:

@@ -111,3 +111,23 @@ def test_moe_model_logs_expert_flip_rate(mixed_task, tracking_uri):
     assert [m.step for m in hist] == [1, 2]
     # the policy moved, so some routing changed, but far from all of it
     assert all(0.0 <= m.value < 0.5 for m in hist) and any(m.value > 0 for m in hist)
+
+
+def test_local_checkpoint_path_runs_through_from_pretrained(mixed_task, tracking_uri, tmp_path):
+    """--model DIR: any saved causal LM goes through the standard loading code."""
+    from gspo_bench.models import build_builtin
+
+    model, tok = build_builtin("tiny-dense", 7)
+    model.save_pretrained(tmp_path / "ckpt")
+    tok.save_pretrained(tmp_path / "ckpt")
+    cfg = load_config("smoke", overrides={**tiny_overrides(mixed_task, tracking_uri), "algos": ["cispo"],
+                                          "model": {"name": str(tmp_path / "ckpt")},
+                                          "train": {"steps": 1, "minibatches": 2, "eval_every": 5,
+                                                    "eval_prompts": 4, "eval_samples": 0, "progress": False},
+                                          "tracking": {"tracking_uri": tracking_uri, "experiment": "localpath"}})
+    [res] = run(cfg, log=lambda *a: None, keep_modules=True)
+    assert res.status == "FINISHED", res.error
+    # the run started from exactly those weights (warm start off), not from a fresh built-in
+    start = AutoModelForCausalLM.from_pretrained(res.module.trainer.datamodule.tokenizer.name_or_path)
+    for p, q in zip(start.parameters(), model.parameters()):
+        assert torch.equal(p, q)

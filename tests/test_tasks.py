@@ -13,6 +13,7 @@ from gspo_bench.tasks import (
     VERIFIERS,
     Task,
     TaskSpec,
+    builtin_tasks,
     generate_arith,
     load_jsonl,
     load_task,
@@ -256,3 +257,127 @@ def test_load_task_arith_from_custom_spec(tmp_path):
     assert len(task.train) == 30 and len(task.eval) == 10
     assert all(10 <= n <= 99 for p in task.eval["prompt"] for n in parse(p))
     assert task.verify(" 57 ", "57") == 1.0
+
+
+# ----------------------------------------------------------------------------- every built-in task
+
+BUILTINS = sorted(builtin_tasks())
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    """Each built-in task at seed 0, loaded once for this module."""
+    cache: dict[str, Task] = {}
+
+    def get(name: str) -> Task:
+        if name not in cache:
+            cache[name] = load_task(name, 0)
+        return cache[name]
+
+    return get
+
+
+def test_builtins_include_the_new_tasks():
+    assert {"arith", "arith_scratchpad", "countdown"} <= set(BUILTINS)
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_builtin_targets_verify(loaded, name):
+    """The key check on the SFT targets: every eval row's target earns reward 1.0 against its answer."""
+    task = loaded(name)
+    assert len(task.eval) > 0
+    scores = [task.verify(t, a) for t, a in zip(task.eval["target"], task.eval["answer"])]
+    assert scores == [1.0] * len(task.eval)
+    # and a sample of train rows too
+    sample = task.train.select(range(0, len(task.train), max(1, len(task.train) // 500)))
+    assert all(task.verify(t, a) == 1.0 for t, a in zip(sample["target"], sample["answer"]))
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_builtin_splits_disjoint_deterministic_and_in_charset(loaded, name):
+    from gspo_bench.models import CHARSET
+
+    task = loaded(name)
+    tr, ev = list(task.train["prompt"]), list(task.eval["prompt"])
+    assert len(set(ev)) == len(ev) and len(set(tr)) == len(tr)
+    assert not set(tr) & set(ev)
+    again = load_task(name, 0)
+    assert again.eval.to_dict() == task.eval.to_dict()
+    assert list(again.train["prompt"]) == tr
+    assert list(load_task(name, 1).eval["prompt"]) != ev
+    allowed = set(CHARSET)
+    for ds in (task.train, task.eval):
+        for col in ("prompt", "answer", "target"):
+            assert set("".join(ds[col])) <= allowed, (name, col)
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_builtin_max_new_tokens_covers_every_target_and_eos(loaded, name):
+    task = loaded(name)
+    longest = max(len(t) for ds in (task.train, task.eval) for t in ds["target"])
+    assert longest + 1 <= task.spec.max_new_tokens  # one token per character, plus eos
+
+
+def test_resolve_new_builtins():
+    pad = resolve_task_spec("arith_scratchpad")
+    assert pad.kind == "arith" and pad.verifier == "scratchpad" and pad.params["scratchpad"] is True
+    cd = resolve_task_spec("countdown")
+    assert cd.kind == "countdown" and cd.verifier == "countdown"
+    assert cd.verifier_params == {"partial_credit": 0.0}
+
+
+# ----------------------------------------------------------------------------- verifier_params
+
+
+def test_verifier_params_reach_the_verifier(tmp_path):
+    spec = tmp_path / "cd.yaml"
+    spec.write_text("kind: countdown\nverifier: countdown\nmax_new_tokens: 24\n"
+                    "params: {n_train: 20, n_eval: 5}\nverifier_params: {partial_credit: 0.1}\n")
+    task = load_task(str(spec), seed=0)
+    assert task.spec.verifier_params == {"partial_credit": 0.1}
+    assert task.verify("12+5+3", "12 5 3|41") == pytest.approx(0.1)  # well formed, wrong value
+    assert task.verify("12*3+5", "12 5 3|41") == 1.0
+    assert task.verify("12+12", "12 5 3|41") == 0.0
+    # without verifier_params the default is no partial credit
+    plain = TaskSpec(name="cd", kind="countdown", verifier="countdown")
+    assert plain.verifier_params == {}
+    assert Task(plain, task.train, task.eval).verify("12+5+3", "12 5 3|41") == 0.0
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("kind: countdown\nverifier: countdown\nverifier_params: {partial: 0.1}\n", "partial"),
+    ("kind: arith\nverifier: exact\nverifier_params: {partial_credit: 0.1}\n", "partial_credit"),
+])
+def test_verifier_params_that_do_not_fit_raise(tmp_path, body, needle):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(body)
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        resolve_task_spec(str(spec))
+
+
+def test_empty_verifier_params_in_yaml(tmp_path):
+    spec = tmp_path / "ok.yaml"
+    spec.write_text("kind: arith\nverifier_params:\nparams:\n")
+    s = resolve_task_spec(str(spec))
+    assert s.verifier_params == {} and s.params == {}
+
+
+def test_missing_optional_extra_fails_when_the_spec_is_read(monkeypatch):
+    from gspo_bench import verifiers
+
+    monkeypatch.setitem(verifiers.VERIFIER_REQUIRES, "math_verify", ("no_such_module_xyz", "math"))
+    with pytest.raises(ImportError, match=r"pip install 'gspo-bench\[math\]'"):
+        TaskSpec(name="m", kind="file", verifier="math_verify")
+
+
+def test_math_verify_task_when_installed(tmp_path):
+    pytest.importorskip("math_verify")
+    data = tmp_path / "m.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"{i}/2=", "answer": str(i / 2)}) for i in range(1, 9)) + "\n")
+    spec = tmp_path / "m.yaml"
+    spec.write_text("kind: file\nverifier: math_verify\nparams: {path: m.jsonl, n_eval: 2}\n")
+    task = load_task(str(spec), seed=0)
+    for t, a in zip(task.eval["target"], task.eval["answer"]):
+        assert task.verify(t, a) == 1.0
+    assert task.verify("\\frac{3}{2}", "1.5") == 1.0
+    assert task.verify("\\frac{3}{2}", "2.5") == 0.0

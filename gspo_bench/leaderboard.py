@@ -1,0 +1,333 @@
+"""``leaderboard``: one row per algorithm and (task, model, preset, config) group, read back from MLflow.
+
+``collect`` is the whole pipeline for the CLI and the tests; it is
+``summarise(load_runs(...))``, and ``render`` turns its rows into a Rich
+table, Markdown or CSV. ``config`` is the run tag ``tuning`` (issue 4's
+``default`` vs ``tuned``), ``default`` when the tag is absent. Runs tagged
+``kind=report`` (the report's own run) are never read.
+
+Definitions (also in ``NOTES``, printed by ``report`` and ``--help``):
+
+- final / best pass@1: ``eval/pass1`` at the last eval step / its maximum,
+  mean ± *sample* std (ddof 1) over seeds; one seed shows the mean alone.
+- AUC: trapezoid of ``eval/pass1`` over the step axis rescaled to [0, 1]
+  (first to last eval step), i.e. the mean pass@1 over training.
+- steps to +10 pts: first eval step where pass@1 >= pass@1 at step 0 + 0.10,
+  averaged over the seeds that got there, with how many did.
+- clip/frac: per run the mean of ``clip/frac`` over steps, then the mean over seeds.
+- completions/s: end to end, ``prompts_per_step * group_size * steps done /
+  time/wall_s`` (wall time includes evaluation), mean over seeds.
+
+Only FINISHED runs are aggregated; FAILED, RUNNING (or KILLED) runs get a row
+of their own per algorithm with their count, their collapse count and no
+other numbers. The CLI treats an empty leaderboard (no run matches) as an
+error: one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import math
+import os
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gspo_bench.config import ConfigError
+
+DEFAULT_EXPERIMENT = "gspo_bench"
+# the same default as runner.tracking_uri (not imported from there: runner pulls in Lightning)
+DEFAULT_URI = "sqlite:///mlflow.db"
+FINISHED = "FINISHED"
+PLUS = 0.10  # "warm start + 10 points"
+# metric histories the leaderboard needs; ``collapse/<kind>`` ones are added per run
+LEADERBOARD_METRICS = ("eval/pass1", "clip/frac", "reward/mean")
+
+NOTES = (
+    "final/best pass@1 and AUC: mean ± sample std (ddof 1) over seeds (one seed: mean only). "
+    "AUC = trapezoid of eval/pass1 over steps rescaled to [0, 1] = mean pass@1 over training. "
+    "steps to +10 pts = first eval step with pass@1 >= step-0 pass@1 + 0.10, mean over the seeds that "
+    "reached it (reached/seeds). clip/frac = mean over steps, then over seeds. completions/s = end to end: "
+    "prompts_per_step x group_size x steps done / time/wall_s. FAILED and RUNNING runs are counted, never averaged."
+)
+
+
+@dataclass
+class RunData:
+    """One MLflow run, with the metric histories we read: ``history[key] = [(step, value), ...]`` by step."""
+
+    run_id: str
+    status: str
+    tags: dict[str, str]
+    params: dict[str, str]
+    metrics: dict[str, float]  # latest values
+    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    artifact_uri: str = ""
+
+    @property
+    def algo(self) -> str:
+        return self.tags.get("algo", "?")
+
+    @property
+    def seed(self) -> str:
+        return self.tags.get("seed", "?")
+
+    @property
+    def group(self) -> tuple[str, str, str, str]:
+        """(task, model, preset, config): runs in one group are comparable."""
+        t = self.tags
+        return (t.get("task", "?"), t.get("model", "?"), t.get("preset", "?"), t.get("tuning", "default"))
+
+    def collapse_steps(self) -> list[tuple[str, int]]:
+        """(kind, step) of every collapse event, from the ``collapse/<kind>`` metric histories."""
+        return sorted(((k.split("/", 1)[1], s) for k, h in self.history.items()
+                       if k.startswith("collapse/") and k != "collapse/events" for s, _ in h), key=lambda e: e[1])
+
+
+def read_uri(uri: str | None) -> str:
+    """The tracking URI to read: the flag, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db.
+
+    Reading a sqlite URI whose file does not exist would silently create an
+    empty store, so that is an error here.
+    """
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):]).expanduser()
+        if not db.is_file():
+            raise ConfigError(f"tracking URI {uri!r}: no database file {str(db)!r}")
+    elif "://" not in uri:
+        raise ConfigError(f"tracking URI {uri!r} is a bare path; mlflow 3 needs a database URI such as "
+                          "sqlite:///mlflow.db")
+    return uri
+
+
+def _quiet_mlflow() -> None:
+    for name in ("mlflow", "alembic", "mlflow.store.db.utils"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
+    by_step: dict[int, float] = {}
+    for m in sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp)):
+        by_step[int(m.step)] = float(m.value)  # a step logged twice keeps its last value
+    return sorted(by_step.items())
+
+
+def experiment_id(client, experiment: str) -> str:
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        names = sorted(e.name for e in client.search_experiments())
+        raise ConfigError(f"experiment {experiment!r} not found (existing: {', '.join(names) or 'none'})")
+    return exp.experiment_id
+
+
+def load_runs(uri: str, experiment: str = DEFAULT_EXPERIMENT, task: str | None = None, model: str | None = None,
+              metrics: tuple[str, ...] = LEADERBOARD_METRICS) -> list[RunData]:
+    """The experiment's benchmark runs (not ``kind=report``), histories of ``metrics`` for FINISHED ones."""
+    import mlflow
+
+    _quiet_mlflow()
+    client = mlflow.MlflowClient(uri)
+    exp_id = experiment_id(client, experiment)
+    runs, token = [], None
+    while True:
+        page = client.search_runs([exp_id], max_results=1000, page_token=token)
+        runs += page
+        token = page.token
+        if not token:
+            break
+    out = []
+    for r in runs:
+        tags = dict(r.data.tags)
+        if tags.get("kind") == "report" or (task and tags.get("task") != task) or (
+                model and tags.get("model") != model):
+            continue
+        d = RunData(r.info.run_id, r.info.status, tags, dict(r.data.params), dict(r.data.metrics),
+                    artifact_uri=r.info.artifact_uri)
+        if d.status == FINISHED:
+            keys = [k for k in metrics if k in d.metrics] + [k for k in d.metrics if k.startswith("collapse/")]
+            d.history = {k: _history(client, d.run_id, k) for k in dict.fromkeys(keys)}
+        out.append(d)
+    return out
+
+
+# -- per-run numbers -------------------------------------------------------------------------------------------
+def auc(curve: list[tuple[int, float]]) -> float | None:
+    """Trapezoid of the curve over its step range rescaled to [0, 1]: the mean value over training."""
+    if not curve:
+        return None
+    if len(curve) == 1 or curve[-1][0] == curve[0][0]:
+        return curve[-1][1]
+    area = sum((s1 - s0) * (v0 + v1) / 2 for (s0, v0), (s1, v1) in zip(curve, curve[1:]))
+    return area / (curve[-1][0] - curve[0][0])
+
+
+def steps_to_gain(curve: list[tuple[int, float]], gain: float = PLUS) -> int | None:
+    """First step whose value is at least the first value + ``gain`` (None: never)."""
+    if not curve:
+        return None
+    target = curve[0][1] + gain - 1e-9  # pass@1 is k/n in floats: 0.5 + 0.1 must count as reached
+    return next((s for s, v in curve[1:] if v >= target), None)
+
+
+def _param(run: RunData, *keys: str) -> float | None:
+    for k in keys:
+        try:
+            return float(run.params[k])
+        except (KeyError, ValueError):
+            continue
+    return None
+
+
+def run_summary(run: RunData) -> dict:
+    """The leaderboard's numbers for one finished run."""
+    ev = run.history.get("eval/pass1", [])
+    clip = [v for _, v in run.history.get("clip/frac", [])]
+    steps_done = len([s for s, _ in run.history.get("reward/mean", []) if s > 0]) or _param(run, "train.steps")
+    wall = run.metrics.get("time/wall_s")
+    per_step = _param(run, "resolved.rollout.prompts_per_step", "rollout.prompts_per_step")
+    group = _param(run, "resolved.rollout.group_size", "rollout.group_size")
+    cps = per_step * group * steps_done / wall if None not in (per_step, group, steps_done) and wall else None
+    tag = run.tags.get("collapse.count")
+    return {
+        "warm": ev[0][1] if ev else _param(run, "resolved.warmstart.pass1"),
+        "final": ev[-1][1] if ev else None,
+        "best": max(v for _, v in ev) if ev else None,
+        "auc": auc(ev),
+        "steps_to": steps_to_gain(ev),
+        "clip": statistics.fmean(clip) if clip else None,
+        "collapses": int(tag) if tag and tag.isdigit() else len(run.collapse_steps()),
+        "wall": wall,
+        "cps": cps,
+    }
+
+
+# -- aggregation -------------------------------------------------------------------------------------------------
+def _mean_std(xs: list) -> tuple[float | None, float | None]:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    if not xs:
+        return None, None
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else None)
+
+
+def _seed_key(s: str):
+    return (0, int(s), s) if s.lstrip("-").isdigit() else (1, 0, s)
+
+
+def summarise(runs: list[RunData]) -> list[dict]:
+    """Rows: per group, per algorithm, one aggregated FINISHED row, plus one row per other status."""
+    buckets: dict[tuple, list[RunData]] = {}
+    for r in runs:
+        buckets.setdefault((*r.group, r.algo, r.status), []).append(r)
+    rows = []
+    for (task, model, preset, config, algo, status), rs in buckets.items():
+        seeds = sorted({r.seed for r in rs}, key=_seed_key)
+        row = {"task": task, "model": model, "preset": preset, "config": config, "algo": algo, "status": status,
+               "n": len(rs), "seeds": ",".join(seeds)}
+        if status != FINISHED:  # counted, never averaged; their collapse tags still say what went wrong
+            row["collapses"] = sum(int(t) for r in rs if (t := r.tags.get("collapse.count", "")).isdigit())
+        else:
+            s = [run_summary(r) for r in rs]
+            reached = [x["steps_to"] for x in s if x["steps_to"] is not None]
+            row["warm_pass1"] = _mean_std([x["warm"] for x in s])[0]
+            for k in ("final", "best", "auc"):
+                row[f"{k}_pass1"], row[f"{k}_pass1_std"] = _mean_std([x[k] for x in s])
+            row["steps_to_10"] = statistics.fmean(reached) if reached else None
+            row["reached_10"] = len(reached)
+            row["clip_frac"] = _mean_std([x["clip"] for x in s])[0]
+            row["collapses"] = sum(x["collapses"] for x in s)
+            row["wall_s"] = _mean_std([x["wall"] for x in s])[0]
+            row["completions_per_s"] = _mean_std([x["cps"] for x in s])[0]
+        rows.append(row)
+
+    def order(row):
+        fin = row["status"] == FINISHED
+        final = row.get("final_pass1")
+        auc_ = row.get("auc_pass1")
+        return (row["task"], row["model"], row["preset"], row["config"], not fin,
+                -final if final is not None else math.inf, -auc_ if auc_ is not None else math.inf, row["algo"],
+                row["status"])
+
+    return sorted(rows, key=order)
+
+
+def no_runs_message(experiment: str, task: str | None = None, model: str | None = None) -> str:
+    filt = ", ".join(f"{k}={v!r}" for k, v in (("task", task), ("model", model)) if v)
+    return f"experiment {experiment!r} has no benchmark runs" + (f" matching {filt}" if filt else "")
+
+
+def collect(uri: str, experiment: str = DEFAULT_EXPERIMENT, task: str | None = None,
+            model: str | None = None) -> list[dict]:
+    """Leaderboard rows for an experiment (see the module docstring for every definition)."""
+    return summarise(load_runs(uri, experiment, task, model))
+
+
+# -- rendering -----------------------------------------------------------------------------------------------------
+CSV_FIELDS = ("task", "model", "preset", "config", "algo", "status", "n", "seeds", "warm_pass1", "final_pass1",
+              "final_pass1_std", "best_pass1", "best_pass1_std", "auc_pass1", "auc_pass1_std", "steps_to_10",
+              "reached_10", "clip_frac", "collapses", "wall_s", "completions_per_s")
+COLUMNS = ("task", "model", "preset", "config", "algo", "status", "seeds", "warm start", "final pass@1",
+           "best pass@1", "AUC pass@1", "steps to +10 pts", "clip/frac", "collapses", "wall s", "completions/s")
+
+
+def _pm(mean, std, fmt: str = ".3f") -> str:
+    if mean is None:
+        return "-"
+    return f"{mean:{fmt}}" if std is None else f"{mean:{fmt}} ± {std:{fmt}}"
+
+
+def _cells(row: dict) -> list[str]:
+    head = [row["task"], row["model"], row["preset"], row["config"], row["algo"]]
+    if row["status"] != FINISHED:
+        return head + [f"{row['status']} ×{row['n']}", f"{row['n']} ({row['seeds']})"] + ["-"] * 6 + [
+            str(row.get("collapses", "-"))] + ["-"] * 2
+    steps = row["steps_to_10"]
+    reach = f"({row['reached_10']}/{row['n']})"
+    clip = row["clip_frac"]
+    return head + [
+        "finished", f"{row['n']} ({row['seeds']})", _pm(row["warm_pass1"], None),
+        _pm(row["final_pass1"], row["final_pass1_std"]), _pm(row["best_pass1"], row["best_pass1_std"]),
+        _pm(row["auc_pass1"], row["auc_pass1_std"]), f"{steps:.0f} {reach}" if steps is not None else f"never {reach}",
+        f"{100 * clip:#.3g} %" if clip is not None else "-", str(row["collapses"]),
+        f"{row['wall_s']:.0f}" if row["wall_s"] is not None else "-",
+        f"{row['completions_per_s']:.1f}" if row["completions_per_s"] is not None else "-",
+    ]
+
+
+def rich_table(rows: list[dict], title: str | None = None):
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in COLUMNS:
+        t.add_column(col, justify="left" if col in COLUMNS[:7] else "right")
+    prev = None
+    for row in rows:
+        group = (row["task"], row["model"], row["preset"], row["config"])
+        if prev is not None and group != prev:
+            t.add_section()
+        prev = group
+        t.add_row(*_cells(row), style=None if row["status"] == FINISHED else "red")
+    return t
+
+
+def render(rows: list[dict], fmt: str = "md", title: str | None = None) -> str:
+    """``table`` (Rich, as plain text), ``md`` (formatted cells) or ``csv`` (raw numbers, empty = none)."""
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
+        w.writeheader()
+        w.writerows({k: ("" if row.get(k) is None else row.get(k)) for k in CSV_FIELDS} for row in rows)
+        return buf.getvalue()
+    if fmt == "md":
+        lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |" for r in rows]
+        return "\n".join(lines) + "\n"
+    if fmt == "table":
+        from rich.console import Console
+
+        console = Console(file=io.StringIO(), width=220, color_system=None)
+        console.print(rich_table(rows, title))
+        return console.file.getvalue()
+    raise ConfigError(f"format {fmt!r} is not one of: table, md, csv")

@@ -1,0 +1,229 @@
+"""``report``: ``report.md`` and its figures for one experiment, also logged to MLflow.
+
+Per leaderboard group (task, model, preset, config) of FINISHED runs:
+
+(a) eval pass@1 and eval reward mean vs step, with (e) collapse events marked;
+(b) clip/frac vs step on a log axis, and the measured GSPO/GRPO clip ratio
+    next to the article's claim (~15 % vs ~0.13 %, about 100x);
+(c) token vs sequence ratio histograms for the last ``ratios/step_*.json``
+    batch of a gspo run (gspo_token when there is none), clip band marked;
+(d) the MoE expert flip rate, for groups with ``moe=true`` runs.
+
+Missing data skips a figure with a sentence saying why. The files are logged
+as artifacts of a new run named ``report`` tagged ``kind=report``, which the
+leaderboard never reads.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from gspo_bench import figures
+from gspo_bench.config import ConfigError
+from gspo_bench.leaderboard import (DEFAULT_EXPERIMENT, FINISHED, NOTES, RunData, experiment_id, load_runs,
+                                    no_runs_message, render, summarise)
+
+REPORT_METRICS = ("eval/pass1", "eval/reward_mean", "clip/frac", "reward/mean", "moe/expert_flip_rate")
+RATIO_ALGOS = ("gspo", "gspo_token")  # whose ratios/step_*.json figure (c) draws, in order of preference
+# the settings every run of a comparison should share: (label, param keys tried in order)
+CONFIG_KEYS = (
+    ("preset", ("preset",)), ("task", ("task",)), ("model", ("model.name",)), ("RL steps", ("train.steps",)),
+    ("prompts per step", ("resolved.rollout.prompts_per_step", "rollout.prompts_per_step")),
+    ("group size", ("resolved.rollout.group_size", "rollout.group_size")),
+    ("minibatches per rollout", ("train.minibatches",)), ("learning rate", ("train.lr",)),
+    ("max new tokens", ("resolved.rollout.max_new_tokens", "rollout.max_new_tokens")),
+    ("temperature", ("resolved.rollout.temperature", "rollout.temperature")),
+    ("eval every (steps)", ("train.eval_every",)), ("eval prompts", ("train.eval_prompts",)),
+    ("eval samples (reward mean)", ("train.eval_samples",)), ("warm start pass@1", ("resolved.warmstart.pass1",)),
+)
+
+
+@dataclass
+class Report:
+    path: Path  # report.md
+    figures: list[Path] = field(default_factory=list)
+    run_id: str | None = None  # the MLflow run holding them
+
+
+def slug(*parts: str) -> str:
+    return "_".join(re.sub(r"[^A-Za-z0-9.-]+", "-", p).strip("-") for p in parts if p)
+
+
+def _distinct(runs: list[RunData], get) -> list[str]:
+    return sorted({v for v in map(get, runs) if v})
+
+
+def _join(values: list[str], missing: str) -> str:
+    return ", ".join(f"`{v}`" for v in values) if values else missing
+
+
+def config_table(runs: list[RunData]) -> list[str]:
+    lines = ["| setting | value |", "|---|---|"]
+    for label, keys in CONFIG_KEYS:
+        vals = _distinct(runs, lambda r: next((r.params[k] for k in keys if k in r.params), None))
+        cell = " / ".join(vals) + (" (differs between runs)" if len(vals) > 1 else "") if vals else "-"
+        lines.append(f"| {label} | {cell} |")
+    return lines
+
+
+def _artifact_json(client, run_id: str, path: str):
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            local = client.download_artifacts(run_id, path, tmp)
+        except Exception:  # absent or unreadable: the caller falls back or skips
+            return None
+        return json.loads(Path(local).read_text())
+
+
+def collapse_events(client, run: RunData) -> list[dict]:
+    """Events from ``collapse_events.json`` when the run wrote it, else (kind, step) from the metrics."""
+    if run.tags.get("collapse.count", "0") not in ("", "0") or run.collapse_steps():
+        data = _artifact_json(client, run.run_id, "collapse_events.json")
+        if data:
+            return sorted(data, key=lambda e: e.get("step", 0))
+    return [{"kind": k, "step": s} for k, s in run.collapse_steps()]
+
+
+def ratio_payload(client, runs: list[RunData]) -> dict | None:
+    """The last ``ratios/step_*.json`` of the group's first gspo (else gspo_token) run that has one."""
+    for algo in RATIO_ALGOS:
+        for r in sorted((r for r in runs if r.algo == algo), key=lambda r: r.seed):
+            try:
+                files = [a.path for a in client.list_artifacts(r.run_id, "ratios") if a.path.endswith(".json")]
+            except Exception:
+                files = []
+            if files:
+                last = max(files, key=lambda f: int(re.sub(r"\D", "", Path(f).stem) or -1))
+                payload = _artifact_json(client, r.run_id, last)
+                if payload:
+                    return {**payload, "seed": r.seed}
+    return None
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:#.3g} %"
+
+
+def clip_claim(rows: list[dict]) -> str:
+    clip = {r["algo"]: r.get("clip_frac") for r in rows if r["status"] == FINISHED}
+    gspo, grpo = clip.get("gspo"), clip.get("grpo")
+    claim = "The GSPO article reports GSPO clipping about 100x more tokens than GRPO (~15 % vs ~0.13 %)."
+    if gspo is None or grpo is None:
+        return f"{claim} Not measured here: the group lacks a finished gspo or grpo run."
+    ratio = f"{gspo / grpo:.1f}x" if grpo > 0 else "undefined (GRPO clipped nothing)"
+    return (f"{claim} Measured here (mean clip/frac over steps, then seeds): GSPO {_pct(gspo)}, "
+            f"GRPO {_pct(grpo)}, ratio {ratio}.")
+
+
+def group_section(client, key: tuple, runs: list[RunData], rows: list[dict], out: Path) -> tuple[list[str], list[Path]]:
+    task, model, preset, config = key
+    title = f"{task} / {model}" + (f" / {preset}" if preset != "default" else "") + (
+        f" / {config}" if config != "default" else "")
+    name = slug(task, model, *(p for p in (preset, config) if p != "default"))
+    md = [f"## {title}", "", f"Preset `{preset}`, config `{config}`; {len(runs)} finished runs "
+          f"({', '.join(f'{a} ×{len(v)}' for a, v in figures.by_algo(runs).items())}).", ""]
+    figs = [figures.plot_eval(runs, out / f"eval_{name}.png", title),
+            figures.plot_clip(runs, out / f"clip_{name}.png", title)]
+    md += [f"### (a) Evaluation", "", f"![eval pass@1 and reward, {title}]({figs[0].name})", "",
+           "Mean over seeds with a min–max band; X markers are collapse events, at the event's step on the "
+           "algorithm's mean pass@1 curve, labelled with kind and seed.", "",
+           "### (b) Clipped-token fraction", "", f"![clip/frac, {title}]({figs[1].name})", "",
+           f"Log scale: steps with no clipped token are drawn at {figures.CLIP_FLOOR:g}. {clip_claim(rows)}", ""]
+    md += ["### (c) Token vs sequence ratios", ""]
+    payload = ratio_payload(client, runs)
+    if payload is None:
+        md += ["Skipped: no finished gspo (or gspo_token) run in this group has a `ratios/step_*.json` "
+               "artifact (runs older than that artifact, or no GSPO run).", ""]
+    else:
+        figs.append(figures.plot_ratios(payload, out / f"ratios_{name}.png", title))
+        md += [f"![ratios, {title}]({figs[-1].name})", "",
+               f"One batch: {payload.get('algo')} seed {payload['seed']}, step {payload.get('step')} (the last "
+               f"logged). r = exp(token_log_ratio), s_i = exp(seq_log_ratio); shaded: GSPO's clip band "
+               f"[1 - eps_low, 1 + eps_high] with eps_low={payload.get('eps_low')}, "
+               f"eps_high={payload.get('eps_high')}. Density on a log axis.", ""]
+    md += ["### (d) MoE expert flip rate", ""]
+    moe = [r for r in runs if r.tags.get("moe") == "true"]
+    if moe and any("moe/expert_flip_rate" in r.history for r in moe):
+        figs.append(figures.plot_moe(moe, out / f"moe_{name}.png", title))
+        md += [f"![expert flip rate, {title}]({figs[-1].name})", "",
+               "Fraction of the old policy's (token, layer, top-k slot) expert choices that the updated policy "
+               "no longer makes, per RL step.", ""]
+    else:
+        md += ["Skipped: no MoE run (tag `moe=true`) with `moe/expert_flip_rate` in this group.", ""]
+    md += ["### (e) Collapse events", ""]
+    events = [(r, e) for r in runs for e in collapse_events(client, r)]
+    if not events:
+        md += ["none", ""]
+    else:
+        md += ["| algo | seed | kind | step | value | threshold | detail |", "|---|---|---|---|---|---|---|"]
+        for r, e in sorted(events, key=lambda x: (x[0].algo, x[0].seed, x[1].get("step", 0))):
+            val = lambda k: f"{e[k]:.4g}" if isinstance(e.get(k), (int, float)) else "-"  # noqa: E731
+            md.append(f"| {r.algo} | {r.seed} | {e.get('kind')} | {e.get('step')} | {val('value')} | "
+                      f"{val('threshold')} | {e.get('detail', '-')} |")
+        md.append("")
+    return md, figs
+
+
+def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path | None = None,
+                 task: str | None = None, model: str | None = None, command: str = "",
+                 log_to_mlflow: bool = True) -> Report:
+    """Write ``out/report.md`` and its PNGs; log them to a ``kind=report`` MLflow run unless told not to."""
+    import mlflow
+
+    runs = load_runs(uri, experiment, task, model, metrics=REPORT_METRICS)
+    if not runs:
+        raise ConfigError(no_runs_message(experiment, task, model))
+    client = mlflow.MlflowClient(uri)
+    out = Path(out or Path("results") / experiment)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = summarise(runs)
+    finished = [r for r in runs if r.status == FINISHED]
+    commits = _distinct(runs, lambda r: r.tags.get("git.commit"))
+    source = _distinct(runs, lambda r: r.tags.get("mlflow.source.git.commit"))
+    commit = _join(commits, "") or (_join(source, "not recorded") + " (MLflow's source commit; these runs predate "
+                                    "the `git.commit` tag)" if source else "not recorded")
+    statuses = {s: sum(r.status == s for r in runs) for s in sorted({r.status for r in runs})}
+    md = [f"# gspo_bench report: experiment `{experiment}`", "",
+          f"- generated: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+          f"- command: `{command or 'python -m gspo_bench report'}`",
+          f"- tracking URI: `{uri}`" + (f"; filters: task={task!r}, model={model!r}" if task or model else ""),
+          f"- runs: {', '.join(f'{n} {s}' for s, n in statuses.items())} (only FINISHED runs are averaged "
+          "or plotted)",
+          f"- commit: {commit}",
+          f"- machine: {_join(_distinct(runs, lambda r: r.tags.get('machine')), 'not recorded')}", "",
+          "## Configuration", "", *config_table(finished or runs), "",
+          "## Leaderboard", "", render(rows, "md"), NOTES, ""]
+    groups: dict[tuple, list[RunData]] = {}
+    for r in finished:
+        groups.setdefault(r.group, []).append(r)
+    report = Report(out / "report.md")
+    if not groups:
+        md += ["No finished run: no figures.", ""]
+    for key in sorted(groups):
+        section, figs = group_section(client, key, groups[key], [r for r in rows if
+                                      (r["task"], r["model"], r["preset"], r["config"]) == key], out)
+        md += section
+        report.figures += figs
+    report.path.write_text("\n".join(md))
+    if log_to_mlflow:
+        report.run_id = log_report(client, experiment_id(client, experiment), report, experiment, len(runs))
+    return report
+
+
+def log_report(client, exp_id: str, report: Report, experiment: str, n_runs: int) -> str:
+    run = client.create_run(exp_id, run_name="report",
+                            tags={"kind": "report", "report.experiment": experiment, "report.runs": str(n_runs)})
+    try:
+        for f in [report.path, *report.figures]:
+            client.log_artifact(run.info.run_id, str(f))
+    except Exception:
+        client.set_terminated(run.info.run_id, "FAILED")
+        raise
+    client.set_terminated(run.info.run_id, "FINISHED")
+    return run.info.run_id
+

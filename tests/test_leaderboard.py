@@ -1,0 +1,198 @@
+"""Leaderboard numbers by hand on a synthetic MLflow store; md/csv round trips; CLI errors.
+
+The store (``build_store``, also used by test_report.py), experiment ``bench``:
+
+| run            | eval/pass1 @ 0, 10, 20 | clip/frac @ 1..4 | wall s | other                          |
+|----------------|------------------------|------------------|--------|--------------------------------|
+| grpo s0        | .40 .45 .60            | .01 .02 0 .03    | 8      |                                |
+| grpo s1        | .40 .55 .50            | .02 x4           | 12     |                                |
+| gspo s0        | .40 .50 .70            | .3 .5 .4 .4      | 10     | moe, collapse reward_drop @ 15 |
+| gspo s1        | .42 .47 .51            | .4 x4            | 10     | moe                            |
+| dapo s0 FAILED | .99 x3 (must never be averaged)                                                |
+| dapo s1 RUNNING| .99 x3 (must never be averaged)                                                |
+| grpo s0 tuned  | .40 .60 .80            | .05 x4           | 10     | tag tuning=tuned: own group    |
+
+gspo s0 also has ``ratios/step_0010.json`` and ``step_0020.json`` artifacts.
+Every finished run logs reward/mean at steps 1..20 and uses 4 prompts x 2
+samples, so completions/s = 4 * 2 * 20 / wall.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+
+import mlflow
+import numpy as np
+import pytest
+from mlflow.entities import Metric, Param
+
+from gspo_bench.__main__ import main
+from gspo_bench.leaderboard import auc, collect, render, steps_to_gain
+
+EXP = "bench"
+EVAL_STEPS = (0, 10, 20)
+
+
+def _run(client, exp_id, algo, seed, status="FINISHED", eval_=(), clip=(), wall=10.0, tags=None, extra=None):
+    run = client.create_run(exp_id, run_name=f"{algo}-s{seed}",
+                            tags={"algo": algo, "task": "arith", "model": "tiny-dense", "seed": str(seed),
+                                  "preset": "default", "moe": "false", "git.commit": "abc1234",
+                                  "machine": "test box", "collapse.count": "0", **(tags or {})})
+    rid, now = run.info.run_id, int(time.time() * 1000)
+    metrics = [Metric("eval/pass1", v, now, s) for s, v in zip(EVAL_STEPS, eval_)]
+    metrics += [Metric("eval/reward_mean", v / 2, now, s) for s, v in zip(EVAL_STEPS, eval_)]
+    metrics += [Metric("clip/frac", v, now, s) for s, v in enumerate(clip, start=1)]
+    metrics += [Metric("reward/mean", 0.5, now, s) for s in range(1, 21)]
+    metrics += [Metric("time/wall_s", wall, now, 20)] + [Metric(k, v, now, s) for k, v, s in (extra or [])]
+    params = [Param("rollout.prompts_per_step", "4"), Param("rollout.group_size", "2"), Param("train.steps", "20"),
+              Param("train.minibatches", "2"), Param("train.lr", "0.001"), Param("train.eval_every", "10"),
+              Param("preset", "default")]
+    client.log_batch(rid, metrics=metrics, params=params)
+    if status != "RUNNING":
+        client.set_terminated(rid, status)
+    return rid
+
+
+def build_store(root) -> str:
+    uri = f"sqlite:///{root}/m.db"
+    client = mlflow.MlflowClient(uri)
+    exp = client.create_experiment(EXP, artifact_location=str(root / "artifacts"))
+    client.create_experiment("other", artifact_location=str(root / "artifacts_other"))
+    _run(client, exp, "grpo", 0, eval_=(0.40, 0.45, 0.60), clip=(0.01, 0.02, 0.0, 0.03), wall=8.0)
+    _run(client, exp, "grpo", 1, eval_=(0.40, 0.55, 0.50), clip=(0.02,) * 4, wall=12.0)
+    flips = [("moe/expert_flip_rate", 0.01 * s, s) for s in range(1, 21)]
+    g0 = _run(client, exp, "gspo", 0, eval_=(0.40, 0.50, 0.70), clip=(0.3, 0.5, 0.4, 0.4),
+              tags={"moe": "true", "collapse.count": "1", "collapse.reward_drop": "15"},
+              extra=[("collapse/reward_drop", 1.0, 15), ("collapse/events", 1.0, 15)] + flips)
+    client.log_dict(g0, [{"kind": "reward_drop", "step": 15, "time": 0.0, "value": 0.1, "threshold": 0.2,
+                          "detail": "running mean 0.100 vs best 0.500"}], "collapse_events.json")
+    rng = np.random.default_rng(0)
+    for step in (10, 20):
+        client.log_dict(g0, {"algo": "gspo", "step": step, "eps_low": 3e-4, "eps_high": 4e-4,
+                             "token_log_ratio": rng.normal(0, 0.08, 400).round(6).tolist(),
+                             "seq_log_ratio": rng.normal(0, 0.03, 64).round(6).tolist()},
+                        f"ratios/step_{step:04d}.json")
+    _run(client, exp, "gspo", 1, eval_=(0.42, 0.47, 0.51), clip=(0.4,) * 4, tags={"moe": "true"}, extra=flips)
+    _run(client, exp, "dapo", 0, status="FAILED", eval_=(0.99, 0.99, 0.99), clip=(0.5,))
+    _run(client, exp, "dapo", 1, status="RUNNING", eval_=(0.99, 0.99, 0.99), clip=(0.5,))
+    _run(client, exp, "grpo", 0, eval_=(0.40, 0.60, 0.80), clip=(0.05,) * 4, tags={"tuning": "tuned"})
+    return uri
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return build_store(tmp_path_factory.mktemp("lb"))
+
+
+@pytest.fixture(scope="module")
+def rows(store):
+    return collect(store, EXP)
+
+
+def _row(rows, algo, status="FINISHED", config="default"):
+    (row,) = [r for r in rows if r["algo"] == algo and r["status"] == status and r["config"] == config]
+    return row
+
+
+def test_curve_helpers_by_hand():
+    assert auc([(0, 0.4), (10, 0.45), (20, 0.6)]) == pytest.approx((10 * 0.85 / 2 + 10 * 1.05 / 2) / 20)
+    assert auc([(0, 0.3), (5, 0.3), (20, 0.3)]) == pytest.approx(0.3)  # uneven steps, flat curve
+    assert auc([(0, 0.7)]) == 0.7 and auc([]) is None
+    assert steps_to_gain([(0, 0.4), (10, 0.5), (20, 0.7)]) == 10  # 0.4 + 0.1 counts as reached
+    assert steps_to_gain([(0, 0.42), (10, 0.47), (20, 0.51)]) is None
+
+
+def test_finished_rows_mean_sample_std_auc_steps(rows):
+    grpo = _row(rows, "grpo")
+    assert grpo["n"] == 2 and grpo["seeds"] == "0,1"
+    assert grpo["final_pass1"] == pytest.approx(0.55) and grpo["final_pass1_std"] == pytest.approx(0.05 * 2 ** 0.5)
+    assert grpo["best_pass1"] == pytest.approx(0.575) and grpo["best_pass1_std"] == pytest.approx(0.025 * 2 ** 0.5)
+    assert grpo["auc_pass1"] == pytest.approx((0.475 + 0.5) / 2)
+    assert grpo["steps_to_10"] == pytest.approx(15) and grpo["reached_10"] == 2  # steps 20 and 10
+    assert grpo["clip_frac"] == pytest.approx((0.015 + 0.02) / 2)
+    assert grpo["wall_s"] == pytest.approx(10.0) and grpo["collapses"] == 0
+    assert grpo["completions_per_s"] == pytest.approx((4 * 2 * 20 / 8 + 4 * 2 * 20 / 12) / 2)
+    gspo = _row(rows, "gspo")
+    assert gspo["final_pass1"] == pytest.approx(0.605) and gspo["final_pass1_std"] == pytest.approx(0.19 / 2 ** 0.5)
+    assert gspo["auc_pass1"] == pytest.approx((0.525 + 0.4675) / 2)
+    assert gspo["steps_to_10"] == 10 and gspo["reached_10"] == 1  # seed 1 never gets +10 points
+    assert gspo["clip_frac"] == pytest.approx(0.4) and gspo["collapses"] == 1
+    assert gspo["warm_pass1"] == pytest.approx(0.41)
+
+
+def test_failed_and_running_are_rows_never_averaged(rows):
+    failed, running = _row(rows, "dapo", "FAILED"), _row(rows, "dapo", "RUNNING")
+    assert failed["n"] == 1 and running["n"] == 1 and failed.get("final_pass1") is None
+    assert failed["collapses"] == 0 and running.get("clip_frac") is None
+    assert all(r.get("final_pass1") != pytest.approx(0.99) for r in rows)
+
+
+def test_tuning_tag_is_its_own_group_and_order_is_best_first(rows):
+    tuned = _row(rows, "grpo", config="tuned")
+    assert tuned["n"] == 1 and tuned["final_pass1"] == pytest.approx(0.8) and tuned["final_pass1_std"] is None
+    default = [(r["algo"], r["status"]) for r in rows if r["config"] == "default"]
+    assert default == [("gspo", "FINISHED"), ("grpo", "FINISHED"), ("dapo", "FAILED"), ("dapo", "RUNNING")]
+
+
+def test_task_and_model_filters(store):
+    assert collect(store, EXP, task="arith", model="tiny-dense")
+    assert collect(store, EXP, task="other-task") == [] and collect(store, EXP, model="tiny-moe") == []
+
+
+def test_csv_round_trip(rows):
+    back = list(csv.DictReader(io.StringIO(render(rows, "csv"))))
+    assert len(back) == len(rows)
+    g = next(r for r in back if r["algo"] == "grpo" and r["config"] == "default")
+    assert float(g["final_pass1"]) == pytest.approx(0.55) and int(g["reached_10"]) == 2
+    f = next(r for r in back if r["status"] == "FAILED")
+    assert f["final_pass1"] == "" and f["n"] == "1"
+
+
+def test_markdown_parses_back(rows):
+    lines = render(rows, "md").strip().splitlines()
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    head, body = cells[0], cells[2:]
+    assert len(body) == len(rows) and all(len(c) == len(head) for c in body)
+    gspo = dict(zip(head, next(c for c in body if c[head.index("algo")] == "gspo")))
+    assert gspo["final pass@1"] == "0.605 ± 0.134" and gspo["steps to +10 pts"] == "10 (1/2)"
+    assert gspo["clip/frac"] == "40.0 %" and gspo["collapses"] == "1"
+    tuned = dict(zip(head, next(c for c in body if c[head.index("config")] == "tuned")))
+    assert tuned["final pass@1"] == "0.800"  # one seed: the mean alone
+    failed = dict(zip(head, next(c for c in body if "FAILED" in c[head.index("status")])))
+    assert failed["status"] == "FAILED ×1" and failed["final pass@1"] == "-"
+    assert "gspo" in render(rows, "table")
+
+
+def _one_line_error(capsys) -> str:
+    out = capsys.readouterr()
+    text = (out.out + out.err).strip()
+    assert len(text.splitlines()) == 1, text
+    return text
+
+
+def test_cli_unknown_experiment_is_one_line_exit_2(store, capsys):
+    assert main(["leaderboard", "--tracking-uri", store, "--experiment", "nope"]) == 2
+    text = _one_line_error(capsys)
+    assert "'nope'" in text and "bench" in text and "other" in text
+
+
+def test_cli_no_runs_and_missing_db_exit_2(store, tmp_path, capsys):
+    assert main(["leaderboard", "--tracking-uri", store, "--experiment", "other"]) == 2
+    assert "no benchmark runs" in _one_line_error(capsys)
+    assert main(["leaderboard", "--tracking-uri", store, "--experiment", EXP, "--task", "zzz"]) == 2
+    assert "task='zzz'" in _one_line_error(capsys)
+    missing = tmp_path / "none.db"
+    assert main(["leaderboard", "--tracking-uri", f"sqlite:///{missing}"]) == 2
+    assert "none.db" in _one_line_error(capsys) and not missing.exists()
+
+
+def test_cli_csv_and_md(store, capsys):
+    assert main(["leaderboard", "--tracking-uri", store, "--experiment", EXP, "--format", "csv"]) == 0
+    back = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert {r["algo"] for r in back} == {"grpo", "gspo", "dapo"}
+    assert main(["leaderboard", "--tracking-uri", store, "--experiment", EXP, "--format", "md"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("| task |") and "RUNNING ×1" in out
+

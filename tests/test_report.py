@@ -1,0 +1,84 @@
+"""The report on the synthetic store of test_leaderboard.py: report.md, PNGs, the kind=report MLflow run."""
+
+from __future__ import annotations
+
+import mlflow
+import pytest
+
+from gspo_bench.__main__ import main
+from gspo_bench.leaderboard import collect, load_runs
+from gspo_bench.report import clip_claim, write_report
+from test_leaderboard import EXP, build_store
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """The store, its leaderboard before any report, and one report written through the CLI."""
+    root = tmp_path_factory.mktemp("report")
+    uri = build_store(root)
+    before = collect(uri, EXP)
+    out = root / "out"
+    code = main(["report", "--tracking-uri", uri, "--experiment", EXP, "--out", str(out)])
+    return uri, before, out, code
+
+
+def test_report_md_states_command_commit_machine_config_and_leaderboard(made):
+    uri, _, out, code = made
+    assert code == 0
+    md = (out / "report.md").read_text()
+    assert f"python -m gspo_bench report --tracking-uri {uri} --experiment {EXP} --out {out}" in md
+    assert "`abc1234`" in md and "`test box`" in md and "generated: " in md
+    assert "| RL steps | 20 |" in md and "| prompts per step | 4 |" in md and "| group size | 2 |" in md
+    assert "| task | model | preset | config | algo |" in md and "0.605 ± 0.134" in md
+    assert "1 FAILED" in md and "1 RUNNING" in md
+
+
+def test_figures_exist_and_missing_data_is_skipped_with_a_sentence(made):
+    _, _, out, _ = made
+    names = {p.name for p in out.glob("*.png")}
+    assert names == {"eval_arith_tiny-dense.png", "clip_arith_tiny-dense.png", "ratios_arith_tiny-dense.png",
+                     "moe_arith_tiny-dense.png", "eval_arith_tiny-dense_tuned.png", "clip_arith_tiny-dense_tuned.png"}
+    for p in out.glob("*.png"):
+        data = p.read_bytes()
+        assert data.startswith(PNG) and len(data) > 5000, p
+    md = (out / "report.md").read_text()
+    tuned = md[md.index("## arith / tiny-dense / tuned"):]
+    assert "(c) Token vs sequence ratios\n\nSkipped" in tuned and "(d) MoE expert flip rate\n\nSkipped" in tuned
+    for name in names:
+        assert f"]({name})" in md
+
+
+def test_clip_ratio_and_collapse_table(made):
+    _, _, out, _ = made
+    md = (out / "report.md").read_text()
+    default = md[md.index("## arith / tiny-dense\n"):md.index("## arith / tiny-dense / tuned")]
+    # gspo: mean clip/frac 0.4; grpo: (0.015 + 0.02) / 2 = 0.0175; ratio 22.9x
+    assert "GSPO 40.0 %, GRPO 1.75 %, ratio 22.9x" in default and "~15 % vs ~0.13 %" in default
+    assert "| gspo | 0 | reward_drop | 15 | 0.1 | 0.2 | running mean 0.100 vs best 0.500 |" in default
+    assert "step 20 (the last logged)" in default  # figure (c) uses the last ratios artifact
+    tuned = md[md.index("## arith / tiny-dense / tuned"):]
+    assert "### (e) Collapse events\n\nnone" in tuned
+    assert "Not measured here" in clip_claim([{"algo": "gspo", "status": "FINISHED", "clip_frac": 0.4}])
+
+
+def test_report_run_in_mlflow_has_the_files_and_leaderboard_ignores_it(made):
+    uri, before, out, _ = made
+    client = mlflow.MlflowClient(uri)
+    exp_id = client.get_experiment_by_name(EXP).experiment_id
+    (run,) = client.search_runs([exp_id], filter_string="tags.kind = 'report'")
+    assert run.info.run_name == "report" and run.info.status == "FINISHED"
+    logged = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert logged == {"report.md", *(p.name for p in out.glob("*.png"))}
+    assert collect(uri, EXP) == before
+    assert all(r.tags.get("kind") != "report" for r in load_runs(uri, EXP))
+
+
+def test_write_report_without_mlflow_and_filters(made, tmp_path):
+    uri, *_ = made
+    rep = write_report(uri, EXP, tmp_path / "r", model="tiny-dense", log_to_mlflow=False)
+    assert rep.run_id is None and rep.path.is_file() and len(rep.figures) == 6
+    assert main(["report", "--tracking-uri", uri, "--experiment", EXP, "--model", "nope",
+                 "--out", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()
