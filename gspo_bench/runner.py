@@ -7,6 +7,7 @@ inside one algorithm marks that run FAILED and the others still run.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -109,8 +110,9 @@ def machine() -> str:
     return f"{dev}, {platform.machine()}, torch {torch.__version__}"
 
 
+@functools.lru_cache(maxsize=1)
 def git_commit() -> str:
-    """The checkout's commit (with ``+dirty`` when it has local changes), or the package version."""
+    """The checkout's commit (``+dirty`` with local changes) when first asked, i.e. the code this process loaded."""
     import subprocess
 
     root = Path(__file__).resolve().parent.parent
