@@ -61,34 +61,20 @@ def _common(tok: PreTrainedTokenizerFast) -> dict:
     )
 
 
+# the trunk both built-in models share
+TINY_TRUNK = dict(hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=32)
+
+
 def tiny_dense_config(tok: PreTrainedTokenizerFast) -> Qwen3Config:
     """Qwen3, hidden 128, 4 layers, 4 heads / 2 kv heads: about 1M parameters."""
-    return Qwen3Config(
-        hidden_size=128,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        **_common(tok),
-    )
+    return Qwen3Config(**TINY_TRUNK, **_common(tok))
 
 
 def tiny_moe_config(tok: PreTrainedTokenizerFast) -> Qwen3MoeConfig:
     """Qwen3-MoE, same trunk as tiny-dense, 8 experts with top-2 routing per layer."""
-    return Qwen3MoeConfig(
-        hidden_size=128,
-        intermediate_size=512,
-        moe_intermediate_size=128,
-        num_experts=8,
-        num_experts_per_tok=2,
-        norm_topk_prob=True,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        **_common(tok),
-    )
+    return Qwen3MoeConfig(**TINY_TRUNK, moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2,
+                          norm_topk_prob=True, **_common(tok))
 
 
 @dataclass(frozen=True)

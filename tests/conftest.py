@@ -26,6 +26,14 @@ def _cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GSPO_BENCH_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
+@pytest.fixture(autouse=True)
+def _datasets_cache(tmp_path, monkeypatch):
+    # load_dataset("json"/"parquet") writes an Arrow cache; keep it out of ~/.cache
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_datasets"))
+
+
 @pytest.fixture(scope="session")
 def mixed_task(tmp_path_factory):
     """Addition prompts scored by the even-length verifier, so groups have reward variance untrained."""

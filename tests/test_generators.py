@@ -31,12 +31,6 @@ from gspo_bench.verifiers import (
 COUNTDOWN_PROMPT = re.compile(r"^(\d+(?: \d+)*) -> (\d+):$")
 
 
-@pytest.fixture(autouse=True)
-def _datasets_cache(tmp_path, monkeypatch):
-    # load_dataset("json"/"parquet") writes an Arrow cache; keep it out of ~/.cache
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_datasets"))
-
-
 def test_registry():
     assert GENERATORS["arith"] is generate_arith
     assert GENERATORS["countdown"] is generate_countdown
