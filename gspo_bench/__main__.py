@@ -1,4 +1,4 @@
-"""Command line: ``python -m gspo_bench {run,list,leaderboard,report}`` (also installed as ``gspo-bench``).
+"""Command line: ``python -m gspo_bench {run,tune,list,leaderboard,report}`` (also installed as ``gspo-bench``).
 
 Bad input prints one line naming the bad value and the allowed ones, and
 exits with code 2, before anything is written to MLflow.
@@ -42,31 +42,61 @@ def _seeds(s: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"seeds must be integers, got {s!r}") from None
 
 
+def _shared_flags(c: argparse.ArgumentParser) -> None:
+    """Flags ``run`` and ``tune`` share (``overrides_from`` turns them into config overrides)."""
+    c.add_argument("--preset", default="default", help=f"one of: {', '.join(presets())}")
+    c.add_argument("--config", action="append", default=[], metavar="YAML",
+                   help="config file(s) merged over the preset, e.g. baselines/gspo.yaml")
+    c.add_argument("--task", help="built-in task name or a task spec YAML path")
+    c.add_argument("--model", help="tiny-dense | tiny-moe | local path | hub id")
+    c.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with a hub model")
+    c.add_argument("--steps", type=int, help="RL steps per algorithm")
+    c.add_argument("--lr", type=float, help="policy learning rate")
+    c.add_argument("--minibatches", type=int, help="optimiser steps per rollout")
+    c.add_argument("--engine", help="generation engine: hf | vllm")
+    c.add_argument("--no-warmstart", action="store_true", help="skip the supervised warm start")
+    c.add_argument("--on-collapse", help="continue | stop")
+    c.add_argument("--tracking-uri", help="MLflow URI (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    c.add_argument("--experiment", help="MLflow experiment name")
+    c.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gspo-bench", description="Side-by-side RL policy-optimisation benchmark "
                                                "(PPO, GRPO, DAPO, GSPO, GSPO-token, CISPO).")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     r = sub.add_parser("run", help="warm start, then train each algorithm from it; track in MLflow")
     r.add_argument("--algos", default=None, help="'all' or a comma list, e.g. grpo,gspo (default: the preset's)")
-    r.add_argument("--preset", default="default", help=f"one of: {', '.join(presets())}")
-    r.add_argument("--config", action="append", default=[], metavar="YAML",
-                   help="config file(s) merged over the preset, e.g. baselines/gspo.yaml")
-    r.add_argument("--task", help="built-in task name or a task spec YAML path")
-    r.add_argument("--model", help="tiny-dense | tiny-moe | local path | hub id")
-    r.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with a hub model")
-    r.add_argument("--steps", type=int, help="RL steps per algorithm")
+    _shared_flags(r)
     r.add_argument("--seed", type=_seeds, help="seed or comma list of seeds")
     r.add_argument("--seeds", type=int, help="run seeds 0..N-1")
-    r.add_argument("--lr", type=float, help="policy learning rate")
-    r.add_argument("--minibatches", type=int, help="optimiser steps per rollout")
-    r.add_argument("--eps-low", type=_eps, default=argparse.SUPPRESS, help="lower clip offset ('none' = no lower bound)")
+    r.add_argument("--eps-low", type=_eps, default=argparse.SUPPRESS,
+                   help="lower clip offset ('none' = no lower bound)")
     r.add_argument("--eps-high", type=float, help="upper clip offset")
-    r.add_argument("--engine", help="generation engine: hf | vllm")
-    r.add_argument("--no-warmstart", action="store_true", help="skip the supervised warm start")
-    r.add_argument("--on-collapse", help="continue | stop")
-    r.add_argument("--tracking-uri", help="MLflow URI (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
-    r.add_argument("--experiment", help="MLflow experiment name")
-    r.add_argument("--no-progress", action="store_true", help="no progress bars")
+    from gspo_bench.tuning import COLLAPSE_PENALTY, DEFAULT_STORAGE, LAST_EVALS, PRUNERS
+
+    t = sub.add_parser("tune", help="Optuna study over an algorithm's clip range (pruned, resumable, parallel)",
+                       description="One Optuna study per algorithm over its clip range, each trial an MLflow run "
+                       "nested under the study's run. Objective (maximised): mean eval/reward_mean over the last "
+                       f"{LAST_EVALS} evals, minus {COLLAPSE_PENALTY} per collapse event. Workers sharing --storage "
+                       "and --study share the trials; re-running continues the study.")
+    t.add_argument("--algo", required=True, help="an algorithm, or 'all' (one study each)")
+    t.add_argument("--trials", type=int, help="trials this process runs (default 8, or unlimited with --timeout)")
+    t.add_argument("--timeout", type=float, help="stop starting trials after S seconds (per study)")
+    t.add_argument("--study", help="study name (default <algo>-<task>-<model>-<preset>; with --algo all, NAME-<algo>)")
+    t.add_argument("--storage", default=DEFAULT_STORAGE, help=f"SQLAlchemy URL (default {DEFAULT_STORAGE})")
+    t.add_argument("--params", type=_csv, help="comma list of parameters to search, e.g. eps_high "
+                   "(default: the algorithm's clip offsets; 'lr' adds the learning rate)")
+    t.add_argument("--tune-lr", action="store_true", help="also search the learning rate (log-uniform, 5x around)")
+    t.add_argument("--pruner", default="median", help=f"{PRUNERS} (default median: 3 startup trials, no pruning "
+                   "before the halfway RL step)")
+    t.add_argument("--heartbeat", type=int, default=60, help="worker heartbeat in s; a trial silent for 2x is "
+                   "failed and retried (default 60)")
+    t.add_argument("--retries", type=int, default=2, help="retries of a trial whose worker died (default 2)")
+    t.add_argument("--sampler-seed", type=int, help="seed of the TPE sampler (leave unset with several workers)")
+    t.add_argument("--out", default="results/tuning", help="folder of the best-params YAML (default results/tuning)")
+    _shared_flags(t)
+    t.add_argument("--seed", type=int, help="the one seed every trial trains with (default: the preset's first)")
     sub.add_parser("list", help="show algorithms, tasks, models and presets")
     for name, text in (("leaderboard", "one row per algorithm per task/model/preset/config, from MLflow"),
                        ("report", "report.md + figures from MLflow, also logged as a kind=report run")):
@@ -81,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="default: a table on a terminal, Markdown otherwise")
         else:
             c.add_argument("--out", help="output folder (default results/<experiment>)")
+            c.add_argument("--storage", help="also report the Optuna studies in this storage (trial history, "
+                           "parameter importance), e.g. sqlite:///optuna.db")
+            c.add_argument("--study", action="append", help="only this study (repeatable; default: all in --storage)")
     return p
 
 
@@ -96,7 +129,7 @@ def overrides_from(args) -> dict:
             d = d.setdefault(h, {})
         d[last] = value
 
-    if args.algos is not None:
+    if getattr(args, "algos", None) is not None:
         from gspo_bench.losses import LOSSES
 
         put("algos", list(LOSSES) if args.algos == "all" else _csv(args.algos))
@@ -104,13 +137,14 @@ def overrides_from(args) -> dict:
     put("model.name", args.model)
     put("model.trust_remote_code", True if args.trust_remote_code else None)
     put("train.steps", args.steps)
-    put("seeds", args.seed)
-    put("seeds", list(range(args.seeds)) if args.seeds is not None else None)
+    seed = args.seed
+    put("seeds", [seed] if isinstance(seed, int) else seed)
+    put("seeds", list(range(args.seeds)) if getattr(args, "seeds", None) is not None else None)
     put("train.lr", args.lr)
     put("train.minibatches", args.minibatches)
     if hasattr(args, "eps_low"):  # present only when given; None means "no lower bound"
         o.setdefault("loss", {})["eps_low"] = args.eps_low
-    put("loss.eps_high", args.eps_high)
+    put("loss.eps_high", getattr(args, "eps_high", None))
     put("rollout.engine", args.engine)
     put("warmstart.enabled", False if args.no_warmstart else None)
     put("collapse.on_collapse", args.on_collapse)
@@ -143,6 +177,34 @@ def cmd_run(args) -> int:
     console.print(table)
     console.print(f"MLflow: mlflow ui --backend-store-uri {uri}  (experiment '{cfg.tracking.experiment}')")
     return 0 if all(r.status == "FINISHED" for r in results) else 1
+
+
+def cmd_tune(args) -> int:
+    import shlex
+
+    from gspo_bench.tuning import TuneRequest, fmt_params, redact, tune
+
+    req = TuneRequest(algo=args.algo, trials=args.trials, timeout=args.timeout, study=args.study, storage=args.storage,
+                      preset=args.preset, config_files=tuple(args.config), overrides=overrides_from(args),
+                      params=None if args.params is None else tuple(args.params), tune_lr=args.tune_lr,
+                      pruner=args.pruner, heartbeat=args.heartbeat, retries=args.retries, out=args.out,
+                      sampler_seed=args.sampler_seed, command="python -m gspo_bench " + shlex.join(args.argv))
+    outcomes = tune(req, log=console.print)
+    table = Table(title=f"tune: {redact(args.storage)}")
+    for col in ("study", "complete", "pruned", "failed", "best value", "best trial", "best parameters",
+                "best-params file", "wall s"):
+        table.add_column(col)
+    for o in outcomes:
+        c = o.counts
+        none = o.best_value is None
+        table.add_row(o.name, str(c["COMPLETE"]), str(c["PRUNED"]), str(c["FAIL"]),
+                      "-" if none else f"{o.best_value:.4f}", "-" if none else str(o.best_trial),
+                      fmt_params(o.best_params) or "-",
+                      str(o.path) if o.path else "none (no trial completed)", f"{o.seconds:.0f}")
+    console.print(table)
+    console.print(f"Optuna: optuna-dashboard {redact(args.storage)}   MLflow: one parent run per study "
+                  f"(tag kind=study), its trials nested under it", soft_wrap=True)
+    return 0 if all(o.best_value is not None for o in outcomes) else 1
 
 
 def cmd_list(args) -> int:
@@ -183,8 +245,11 @@ def cmd_report(args) -> int:
     from gspo_bench.leaderboard import read_uri
     from gspo_bench.report import write_report
 
+    if args.study and not args.storage:
+        raise ConfigError("--study needs --storage (the Optuna storage URL holding the study)")
     rep = write_report(read_uri(args.tracking_uri), args.experiment, args.out, args.task, args.model,
-                       command="python -m gspo_bench " + shlex.join(args.argv))
+                       command="python -m gspo_bench " + shlex.join(args.argv), storage=args.storage,
+                       studies=args.study)
     console.print(f"wrote {rep.path} and {len(rep.figures)} figures; logged to MLflow run {rep.run_id} "
                   f"(name 'report', tag kind=report)", soft_wrap=True)
     return 0
@@ -194,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # report.md states the command
     try:
-        return {"run": cmd_run, "list": cmd_list, "leaderboard": cmd_leaderboard,
+        return {"run": cmd_run, "tune": cmd_tune, "list": cmd_list, "leaderboard": cmd_leaderboard,
                 "report": cmd_report}[args.cmd](args)
     except ConfigError as e:
         console.print(f"gspo-bench: error: {e}", style="red", soft_wrap=True)

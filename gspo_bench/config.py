@@ -262,6 +262,8 @@ class RunConfig:
     """Name of the preset this config came from (tagged on every run)."""
     source: str = ""
     """Where these settings come from (a paper, a tuning study); free text."""
+    tuning: str = "default"
+    """Leaderboard label (run tag ``tuning``): default | tuned (a ``tune`` best-params file) | trial (hidden)."""
     algos: list[str] = field(default_factory=lambda: list(LOSSES))
     """Algorithms to run, in order."""
     task: str = "arith"
@@ -278,6 +280,8 @@ class RunConfig:
 
     def __post_init__(self):
         _check(len(self.algos) > 0, "algos must name at least one algorithm")
+        _check(isinstance(self.tuning, str) and re.fullmatch(r"[A-Za-z0-9._-]+", self.tuning) is not None,
+               f"tuning={self.tuning!r} must be a one-word label such as default or tuned")
         for a in self.algos:
             _choice("algo", a, list(LOSSES))
         _check(len(self.seeds) > 0 and all(isinstance(s, int) and s >= 0 for s in self.seeds),

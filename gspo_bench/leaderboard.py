@@ -2,9 +2,12 @@
 
 ``collect`` is the whole pipeline for the CLI and the tests; it is
 ``summarise(load_runs(...))``, and ``render`` turns its rows into a Rich
-table, Markdown or CSV. ``config`` is the run tag ``tuning`` (issue 4's
-``default`` vs ``tuned``), ``default`` when the tag is absent. Runs tagged
-``kind=report`` (the report's own run) are never read.
+table, Markdown or CSV. ``config`` is the run tag ``tuning``: ``default``
+(also when the tag is absent) or ``tuned`` (a run of a ``tune`` best-params
+file), so tuned and default settings show side by side. Never read: runs
+tagged ``kind=report`` (the report's own run) or ``kind=study`` (a tuning
+study's parent run), and the trials of a study (``tuning=trial``): each
+trial has different settings, so averaging them would mean nothing.
 
 Definitions (also in ``NOTES``, printed by ``report`` and ``--help``):
 
@@ -44,13 +47,16 @@ FINISHED = "FINISHED"
 PLUS = 0.10  # "warm start + 10 points"
 # metric histories the leaderboard needs; ``collapse/<kind>`` ones are added per run
 LEADERBOARD_METRICS = ("eval/pass1", "clip/frac", "reward/mean")
+HIDDEN_KINDS = ("report", "study")  # runs that hold outputs, not training
 
 NOTES = (
     "final/best pass@1 and AUC: mean ± sample std (ddof 1) over seeds (one seed: mean only). "
     "AUC = trapezoid of eval/pass1 over steps rescaled to [0, 1] = mean pass@1 over training. "
     "steps to +10 pts = first eval step with pass@1 >= step-0 pass@1 + 0.10, mean over the seeds that "
     "reached it (reached/seeds). clip/frac = mean over steps, then over seeds. completions/s = end to end: "
-    "prompts_per_step x group_size x steps done / time/wall_s. FAILED and RUNNING runs are counted, never averaged."
+    "prompts_per_step x group_size x steps done / time/wall_s. FAILED and RUNNING runs are counted, never averaged. "
+    "config = the run tag tuning: default, or tuned for a run of a tune best-params file (tune's own trial runs "
+    "are not shown)."
 )
 
 
@@ -125,7 +131,7 @@ def experiment_id(client, experiment: str) -> str:
 
 def load_runs(uri: str, experiment: str = DEFAULT_EXPERIMENT, task: str | None = None, model: str | None = None,
               metrics: tuple[str, ...] = LEADERBOARD_METRICS) -> list[RunData]:
-    """The experiment's benchmark runs (not ``kind=report``), histories of ``metrics`` for FINISHED ones."""
+    """The experiment's benchmark runs (no report, study or trial run), histories of ``metrics`` for FINISHED ones."""
     import mlflow
 
     _quiet_mlflow()
@@ -141,8 +147,8 @@ def load_runs(uri: str, experiment: str = DEFAULT_EXPERIMENT, task: str | None =
     out = []
     for r in runs:
         tags = dict(r.data.tags)
-        if tags.get("kind") == "report" or (task and tags.get("task") != task) or (
-                model and tags.get("model") != model):
+        hidden = tags.get("kind") in HIDDEN_KINDS or tags.get("tuning") == "trial"
+        if hidden or (task and tags.get("task") != task) or (model and tags.get("model") != model):
             continue
         d = RunData(r.info.run_id, r.info.status, tags, dict(r.data.params), dict(r.data.metrics),
                     artifact_uri=r.info.artifact_uri)

@@ -8,6 +8,10 @@ loss and its defaults; only PPO (critic, GAE) has real code, in ``ppo.py``.
 
 Manual optimisation: Lightning's ``global_step`` counts optimiser steps, so the
 module keeps its own ``rl_step`` (one per rollout) for logging.
+
+Each class also carries its Optuna search space (``search_space``, used by
+``tune``): the loss parameters it may search, with ranges around the
+published values, next to the defaults they come from.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ class PolicyModule(L.LightningModule):
     overlong_shaping: ClassVar[bool] = False
     default_kl_coef: ClassVar[float] = 0.0
     kl_in_loss: ClassVar[bool] = True
+    # ``tune``: the loss parameters searched when ``--params`` does not say (see ``search_ranges``)
+    searched_by_default: ClassVar[tuple[str, ...]] = ("eps_low", "eps_high")
 
     def __init__(self, cfg: RunConfig, model_path: str, seed: int = 0):
         super().__init__()
@@ -59,6 +65,7 @@ class PolicyModule(L.LightningModule):
         self.first_metrics: dict[str, float] = {}
         self.last_metrics: dict[str, float] = {}
         self.eval_history: list[tuple[int, float]] = []  # (rl_step, eval pass@1)
+        self.eval_log: list[tuple[int, dict[str, float]]] = []  # (rl_step, every eval/* metric)
         self._eval: dict[str, list[torch.Tensor]] = {}
         self._manual_eval = False
         self._ratio_sample: dict | None = None
@@ -89,6 +96,33 @@ class PolicyModule(L.LightningModule):
             "max_gen_batches": r.max_gen_batches, "overlong_buffer": buffer, "overlong_penalty": r.overlong_penalty,
             "advantage_scale": r.advantage_scale, "want_rollout_logp": r.old_logp_source == "rollout",
         }
+
+    # -- search space (``tune``) ----------------------------------------------------------------
+    @classmethod
+    def search_ranges(cls) -> dict[str, tuple[float, float, bool]]:
+        """(low, high, log scale) of each loss parameter ``tune`` can search, by its ``loss.`` name.
+
+        Token-level clip (PPO, GRPO, DAPO): uniform around the published
+        offsets (p_lo, p_hi), split at their midpoint m = (p_lo + p_hi) / 2:
+        eps_low in [p_lo / 2, m], eps_high in [m, 1.5 p_hi]. So eps_high >=
+        eps_low always (DAPO's clip-higher; PPO's symmetric 0.2 / 0.2 is the
+        corner) while both ranges stay fixed: Optuna's parameter importance
+        refuses ranges that move from trial to trial.
+        """
+        spec = LOSSES[cls.loss_name]
+        m = (spec.eps_low + spec.eps_high) / 2
+        return {"eps_low": (0.5 * spec.eps_low, m, False), "eps_high": (m, 1.5 * spec.eps_high, False)}
+
+    @classmethod
+    def search_space(cls, trial, params=None) -> dict:
+        """Config overrides for one Optuna trial, e.g. ``{"loss": {"eps_low": 0.13, "eps_high": 0.27}}``.
+
+        ``params`` picks which of ``search_ranges`` to sample (default
+        ``searched_by_default``); the others keep the algorithm's default.
+        """
+        chosen = cls.searched_by_default if params is None else tuple(params)
+        return {"loss": {name: trial.suggest_float(name, low, high, log=log)
+                         for name, (low, high, log) in cls.search_ranges().items() if name in chosen}}
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.policy.parameters(), lr=self.cfg.train.lr,
@@ -236,6 +270,7 @@ class PolicyModule(L.LightningModule):
         if self.logger is not None:
             self.logger.log_metrics(metrics, step=self.rl_step)
         self.eval_history.append((self.rl_step, metrics["eval/pass1"]))
+        self.eval_log.append((self.rl_step, metrics))
 
     def _in_val_loop(self) -> bool:
         # Lightning only allows self.log inside its own loops; evaluate_now runs outside them
@@ -271,6 +306,24 @@ def _algo(name: str, doc: str, **attrs):
 GRPO = _algo("grpo", "GRPO (Shao et al. 2024): token ratio, group z-score advantage, seq-mean-token-mean.")
 DAPO = _algo("dapo", "DAPO (Yu et al. 2025): clip-higher, token-mean, dynamic sampling and overlong shaping on.",
              dynamic_sampling=True, overlong_shaping=True)
-GSPO = _algo("gspo", "GSPO (Zheng et al. 2025): one length-normalised ratio and clip per sequence.")
-GSPO_TOKEN = _algo("gspo_token", "GSPO-token: GSPO's ratio value with per-token gradient paths (TRL PR 3820).")
-CISPO = _algo("cispo", "CISPO (MiniMax-M1 2025): clip the importance weight, keep every token's gradient.")
+
+
+def _sequence_clip_ranges(cls) -> dict[str, tuple[float, float, bool]]:
+    """GSPO, GSPO-token: sequence ratios sit within ~1e-3 of 1, so both offsets are log-uniform over
+    1e-5 .. 1e-2 (the published 3e-4 / 4e-4 in the middle), independently."""
+    return {"eps_low": (1e-5, 1e-2, True), "eps_high": (1e-5, 1e-2, True)}
+
+
+def _cispo_ranges(cls) -> dict[str, tuple[float, float, bool]]:
+    """CISPO: the weight cap 1 + eps_high, eps_high log-uniform over 0.5 .. 10 (published 4.0). The lower
+    bound is off as published (``searched_by_default`` leaves it out); ``--params eps_low,eps_high``
+    searches it uniformly over 0.1 .. 0.9."""
+    return {"eps_high": (0.5, 10.0, True), "eps_low": (0.1, 0.9, False)}
+
+
+GSPO = _algo("gspo", "GSPO (Zheng et al. 2025): one length-normalised ratio and clip per sequence.",
+             search_ranges=classmethod(_sequence_clip_ranges))
+GSPO_TOKEN = _algo("gspo_token", "GSPO-token: GSPO's ratio value with per-token gradient paths (TRL PR 3820).",
+                   search_ranges=classmethod(_sequence_clip_ranges))
+CISPO = _algo("cispo", "CISPO (MiniMax-M1 2025): clip the importance weight, keep every token's gradient.",
+              search_ranges=classmethod(_cispo_ranges), searched_by_default=("eps_high",))

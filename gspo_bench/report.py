@@ -12,6 +12,10 @@ Per leaderboard group (task, model, preset, config) of FINISHED runs:
 Missing data skips a figure with a sentence saying why. The files are logged
 as artifacts of a new run named ``report`` tagged ``kind=report``, which the
 leaderboard never reads.
+
+With ``storage`` (``report --storage URL [--study NAME ...]``) the report
+gains a section per Optuna study: its trial history and parameter
+importances (``study_report.py``).
 """
 
 from __future__ import annotations
@@ -171,16 +175,25 @@ def group_section(client, key: tuple, runs: list[RunData], rows: list[dict], out
 
 def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path | None = None,
                  task: str | None = None, model: str | None = None, command: str = "",
-                 log_to_mlflow: bool = True) -> Report:
-    """Write ``out/report.md`` and its PNGs; log them to a ``kind=report`` MLflow run unless told not to."""
+                 log_to_mlflow: bool = True, storage: str | None = None, studies: list[str] | None = None) -> Report:
+    """Write ``out/report.md`` and its PNGs; log them to a ``kind=report`` MLflow run unless told not to.
+
+    ``storage``: also a section per Optuna study in it (``studies``, default all); then an experiment
+    holding only tuning trials is not an error.
+    """
     import mlflow
 
     runs = load_runs(uri, experiment, task, model, metrics=REPORT_METRICS)
-    if not runs:
+    if not runs and storage is None:
         raise ConfigError(no_runs_message(experiment, task, model))
     client = mlflow.MlflowClient(uri)
     out = Path(out or Path("results") / experiment)
     out.mkdir(parents=True, exist_ok=True)
+    tuning_md, tuning_figs = [], []
+    if storage is not None:  # first: a bad storage URL or study name stops before anything is written
+        from gspo_bench.study_report import tuning_section
+
+        tuning_md, tuning_figs = tuning_section(storage, studies, out)
     rows = summarise(runs)
     finished = [r for r in runs if r.status == FINISHED]
     commits = _distinct(runs, lambda r: r.tags.get("git.commit"))
@@ -195,20 +208,25 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
           f"- runs: {', '.join(f'{n} {s}' for s, n in statuses.items())} (only FINISHED runs are averaged "
           "or plotted)",
           f"- commit: {commit}",
-          f"- machine: {_join(_distinct(runs, lambda r: r.tags.get('machine')), 'not recorded')}", "",
-          "## Configuration", "", *config_table(finished or runs), "",
-          "## Leaderboard", "", render(rows, "md"), NOTES, ""]
+          f"- machine: {_join(_distinct(runs, lambda r: r.tags.get('machine')), 'not recorded')}", ""]
+    if runs:
+        md += ["## Configuration", "", *config_table(finished or runs), "",
+               "## Leaderboard", "", render(rows, "md"), NOTES, ""]
+    else:
+        md += ["No benchmark run in this experiment (a study's trial runs are not benchmark runs).", ""]
     groups: dict[tuple, list[RunData]] = {}
     for r in finished:
         groups.setdefault(r.group, []).append(r)
     report = Report(out / "report.md")
-    if not groups:
+    if runs and not groups:
         md += ["No finished run: no figures.", ""]
     for key in sorted(groups):
         section, figs = group_section(client, key, groups[key], [r for r in rows if
                                       (r["task"], r["model"], r["preset"], r["config"]) == key], out)
         md += section
         report.figures += figs
+    md += tuning_md
+    report.figures += tuning_figs
     report.path.write_text("\n".join(md))
     if log_to_mlflow:
         report.run_id = log_report(client, experiment_id(client, experiment), report, experiment, len(runs))

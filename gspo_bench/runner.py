@@ -2,7 +2,9 @@
 
 Everything a user can get wrong is checked in ``validate`` before the first
 MLflow run is created, so a bad flag never leaves a run RUNNING. An exception
-inside one algorithm marks that run FAILED and the others still run.
+inside one algorithm marks that run FAILED and the others still run; the
+exception types a caller names in ``run_one(interrupts=...)`` (``tune``:
+``optuna.TrialPruned``) end the run KILLED instead and propagate.
 """
 
 from __future__ import annotations
@@ -41,11 +43,12 @@ class RunResult:
     algo: str
     seed: int
     run_id: str | None
-    status: str  # FINISHED | FAILED
+    status: str  # FINISHED | FAILED | KILLED (an ``interrupts`` exception; it propagates)
     first: dict = field(default_factory=dict)  # first step's metrics
     last: dict = field(default_factory=dict)  # last step's metrics
     eval_start: float | None = None
     eval_end: float | None = None
+    eval_log: list = field(default_factory=list)  # (rl_step, {"eval/pass1": ..., "eval/reward_mean": ...})
     collapse_events: int = 0
     seconds: float = 0.0
     error: str | None = None
@@ -129,11 +132,14 @@ def git_commit() -> str:
 
 
 def make_logger(cfg: RunConfig, uri: str, algo: str, seed: int, ws: WarmStart, settings: RolloutSettings,
-                hparams: dict, task_name: str) -> MLFlowLogger:
+                hparams: dict, task_name: str, tags: dict | None = None, parent_run_id: str | None = None,
+                run_name: str | None = None) -> MLFlowLogger:
     tags = {"algo": algo, "task": task_name, "model": cfg.model.name, "seed": str(seed), "preset": cfg.preset,
-            "moe": "unknown", "gspo_bench.version": __version__, "git.commit": git_commit(),
-            "machine": machine()}
-    logger = MLFlowLogger(experiment_name=cfg.tracking.experiment, run_name=f"{algo}-s{seed}",
+            "tuning": cfg.tuning, "moe": "unknown", "gspo_bench.version": __version__, "git.commit": git_commit(),
+            "machine": machine(), **(tags or {})}
+    if parent_run_id:  # MLflow's own nesting tag: the UI shows this run under its parent
+        tags["mlflow.parentRunId"] = parent_run_id
+    logger = MLFlowLogger(experiment_name=cfg.tracking.experiment, run_name=run_name or f"{algo}-s{seed}",
                           tracking_uri=uri, tags=tags)
     resolved = to_dict(cfg)
     resolved["algos"] = [algo]
@@ -147,7 +153,12 @@ def make_logger(cfg: RunConfig, uri: str, algo: str, seed: int, ws: WarmStart, s
 
 
 def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str, log=print,
-            keep_module: bool = False) -> RunResult:
+            keep_module: bool = False, *, callbacks: tuple = (), tags: dict | None = None,
+            parent_run_id: str | None = None, run_name: str | None = None,
+            interrupts: tuple[type[BaseException], ...] = ()) -> RunResult:
+    """Train one algorithm from the warm start. The keyword-only options are ``tune``'s: extra Lightning
+    ``callbacks``, extra MLflow ``tags``, a parent run to nest under, and ``interrupts``, exception types
+    that end the run KILLED and are re-raised (any other exception ends it FAILED and is returned)."""
     cls = MODULES[algo]
     settings = RolloutSettings(**cls.resolve_rollout(cfg, task.spec.max_new_tokens))
     L.seed_everything(seed, verbose=False)
@@ -156,11 +167,11 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
     dm = RolloutDataModule(task, tok, settings, steps=cfg.train.steps, seed=seed,
                            eval_prompts=cfg.train.eval_prompts, eval_samples=cfg.train.eval_samples)
     hparams = {**module.hp, "kl_coef": module.kl_coef}
-    logger = make_logger(cfg, uri, algo, seed, ws, settings, hparams, task.name)
+    logger = make_logger(cfg, uri, algo, seed, ws, settings, hparams, task.name, tags, parent_run_id, run_name)
     moe = is_moe(module.policy)
     logger.experiment.set_tag(logger.run_id, "moe", str(moe).lower())
     collapse = CollapseCallback(cfg.collapse, log=log)
-    callbacks: list = [collapse] + ([MoEFlipProbe()] if moe else [])
+    callbacks: list = [collapse] + ([MoEFlipProbe()] if moe else []) + list(callbacks)
     if cfg.train.progress:
         callbacks.append(ProgressBar(leave=True))
     trainer = L.Trainer(
@@ -174,6 +185,11 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
     try:
         trainer.fit(module, datamodule=dm)
         result.status = "FINISHED"
+    except interrupts:  # stopped on purpose (a pruned trial): not a failure, and the caller handles it
+        result.status = "KILLED"
+        logger.experiment.set_terminated(logger.run_id, "KILLED")
+        logger.experiment.log_metric(logger.run_id, "time/wall_s", time.perf_counter() - t0)
+        raise
     except Exception as e:  # one algorithm failing must not take the benchmark down
         result.error = f"{type(e).__name__}: {e}"
         log(f"[error] {algo} seed {seed} failed: {result.error}")
@@ -183,6 +199,7 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
     result.first, result.last = module.first_metrics, module.last_metrics
     result.eval_start, result.eval_end = module.eval_history[0][1] if module.eval_history else None, (
         module.eval_history[-1][1] if module.eval_history else None)
+    result.eval_log = list(module.eval_log)
     result.collapse_events = len(collapse.events)
     logger.experiment.log_metric(logger.run_id, "time/wall_s", result.seconds)
     if keep_module:
