@@ -7,6 +7,7 @@ exits with code 2, before anything is written to MLflow.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from rich.console import Console
@@ -256,6 +257,8 @@ def cmd_report(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # the report downloads many small artifacts; one progress bar each is noise
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # report.md states the command
     try:
