@@ -1,4 +1,4 @@
-"""Command line: ``python -m gspo_bench {run,tune,list,leaderboard,report}`` (also installed as ``gspo-bench``).
+"""Command line: ``python -m gspo_bench {run,tune,bench,list,leaderboard,report}`` (also installed as ``gspo-bench``).
 
 Bad input prints one line naming the bad value and the allowed ones, and
 exits with code 2, before anything is written to MLflow.
@@ -54,7 +54,8 @@ def _shared_flags(c: argparse.ArgumentParser) -> None:
     c.add_argument("--steps", type=int, help="RL steps per algorithm")
     c.add_argument("--lr", type=float, help="policy learning rate")
     c.add_argument("--minibatches", type=int, help="optimiser steps per rollout")
-    c.add_argument("--engine", help="generation engine: hf | vllm")
+    c.add_argument("--engine", help="generation engine: auto | fast | hf | vllm (default auto: fast when it "
+                   "supports the model)")
     c.add_argument("--no-warmstart", action="store_true", help="skip the supervised warm start")
     c.add_argument("--on-collapse", help="continue | stop")
     c.add_argument("--tracking-uri", help="MLflow URI (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
@@ -98,6 +99,25 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", default="results/tuning", help="folder of the best-params YAML (default results/tuning)")
     _shared_flags(t)
     t.add_argument("--seed", type=int, help="the one seed every trial trains with (default: the preset's first)")
+    b = sub.add_parser("bench", help="throughput: fast engine vs model.generate, training tokens/s, full RL step, MFU",
+                       description="Measures in one process: (a) rollout generation with the fast engine and with "
+                       "model.generate on the same batch, (b) training tokens/s, (c) the full RL step (median after "
+                       "warm-up) on the fast path and the transformers path, (d) matmul FLOP/s and MFU, and rollout "
+                       "time against max_new_tokens. Prints tables, then JSON (or writes it to --json).")
+    b.add_argument("--preset", default="cpu-bench", help=f"one of: {', '.join(presets())} (default cpu-bench)")
+    b.add_argument("--config", action="append", default=[], metavar="YAML", help="config file(s) over the preset")
+    b.add_argument("--model", type=_csv, help="model(s), comma list, e.g. tiny-dense,tiny-moe (default: the preset's)")
+    b.add_argument("--task", help="task (default: the preset's)")
+    b.add_argument("--algo", default="grpo", help="algorithm of the full RL step (default grpo)")
+    b.add_argument("--max-new-tokens", type=int, help="length cap of (a)-(c) (default: the preset's)")
+    b.add_argument("--paths", type=_csv, default=["fast", "hf"], help="fast,hf (default both)")
+    b.add_argument("--warmup", type=int, default=1, help="unmeasured repeats first (default 1)")
+    b.add_argument("--repeats", type=int, default=3, help="measured repeats of (a), (b) and scaling (default 3)")
+    b.add_argument("--rl-steps", type=int, default=5, help="measured RL steps per path (default 5)")
+    b.add_argument("--scaling", default="64,128,192,256", help="max_new_tokens of the scaling curve, or 'none'")
+    b.add_argument("--json", metavar="FILE", help="write the JSON here instead of printing it")
+    b.add_argument("--markdown", metavar="FILE", help="also write the tables as Markdown (e.g. results/bench.md)")
+    b.add_argument("--figure", metavar="PNG", help="also draw the scaling curve(s)")
     sub.add_parser("list", help="show algorithms, tasks, models and presets")
     for name, text in (("leaderboard", "one row per algorithm per task/model/preset/config, from MLflow"),
                        ("report", "report.md + figures from MLflow, also logged as a kind=report run")):
@@ -208,6 +228,59 @@ def cmd_tune(args) -> int:
     return 0 if all(o.best_value is not None for o in outcomes) else 1
 
 
+def cmd_bench(args) -> int:
+    import json
+    import shlex
+    from pathlib import Path
+
+    from gspo_bench.bench import BenchOptions, run_bench
+    from gspo_bench.bench_report import markdown, plot_scaling, rich_tables
+    from gspo_bench.runner import git_commit
+
+    try:
+        scaling = () if args.scaling.lower() == "none" else tuple(int(x) for x in _csv(args.scaling))
+    except ValueError:
+        raise ConfigError(f"--scaling {args.scaling!r}: a comma list of token counts, or none") from None
+    opts = BenchOptions(algo=args.algo, warmup=args.warmup, repeats=args.repeats, rl_steps=args.rl_steps,
+                        scaling=scaling, paths=tuple(args.paths))
+    results = []
+    for model in args.model or [None]:
+        over: dict = {}
+        if model:
+            over["model"] = {"name": model}
+        if args.task:
+            over["task"] = args.task
+        if args.max_new_tokens is not None:
+            over["rollout"] = {"max_new_tokens": args.max_new_tokens}
+        console.print(f"[bold]bench[/bold] preset={args.preset} model={model or '(preset)'} algo={args.algo}")
+        res = run_bench(args.preset, tuple(args.config), over, opts, log=console.print).to_dict()
+        for t in rich_tables(res):
+            console.print(t)
+        results.append(res)
+    payload = results[0] if len(results) == 1 else results
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(payload, indent=2))
+        console.print(f"wrote {args.json}")
+    else:
+        print(json.dumps(payload, indent=2))
+    figure = None
+    if args.figure and scaling:
+        figure = plot_scaling(results, args.figure)
+        console.print(f"wrote {figure}")
+    if args.markdown:
+        command = "python -m gspo_bench " + shlex.join(args.argv)
+        rel = None
+        if figure is not None:
+            rel = os.path.relpath(figure, Path(args.markdown).resolve().parent)
+        text = "\n".join(markdown(r, command, git_commit(), rel if i == len(results) - 1 else None)
+                         for i, r in enumerate(results))
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(text)
+        console.print(f"wrote {args.markdown}")
+    return 0
+
+
 def cmd_list(args) -> int:
     from gspo_bench.losses import LOSSES
     from gspo_bench.models import BUILTIN_MODELS
@@ -263,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)  # report.md states the command
     try:
         return {"run": cmd_run, "tune": cmd_tune, "list": cmd_list, "leaderboard": cmd_leaderboard,
-                "report": cmd_report}[args.cmd](args)
+                "report": cmd_report, "bench": cmd_bench}[args.cmd](args)
     except ConfigError as e:
         console.print(f"gspo-bench: error: {e}", style="red", soft_wrap=True)
         return 2

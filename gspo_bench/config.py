@@ -22,6 +22,7 @@ import re
 
 import yaml
 
+from gspo_bench.engine import ENGINES
 from gspo_bench.losses import KL_ESTIMATORS, LOSSES
 
 AUTO = "auto"
@@ -111,8 +112,9 @@ class RolloutConfig:
     """Response length cap; auto = the task's own."""
     temperature: float = 1.0
     """Sampling temperature (log-probs for training use the same temperature)."""
-    engine: str = "hf"
-    """Generation engine: hf (transformers generate) | vllm (optional GPU extra)."""
+    engine: str = "auto"
+    """Generation engine: auto (fast when it supports the model, else hf) | fast (own KV-cache sampler,
+    Qwen3 family) | hf (transformers generate, any model) | vllm (optional GPU extra)."""
     dynamic_sampling: Union[bool, str] = AUTO
     """DAPO: drop groups whose rewards all agree and resample; auto = on for dapo only."""
     max_gen_batches: int = 4
@@ -134,7 +136,7 @@ class RolloutConfig:
         _check(self.max_new_tokens == AUTO or (isinstance(self.max_new_tokens, int) and self.max_new_tokens > 0),
                f"rollout.max_new_tokens={self.max_new_tokens!r} must be a positive int or auto")
         _check(self.temperature > 0, f"rollout.temperature={self.temperature} must be > 0")
-        _choice("rollout.engine", self.engine, ("hf", "vllm"))
+        _choice("rollout.engine", self.engine, ENGINES)
         _choice("rollout.dynamic_sampling", self.dynamic_sampling, (True, False, AUTO))
         _check(self.max_gen_batches >= 1, f"rollout.max_gen_batches={self.max_gen_batches} must be >= 1")
         _check(self.overlong_buffer in (None, AUTO) or (isinstance(self.overlong_buffer, int)
@@ -208,6 +210,9 @@ class TrainConfig:
     """Lightning precision, e.g. 32-true or bf16-mixed."""
     progress: bool = True
     """Show a progress bar."""
+    forward: str = "auto"
+    """Training forward: auto (packed when supported, else hf) | packed (real tokens only, Qwen3 family) |
+    hf (the transformers module over the padded batch)."""
 
     def __post_init__(self):
         _numbers("train", self, "minibatches", "lr", "critic_lr", "weight_decay", "max_grad_norm", "eval_every",
@@ -219,6 +224,7 @@ class TrainConfig:
         _check(self.eval_every > 0, f"train.eval_every={self.eval_every} must be > 0")
         _check(self.eval_prompts > 0 and self.eval_samples >= 0, "train.eval_prompts must be > 0, eval_samples >= 0")
         _check(self.max_grad_norm >= 0, f"train.max_grad_norm={self.max_grad_norm} must be >= 0")
+        _choice("train.forward", self.forward, ("auto", "packed", "hf"))
 
 
 @dataclass

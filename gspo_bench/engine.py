@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-ENGINES = ("hf", "vllm")
+ENGINES = ("auto", "fast", "hf", "vllm")
 
 
 @dataclass
@@ -87,6 +87,28 @@ def forward_response(model, input_ids, attention_mask, prompt_len: int, temperat
     return logp, ent, hidden
 
 
+def response_logp(model, input_ids, attention_mask, prompt_len: int, temperature: float = 1.0,
+                  with_entropy: bool = False, forward: str = "auto"):
+    """(log-probs, entropy or None) of the response block, (B, T) each, zero where the mask is 0.
+
+    ``forward``: ``packed`` runs ``fastlm`` over the real tokens only (Qwen3
+    family), ``hf`` the transformers module over the padded batch, ``auto``
+    the first that supports the model.
+    """
+    from gspo_bench import fastlm
+
+    if forward == "packed" or (forward == "auto" and fastlm.supports(model)):
+        if forward == "packed" and not fastlm.supports(model):
+            raise ValueError(f"train.forward=packed does not support this model ({fastlm.unsupported_reason(model)}); "
+                             "use train.forward=hf")
+        logp, ent, _ = fastlm.packed_response_logp(model, input_ids, attention_mask, prompt_len, temperature,
+                                                   with_entropy)
+        return logp, ent
+    mask = attention_mask[:, prompt_len:].to(torch.float32)
+    logp, ent, _ = forward_response(model, input_ids, attention_mask, prompt_len, temperature, with_entropy)
+    return logp * mask, (None if ent is None else ent * mask)
+
+
 @torch.inference_mode()
 def hf_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
                 greedy: bool = False, return_logp: bool = True) -> Generation:
@@ -122,6 +144,42 @@ def hf_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, te
     return Generation(seq, attn, P, rmask, logp, texts)
 
 
+def _eos_ids(model, tokenizer) -> list[int]:
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
+def fast_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
+                  greedy: bool = False, return_logp: bool = True, generator=None) -> Generation:
+    """Sample with the fast engine (``fastgen``): same contract as ``hf_generate``."""
+    from gspo_bench.fastgen import decode
+
+    device = next(model.parameters()).device
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    eos = _eos_ids(model, tokenizer)
+    P = enc["input_ids"].shape[1]
+    resp, logp = decode(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new_tokens,
+                        eos_ids=eos, temperature=temperature, greedy=greedy, generator=generator)
+    rmask = response_mask_from(resp, eos, tokenizer.pad_token_id)
+    resp = torch.where(rmask.bool(), resp, torch.full_like(resp, tokenizer.pad_token_id))
+    seq = torch.cat([enc["input_ids"], resp], dim=1)
+    attn = torch.cat([enc["attention_mask"], rmask.long()], dim=1)
+    logp = logp * rmask if (logp is not None and return_logp) else None
+    texts = tokenizer.batch_decode(resp, skip_special_tokens=True)
+    return Generation(seq, attn, P, rmask, logp, texts)
+
+
+def resolve_engine(engine: str, model) -> str:
+    """``auto``: the fast engine when it supports the model, else transformers' generate."""
+    if engine == "auto":
+        from gspo_bench.fastlm import supports
+
+        return "fast" if supports(model) else "hf"
+    return engine
+
+
 def vllm_generate(*args, **kwargs) -> Generation:
     try:
         import vllm  # noqa: F401
@@ -133,9 +191,12 @@ def vllm_generate(*args, **kwargs) -> Generation:
     raise NotImplementedError("the vllm engine is not wired up yet; use --engine hf")
 
 
-def generate(engine: str, *args, **kwargs) -> Generation:
+def generate(engine: str, model, *args, **kwargs) -> Generation:
+    engine = resolve_engine(engine, model)
+    if engine == "fast":
+        return fast_generate(model, *args, **kwargs)
     if engine == "hf":
-        return hf_generate(*args, **kwargs)
+        return hf_generate(model, *args, **kwargs)
     if engine == "vllm":
-        return vllm_generate(*args, **kwargs)
+        return vllm_generate(model, *args, **kwargs)
     raise ValueError(f"unknown engine {engine!r} (allowed: {', '.join(ENGINES)})")

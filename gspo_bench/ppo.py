@@ -20,7 +20,7 @@ from gspo_bench.data import RolloutBatch
 from gspo_bench.engine import position_ids
 from gspo_bench.losses import kl_penalty
 from gspo_bench.metrics import StepStats
-from gspo_bench.modules import PolicyModule, register_module
+from gspo_bench.modules import PolicyModule, adamw, register_module
 
 
 class Critic(torch.nn.Module):
@@ -56,8 +56,8 @@ class PPO(PolicyModule):
     def configure_optimizers(self):
         t = self.cfg.train
         return [
-            torch.optim.AdamW(self.policy.parameters(), lr=t.lr, weight_decay=t.weight_decay),
-            torch.optim.AdamW(self.critic.parameters(), lr=t.critic_lr, weight_decay=0.0),
+            adamw(self.policy.parameters(), lr=t.lr, weight_decay=t.weight_decay),
+            adamw(self.critic.parameters(), lr=t.critic_lr, weight_decay=0.0),
         ]
 
     def prepare(self, batch: RolloutBatch, stats: StepStats) -> dict[str, torch.Tensor]:

@@ -109,8 +109,9 @@ def test_moe_model_logs_expert_flip_rate(mixed_task, tracking_uri):
     assert row.data.tags["moe"] == "true"
     hist = client.get_metric_history(row.info.run_id, "moe/expert_flip_rate")
     assert [m.step for m in hist] == [1, 2]
-    # the policy moved, so some routing changed, but far from all of it
-    assert all(0.0 <= m.value < 0.5 for m in hist) and any(m.value > 0 for m in hist)
+    # the policy moved, so some routing changed, but far from all of it: re-drawing the top-2 of 8
+    # experts at random would flip ~96 % (random routers are near-uniform, so lr 1e-3 flips up to ~half)
+    assert all(0.0 <= m.value < 0.9 for m in hist) and any(m.value > 0 for m in hist)
 
 
 def test_local_checkpoint_path_runs_through_from_pretrained(mixed_task, tracking_uri, tmp_path):

@@ -1,0 +1,308 @@
+"""``bench``: how fast the harness runs an RL step, against transformers and against the hardware.
+
+In one process, on one model (the ``cpu-bench`` preset: random-weight
+tiny-dense, arith, 16 prompts x 8 samples, temperature 1, up to 64 new tokens,
+4 minibatches):
+
+(a) rollout generation, the fast engine and plain ``model.generate`` on the
+    same model, prompts and batch (median of ``repeats`` after ``warmup``);
+(b) training tokens/s: forward + backward over a rollout, minibatch by
+    minibatch, packed and with the transformers module;
+(c) the full RL step as ``run`` executes it (Lightning loop, rollout, rewards,
+    advantages, 4 optimiser steps), fast path and transformers path;
+(d) the machine's fp32 matmul FLOP/s and the model FLOP utilisation (MFU) of
+    (b) and (c), from an analytic FLOP count (``model_flops``);
+
+plus rollout time against ``max_new_tokens`` (the scaling curve). Medians are
+over several repeats after warm-up; nothing here is asserted by a test.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import lightning as L
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from gspo_bench import ppo  # noqa: F401  (registers PPO)
+from gspo_bench.config import ConfigError, RunConfig, deep_merge, load_config
+from gspo_bench.data import RolloutDataModule, RolloutSettings
+from gspo_bench.engine import generate, resolve_engine, response_logp
+from gspo_bench.modules import MODULES, adamw
+from gspo_bench.tasks import load_task
+from gspo_bench.warmstart import warm_start
+
+
+@dataclass
+class BenchOptions:
+    algo: str = "grpo"
+    warmup: int = 1
+    repeats: int = 3
+    rl_steps: int = 5
+    """Measured RL steps per path in (c) (after ``warmup`` unmeasured ones)."""
+    scaling: tuple[int, ...] = (64, 128, 192, 256)
+    paths: tuple[str, ...] = ("fast", "hf")
+
+
+@dataclass
+class BenchResult:
+    machine: str
+    model: str
+    params: int
+    active_matmul_params: int
+    config: dict
+    matmul_gflops: float = 0.0
+    generation: dict = field(default_factory=dict)
+    training: dict = field(default_factory=dict)
+    rl_step: dict = field(default_factory=dict)
+    scaling: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# -- FLOPs ----------------------------------------------------------------------------------------
+def matmul_gflops(n: int = 1024, repeats: int = 20) -> float:
+    """Measured fp32 GFLOP/s of an n x n matmul on this machine (best of three timings)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        best = min(best, (time.perf_counter() - t0) / repeats)
+    # a square matmul is 2 n^3 flops
+    return 2 * n**3 / best / 1e9
+
+
+def active_matmul_params(model) -> int:
+    """Weights one token multiplies: linear layers and the LM head, routed experts scaled by top_k / E."""
+    cfg = model.config
+    n_exp = getattr(cfg, "num_experts", 0) or 0
+    top_k = getattr(cfg, "num_experts_per_tok", 0) or 0
+    total = 0
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Embedding):
+            continue
+        for p in mod.parameters(recurse=False):
+            if p.ndim == 3 and n_exp:  # stacked expert weights (E, out, in)
+                total += p.numel() * top_k // n_exp
+            elif p.ndim >= 2:
+                total += p.numel()
+    return total
+
+
+def model_flops(model, tokens: float, context: float) -> float:
+    """Forward FLOPs of ``tokens`` tokens attending to ``context`` keys on average.
+
+    2 * active weights per token, plus QK^T and PV: 4 * layers * heads * head_dim * context.
+    """
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    attn = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim * context
+    return tokens * (2 * active_matmul_params(model) + attn)
+
+
+def _median_time(fn, warmup: int, repeats: int) -> tuple[float, list]:
+    outs = []
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        outs.append(fn())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), outs
+
+
+# -- (a) generation ---------------------------------------------------------------------------------
+def bench_generation(model, tok, prompts: list[str], max_new_tokens: int, temperature: float, engines, warmup,
+                     repeats) -> dict:
+    out = {}
+    for engine in engines:
+        torch.manual_seed(0)
+        sec, gens = _median_time(lambda: generate(engine, model, tok, prompts, max_new_tokens=max_new_tokens,
+                                                  temperature=temperature), warmup, repeats)
+        tokens = statistics.median(float(g.response_mask.sum()) for g in gens)
+        out[engine] = {"seconds": sec, "tokens": tokens, "tokens_per_s": tokens / sec,
+                       "completions_per_s": len(prompts) / sec}
+    if "fast" in out and "hf" in out:
+        out["speedup"] = out["hf"]["seconds"] / out["fast"]["seconds"]
+    return out
+
+
+# -- (b) training -----------------------------------------------------------------------------------
+def bench_training(model, gen, minibatches: int, forwards, warmup: int, repeats: int, peak_gflops: float) -> dict:
+    """Forward + backward + AdamW step per minibatch over one rollout, as the modules run it."""
+    out = {}
+    ids, attn, P = gen.input_ids.clone(), gen.attention_mask.clone(), gen.prompt_len
+    mask = gen.response_mask.clone()
+    tokens = float(attn.sum())
+    context = float(attn.sum(-1).float().pow(2).sum() / 2 / attn.sum())  # mean keys per token, causal
+    flops = 3 * model_flops(model, tokens, context)  # backward ~ 2x forward
+    model.train()
+    for fwd in forwards:
+        opt = adamw(model.parameters(), lr=1e-6)
+
+        def step():
+            for idx in torch.arange(len(ids)).chunk(minibatches):
+                logp, _ = response_logp(model, ids[idx], attn[idx], P, with_entropy=True, forward=fwd)
+                (logp * mask[idx]).sum().backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+        sec, _ = _median_time(step, warmup, repeats)
+        out[fwd] = {"seconds": sec, "tokens": tokens, "tokens_per_s": tokens / sec,
+                    "padded_tokens": float(attn.numel()), "mfu": flops / sec / (peak_gflops * 1e9)}
+    model.eval()
+    if "packed" in out and "hf" in out:
+        out["speedup"] = out["hf"]["seconds"] / out["packed"]["seconds"]
+    return out
+
+
+# -- (c) the full RL step ---------------------------------------------------------------------------
+class _StepClock(L.Callback):
+    """Wall time of every RL step: rollout (the dataloader's fetch) + training step + callbacks."""
+
+    def __init__(self):
+        self.ends: list[float] = []
+        self.rows: list[dict] = []
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self.ends = [time.perf_counter()]
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.ends.append(time.perf_counter())
+        m = pl_module.last_metrics
+        self.rows.append({"completions": len(batch), "tokens": float(batch.response_mask.sum()),
+                          "gen_s": m.get("time/gen_s", 0.0), "train_s": m.get("time/train_s", 0.0),
+                          "context": float(batch.attention_mask.sum(-1).float().pow(2).sum() / 2
+                                           / batch.attention_mask.sum()),
+                          "train_tokens": float(batch.attention_mask.sum()),
+                          "prompt_tokens": float(batch.attention_mask[:, :batch.prompt_len].sum())})
+
+
+def path_overrides(path: str) -> dict:
+    """``fast``: own engine, packed training forward, engine log-probs; ``hf``: transformers throughout."""
+    if path == "fast":
+        return {"rollout": {"engine": "auto", "old_logp_source": "rollout"}, "train": {"forward": "auto"}}
+    return {"rollout": {"engine": "hf", "old_logp_source": "recompute"}, "train": {"forward": "hf"}}
+
+
+def bench_rl_step(cfg: RunConfig, algo: str, ws_path: str, task, warmup: int, steps: int, peak_gflops: float,
+                  model_for_flops) -> dict:
+    cls = MODULES[algo]
+    settings = RolloutSettings(**cls.resolve_rollout(cfg, task.spec.max_new_tokens))
+    L.seed_everything(0, verbose=False)
+    module = cls(cfg, ws_path, 0)
+    tok = AutoTokenizer.from_pretrained(ws_path)
+    dm = RolloutDataModule(task, tok, settings, steps=warmup + steps, seed=0, eval_prompts=cfg.train.eval_prompts,
+                           eval_samples=0)
+    module.evaluate_now = lambda: None  # the held-out eval is not part of an RL step
+    clock = _StepClock()
+    trainer = L.Trainer(max_epochs=1, logger=False, callbacks=[clock], accelerator="cpu", devices=1,
+                        limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=False,
+                        enable_model_summary=False, enable_progress_bar=False)
+    trainer.fit(module, datamodule=dm)
+    walls = [b - a for a, b in zip(clock.ends, clock.ends[1:])][warmup:]
+    rows = clock.rows[warmup:]
+    sec = statistics.median(walls)
+    comp = statistics.median(r["completions"] for r in rows)
+    toks = statistics.median(r["tokens"] for r in rows)
+    flops = statistics.median(
+        model_flops(model_for_flops, r["prompt_tokens"] + r["tokens"], r["context"])  # generation
+        + 3 * model_flops(model_for_flops, r["train_tokens"], r["context"]) for r in rows)  # training
+    return {"seconds": sec, "completions_per_s": comp / sec, "gen_tokens_per_s": toks / sec,
+            "gen_s": statistics.median(r["gen_s"] for r in rows),
+            "train_s": statistics.median(r["train_s"] for r in rows),
+            "other_s": sec - statistics.median(r["gen_s"] for r in rows) - statistics.median(r["train_s"] for r in rows),
+            "completions": comp, "gen_tokens": toks, "steps": len(walls), "mfu": flops / sec / (peak_gflops * 1e9),
+            "engine": resolve_engine(settings.engine, module.policy), "old_logp_source": cfg.rollout.old_logp_source, "forward": cfg.train.forward}
+
+
+# -- scaling ------------------------------------------------------------------------------------------
+def bench_scaling(model, tok, prompts, lengths, temperature, engine: str, warmup: int, repeats: int) -> list:
+    rows = []
+    for n in lengths:
+        torch.manual_seed(0)
+        sec, gens = _median_time(lambda: generate(engine, model, tok, prompts, max_new_tokens=n,
+                                                  temperature=temperature), warmup, repeats)
+        tokens = statistics.median(float(g.response_mask.sum()) for g in gens)
+        rows.append({"max_new_tokens": n, "engine": resolve_engine(engine, model), "seconds": sec, "tokens": tokens,
+                     "tokens_per_s": tokens / sec, "seconds_per_1k_tokens": 1000 * sec / tokens})
+    return rows
+
+
+def run_bench(preset: str, config_files: tuple = (), overrides: dict | None = None,
+              opts: BenchOptions | None = None, log=print) -> BenchResult:
+    """Everything above for one preset (``cpu-bench`` by default on the command line)."""
+    from gspo_bench.runner import machine, quiet
+
+    opts = opts or BenchOptions()
+    if opts.algo not in MODULES:
+        raise ConfigError(f"--algo {opts.algo!r} is not an algorithm (allowed: {', '.join(MODULES)})")
+    bad = [p for p in opts.paths if p not in ("fast", "hf")]
+    if bad or not opts.paths:
+        raise ConfigError(f"--paths {','.join(opts.paths)!r}: allowed fast, hf")
+    if min(opts.repeats, opts.rl_steps) < 1 or opts.warmup < 0 or any(n < 1 for n in opts.scaling):
+        raise ConfigError("--repeats and --rl-steps must be >= 1, --warmup >= 0, --scaling lengths >= 1")
+
+    def cfg_for(path: str | None) -> RunConfig:
+        over = deep_merge(overrides or {}, path_overrides(path)) if path else (overrides or {})
+        return load_config(preset, tuple(config_files), over)
+
+    cfg = cfg_for(None)
+    quiet()
+    task = load_task(cfg.task, cfg.seeds[0])
+    ws = warm_start(task, cfg.model, cfg.warmstart, cfg.seeds[0], task.spec.max_new_tokens, progress=False, log=log)
+    model = AutoModelForCausalLM.from_pretrained(ws.path, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(ws.path)
+    r = cfg.rollout
+    max_new = task.spec.max_new_tokens if r.max_new_tokens == "auto" else r.max_new_tokens
+    g = torch.Generator().manual_seed(0)
+    rows = task.train.select(torch.randint(len(task.train), (r.prompts_per_step,), generator=g).tolist())
+    prompts = [p for p in list(rows["prompt"]) for _ in range(r.group_size)]
+    res = BenchResult(machine(), cfg.model.name, sum(p.numel() for p in model.parameters()),
+                      active_matmul_params(model),
+                      {"task": cfg.task, "prompts": r.prompts_per_step, "group_size": r.group_size,
+                       "max_new_tokens": max_new, "temperature": r.temperature,
+                       "minibatches": cfg.train.minibatches, "algo": opts.algo, "threads": torch.get_num_threads()})
+    # the issue's reference point was measured on exactly this configuration
+    res.config["reference_comparable"] = (cfg.model.name == "tiny-dense" and not cfg.warmstart.enabled
+                                          and (r.prompts_per_step, r.group_size, max_new, r.temperature,
+                                               cfg.train.minibatches) == (16, 8, 64, 1.0, 4))
+    res.matmul_gflops = matmul_gflops()
+    log(f"matmul: {res.matmul_gflops:.0f} GFLOP/s fp32 ({torch.get_num_threads()} threads)")
+    engines = ["fast" if p == "fast" else "hf" for p in opts.paths]
+    if "fast" in engines and resolve_engine("auto", model) != "fast":
+        res.notes.append("the fast engine does not support this model; its rows use transformers")
+    res.generation = bench_generation(model, tok, prompts, max_new, r.temperature,
+                                      [resolve_engine("auto", model) if e == "fast" else e for e in engines],
+                                      opts.warmup, opts.repeats)
+    log("generation: " + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s" for k, v in res.generation.items()
+                                   if isinstance(v, dict)))
+    torch.manual_seed(0)
+    gen = generate("auto", model, tok, prompts, max_new_tokens=max_new, temperature=r.temperature)
+    forwards = ["packed" if p == "fast" else "hf" for p in opts.paths]
+    forwards = ["auto" if f == "packed" and resolve_engine("auto", model) != "fast" else f for f in forwards]
+    res.training = bench_training(model, gen, cfg.train.minibatches, forwards, opts.warmup, opts.repeats,
+                                  res.matmul_gflops)
+    log("training: " + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s" for k, v in res.training.items()
+                                 if isinstance(v, dict)))
+    for path in opts.paths:
+        res.rl_step[path] = bench_rl_step(cfg_for(path), opts.algo, str(ws.path), task, opts.warmup, opts.rl_steps,
+                                          res.matmul_gflops, model)
+        log(f"rl step ({path}): {res.rl_step[path]['completions_per_s']:.0f} completions/s")
+    if "fast" in res.rl_step and "hf" in res.rl_step:
+        res.rl_step["speedup"] = res.rl_step["fast"]["completions_per_s"] / res.rl_step["hf"]["completions_per_s"]
+    if opts.scaling:
+        res.scaling = bench_scaling(model, tok, prompts, opts.scaling, r.temperature, "auto", opts.warmup,
+                                    opts.repeats)
+        log("scaling: " + ", ".join(f"{s['max_new_tokens']}: {s['seconds']:.2f}s" for s in res.scaling))
+    return res

@@ -1,0 +1,196 @@
+"""A functional Qwen3 / Qwen3-MoE forward over the model's own parameters.
+
+transformers' modules are written for every use at once (caches of many kinds,
+masks built per call, hooks, output dataclasses), and at the sizes this
+harness runs on a CPU that bookkeeping costs more than the arithmetic. This
+module computes the same function with plain tensor ops and is used twice:
+
+- ``FastDecoder.step``: one decode step over a preallocated KV cache (the
+  rollout engine in ``rollout.py``);
+- ``packed_response_logp``: the training forward over *packed* sequences, so
+  the linear layers see only real tokens (no padding) and the vocabulary
+  projection runs only at the positions that predict a response token.
+
+It reads the parameters of the ``PreTrainedModel`` it is given on every call
+(no copies), so an optimiser step on the policy is seen by the next rollout.
+Architectures other than Qwen3 and Qwen3-MoE with full attention are not
+supported (``unsupported_reason`` says why); callers fall back to
+transformers. ``tests/test_fastlm.py`` checks logits against transformers.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_TYPES = ("qwen3", "qwen3_moe")
+
+
+def unsupported_reason(model) -> str | None:
+    """None when the fast path computes exactly this model's function, else why not."""
+    cfg = getattr(model, "config", None)
+    mtype = getattr(cfg, "model_type", None)
+    if mtype not in SUPPORTED_TYPES:
+        return f"model_type {mtype!r} (fast path: {', '.join(SUPPORTED_TYPES)})"
+    if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
+        return "sliding-window attention layers"
+    if not hasattr(model, "lm_head") or not hasattr(getattr(model, "model", None), "layers"):
+        return "not a *ForCausalLM with model.layers"
+    if getattr(cfg, "_attn_implementation", "sdpa") not in ("sdpa", "eager", None):
+        return f"attention implementation {cfg._attn_implementation!r}"
+    return None
+
+
+def supports(model) -> bool:
+    return unsupported_reason(model) is None
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # RMSNorm(x) = w * x / sqrt(mean(x^2) + eps), normalised in float32 as transformers does
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_rot: torch.Tensor) -> torch.Tensor:
+    # RoPE: x * cos + rotate_half(x) * sin with rotate_half([a, b]) = [-b, a]
+    #     = x * cos + roll(x, D/2) * [-sin_a, sin_b]   (sin_rot, see ``rope``)
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_rot)
+
+
+class LayerRefs:
+    """References (not copies) to one decoder layer's tensors, looked up once per call instead of per op."""
+
+    __slots__ = ("ln1", "ln2", "q", "k", "v", "o", "qn", "kn", "qn_eps", "kn_eps", "head_dim", "mlp", "dense")
+
+    def __init__(self, layer):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.ln1, self.ln2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+        self.q, self.k, self.v, self.o = ((m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
+                                                                         attn.o_proj))
+        self.qn, self.kn = attn.q_norm.weight, attn.k_norm.weight
+        self.qn_eps, self.kn_eps = attn.q_norm.variance_epsilon, attn.k_norm.variance_epsilon
+        self.head_dim = attn.head_dim
+        self.mlp = mlp
+        self.dense = None if hasattr(mlp, "experts") else (mlp.gate_proj.weight, mlp.up_proj.weight,
+                                                           mlp.down_proj.weight)
+
+
+def layer_refs(model) -> list[LayerRefs]:
+    return [LayerRefs(layer) for layer in model.model.layers]
+
+
+def moe_mlp(mlp, x: torch.Tensor) -> torch.Tensor:
+    """Qwen3-MoE sparse block on flat tokens (N, H): route, group tokens by expert, one matmul pair each."""
+    router, experts = mlp.gate, mlp.experts
+    # p = softmax(x W_r^T) in float32; keep the top-k experts; renormalise when norm_topk_prob
+    probs = F.softmax(F.linear(x, router.weight), dim=-1, dtype=torch.float)
+    top_p, top_e = torch.topk(probs, router.top_k, dim=-1)
+    if router.norm_topk_prob:
+        top_p = top_p / top_p.sum(dim=-1, keepdim=True)
+    top_p = top_p.to(x.dtype)
+    flat_e = top_e.flatten()
+    order = torch.argsort(flat_e, stable=True)
+    counts = torch.bincount(flat_e, minlength=experts.num_experts).tolist()
+    token = order // router.top_k
+    xs = x[token]
+    gate_up, down = experts.gate_up_proj, experts.down_proj
+    outs, start = [], 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        # expert_e(x) = W_down (silu(x W_gate^T) * x W_up^T)
+        gate, up = F.linear(xs[start:start + n], gate_up[e]).chunk(2, dim=-1)
+        outs.append(F.linear(F.silu(gate) * up, down[e]))
+        start += n
+    # y = sum over the chosen experts of p_e * expert_e(x)
+    ys = torch.cat(outs) * top_p.flatten()[order, None]
+    return torch.zeros_like(x).index_add_(0, token, ys)
+
+
+def layer_forward(ref: LayerRefs, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float,
+                  attend) -> torch.Tensor:
+    """One decoder layer on flat tokens x (N, H); ``attend(q, k, v)`` does the attention for a layout.
+
+    q (N, Hq, D), k and v (N, Hkv, D) come in RoPE'd; ``attend`` returns (N, Hq * D).
+    """
+    h = _rms(x, ref.ln1, eps)
+    n, d = h.shape[0], ref.head_dim
+    q = _rms(F.linear(h, *ref.q).view(n, -1, d), ref.qn, ref.qn_eps)
+    k = _rms(F.linear(h, *ref.k).view(n, -1, d), ref.kn, ref.kn_eps)
+    v = F.linear(h, *ref.v).view(n, -1, d)
+    x = x + F.linear(attend(_rotate(q, cos, sin), _rotate(k, cos, sin), v), *ref.o)
+    h = _rms(x, ref.ln2, eps)
+    if ref.dense is None:
+        return x + moe_mlp(ref.mlp, h)
+    gate, up, down = ref.dense
+    # SwiGLU: W_down (silu(x W_gate^T) * x W_up^T)
+    return x + F.linear(F.silu(F.linear(h, gate)) * F.linear(h, up), down)
+
+
+def rope(model, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin_rot = [-sin_a, sin_b] for flat positions (N,), shaped (N, 1, D) to broadcast over heads.
+
+    The model's own rotary module computes cos and sin, so every rope type it
+    supports (default, linear, yarn, llama3, ...) comes out right.
+    """
+    probe = torch.empty(0, dtype=dtype, device=positions.device)
+    cos, sin = model.model.rotary_emb(probe, positions[None])
+    half = sin.shape[-1] // 2
+    sin_rot = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+    return cos[0, :, None], sin_rot[0, :, None]
+
+
+def packed_response_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
+                         temperature: float = 1.0, with_entropy: bool = False):
+    """Per-token log-probs (B, T) of the response block, computed over packed real tokens only.
+
+    Same contract as ``engine.forward_response`` (rollout layout: left-padded
+    prompts, responses from column P, ``attention_mask`` marks real tokens), but
+    the linear layers run on the N real tokens, attention on each sequence
+    left-aligned with a causal mask, and the LM head only at the positions that
+    predict a response token. Positions outside the response mask get 0.
+    """
+    B, W = input_ids.shape
+    eps = model.config.rms_norm_eps
+    real = attention_mask.bool()
+    # pos_t = number of real tokens before t in its row (position ids, as in the rollout)
+    pos = attention_mask.long().cumsum(-1) - 1
+    rows = torch.arange(B, device=input_ids.device)[:, None].expand(B, W)[real]
+    flat_pos = pos[real]
+    lmax = int(flat_pos.max()) + 1
+    # slot of each real token in the left-aligned (B, lmax) attention layout
+    slot = rows * lmax + flat_pos
+
+    def attend(q, k, v):
+        hq, d = q.shape[1], q.shape[2]
+
+        def spread(t):  # (N, h, D) -> (B, h, lmax, D), zeros at the right of short rows
+            buf = t.new_zeros(B * lmax, t.shape[1], d).index_copy(0, slot, t)
+            return buf.view(B, lmax, t.shape[1], d).transpose(1, 2)
+
+        # causal attention per sequence; padding sits to the right of every real query, so no mask
+        o = F.scaled_dot_product_attention(spread(q), spread(k), spread(v), is_causal=True,
+                                           enable_gqa=q.shape[1] != k.shape[1])
+        return o.transpose(1, 2).reshape(B * lmax, hq * d)[slot]
+
+    x = model.model.embed_tokens(input_ids[real])
+    cos, sin = rope(model, flat_pos, x.dtype)
+    for ref in layer_refs(model):
+        x = layer_forward(ref, x, cos, sin, eps, attend)
+    # response token at column c (c >= P) is predicted by the hidden state at column c - 1
+    resp = real[:, prompt_len:]
+    packed_index = real.flatten().long().cumsum(0).view(B, W) - 1
+    src = packed_index[:, prompt_len - 1 : -1][resp]
+    h = _rms(x[src], model.model.norm.weight, eps)
+    logits = F.linear(h, model.lm_head.weight, model.lm_head.bias).float() / temperature
+    target = input_ids[:, prompt_len:][resp]
+    # log p(y_t) = z_{y_t} - logsumexp(z), z = logits / temperature
+    lp = logits.gather(-1, target[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+    logp = torch.zeros(resp.shape, dtype=lp.dtype, device=lp.device).masked_scatter(resp, lp)
+    ent = None
+    if with_entropy:
+        with torch.no_grad():
+            # H = -sum_v p_v log p_v
+            lsm = F.log_softmax(logits.detach(), dim=-1)
+            ent = torch.zeros(resp.shape, dtype=lsm.dtype, device=lsm.device).masked_scatter(
+                resp, -(lsm.exp() * lsm).sum(-1))
+    return logp, ent, None
