@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", metavar="FILE", help="write the JSON here instead of printing it")
     b.add_argument("--markdown", metavar="FILE", help="also write the tables as Markdown (e.g. results/bench.md)")
     b.add_argument("--figure", metavar="PNG", help="also draw the scaling curve(s)")
+    b.add_argument("--profile", metavar="FILE", help="torch.profiler op table of one full RL step per path, "
+                   "written to FILE")
     sub.add_parser("list", help="show algorithms, tasks, models and presets")
     for name, text in (("leaderboard", "one row per algorithm per task/model/preset/config, from MLflow"),
                        ("report", "report.md + figures from MLflow, also logged as a kind=report run")):
@@ -242,7 +244,8 @@ def cmd_bench(args) -> int:
     except ValueError:
         raise ConfigError(f"--scaling {args.scaling!r}: a comma list of token counts, or none") from None
     opts = BenchOptions(algo=args.algo, warmup=args.warmup, repeats=args.repeats, rl_steps=args.rl_steps,
-                        scaling=scaling, paths=tuple(args.paths))
+                        scaling=scaling, paths=tuple(args.paths), profile=bool(args.profile))
+    opts.check()
     results = []
     for model in args.model or [None]:
         over: dict = {}
@@ -257,6 +260,15 @@ def cmd_bench(args) -> int:
         for t in rich_tables(res):
             console.print(t)
         results.append(res)
+    if args.profile:
+        Path(args.profile).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.profile).write_text("".join(
+            f"# torch.profiler, one full RL step, {r['model']}, path {p}\n"
+            f"# python -m gspo_bench {shlex.join(args.argv)} @ {git_commit()}\n\n{table}\n"
+            for r in results for p, table in r.pop("profiles").items()))
+        console.print(f"wrote {args.profile}")
+    for r in results:
+        r.pop("profiles", None)
     payload = results[0] if len(results) == 1 else results
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

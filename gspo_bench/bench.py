@@ -19,6 +19,7 @@ over several repeats after warm-up; nothing here is asserted by a test.
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -45,6 +46,16 @@ class BenchOptions:
     """Measured RL steps per path in (c) (after ``warmup`` unmeasured ones)."""
     scaling: tuple[int, ...] = (64, 128, 192, 256)
     paths: tuple[str, ...] = ("fast", "hf")
+    profile: bool = False
+    """Profile the last measured step of each path with torch.profiler (``BenchResult.profiles``)."""
+
+    def check(self) -> None:
+        if self.algo not in MODULES:
+            raise ConfigError(f"--algo {self.algo!r} is not an algorithm (allowed: {', '.join(MODULES)})")
+        if not self.paths or any(p not in ("fast", "hf") for p in self.paths):
+            raise ConfigError(f"--paths {','.join(self.paths)!r}: allowed fast, hf")
+        if min(self.repeats, self.rl_steps) < 1 or self.warmup < 0 or any(n < 1 for n in self.scaling):
+            raise ConfigError("--repeats and --rl-steps must be >= 1, --warmup >= 0, --scaling lengths >= 1")
 
 
 @dataclass
@@ -60,6 +71,7 @@ class BenchResult:
     rl_step: dict = field(default_factory=dict)
     scaling: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    profiles: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -139,7 +151,8 @@ def bench_generation(model, tok, prompts: list[str], max_new_tokens: int, temper
 
 # -- (b) training -----------------------------------------------------------------------------------
 def bench_training(model, gen, minibatches: int, forwards, warmup: int, repeats: int, peak_gflops: float) -> dict:
-    """Forward + backward + AdamW step per minibatch over one rollout, as the modules run it."""
+    """Forward + backward + AdamW step per minibatch over one rollout, as the modules run it (on a copy)."""
+    model = copy.deepcopy(model)
     out = {}
     ids, attn, P = gen.input_ids.clone(), gen.attention_mask.clone(), gen.prompt_len
     mask = gen.response_mask.clone()
@@ -168,17 +181,32 @@ def bench_training(model, gen, minibatches: int, forwards, warmup: int, repeats:
 
 # -- (c) the full RL step ---------------------------------------------------------------------------
 class _StepClock(L.Callback):
-    """Wall time of every RL step: rollout (the dataloader's fetch) + training step + callbacks."""
+    """Wall time of every RL step: rollout (the dataloader's fetch) + training step + callbacks.
 
-    def __init__(self):
+    With ``profile_step`` set, ``torch.profiler`` records that step (from the end of the one before).
+    """
+
+    def __init__(self, profile_step: int | None = None):
         self.ends: list[float] = []
         self.rows: list[dict] = []
+        self.profile_step, self.prof = profile_step, None
 
     def on_train_epoch_start(self, trainer, pl_module):
+        if self.profile_step == 0:
+            self._start_profiler()
         self.ends = [time.perf_counter()]
+
+    def _start_profiler(self):
+        self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        self.prof.start()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.ends.append(time.perf_counter())
+        step = len(self.ends) - 2  # the step that just ended
+        if self.prof is not None and step == self.profile_step:
+            self.prof.stop()
+        if self.profile_step is not None and step + 1 == self.profile_step:
+            self._start_profiler()
         m = pl_module.last_metrics
         self.rows.append({"completions": len(batch), "tokens": float(batch.response_mask.sum()),
                           "gen_s": m.get("time/gen_s", 0.0), "train_s": m.get("time/train_s", 0.0),
@@ -196,7 +224,8 @@ def path_overrides(path: str) -> dict:
 
 
 def bench_rl_step(cfg: RunConfig, algo: str, ws_path: str, task, warmup: int, steps: int, peak_gflops: float,
-                  model_for_flops) -> dict:
+                  model_for_flops, profile: list | None = None) -> dict:
+    """The full RL step; with ``profile`` (a list), the profiler's op table of the last step is appended to it."""
     cls = MODULES[algo]
     settings = RolloutSettings(**cls.resolve_rollout(cfg, task.spec.max_new_tokens))
     L.seed_everything(0, verbose=False)
@@ -205,11 +234,13 @@ def bench_rl_step(cfg: RunConfig, algo: str, ws_path: str, task, warmup: int, st
     dm = RolloutDataModule(task, tok, settings, steps=warmup + steps, seed=0, eval_prompts=cfg.train.eval_prompts,
                            eval_samples=0)
     module.evaluate_now = lambda: None  # the held-out eval is not part of an RL step
-    clock = _StepClock()
+    clock = _StepClock(warmup + steps - 1 if profile is not None else None)
     trainer = L.Trainer(max_epochs=1, logger=False, callbacks=[clock], accelerator="cpu", devices=1,
                         limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=False,
                         enable_model_summary=False, enable_progress_bar=False)
     trainer.fit(module, datamodule=dm)
+    if clock.prof is not None:
+        profile.append(clock.prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
     walls = [b - a for a, b in zip(clock.ends, clock.ends[1:])][warmup:]
     rows = clock.rows[warmup:]
     sec = statistics.median(walls)
@@ -245,13 +276,7 @@ def run_bench(preset: str, config_files: tuple = (), overrides: dict | None = No
     from gspo_bench.runner import machine, quiet
 
     opts = opts or BenchOptions()
-    if opts.algo not in MODULES:
-        raise ConfigError(f"--algo {opts.algo!r} is not an algorithm (allowed: {', '.join(MODULES)})")
-    bad = [p for p in opts.paths if p not in ("fast", "hf")]
-    if bad or not opts.paths:
-        raise ConfigError(f"--paths {','.join(opts.paths)!r}: allowed fast, hf")
-    if min(opts.repeats, opts.rl_steps) < 1 or opts.warmup < 0 or any(n < 1 for n in opts.scaling):
-        raise ConfigError("--repeats and --rl-steps must be >= 1, --warmup >= 0, --scaling lengths >= 1")
+    opts.check()
 
     def cfg_for(path: str | None) -> RunConfig:
         over = deep_merge(overrides or {}, path_overrides(path)) if path else (overrides or {})
@@ -296,8 +321,11 @@ def run_bench(preset: str, config_files: tuple = (), overrides: dict | None = No
     log("training: " + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s" for k, v in res.training.items()
                                  if isinstance(v, dict)))
     for path in opts.paths:
+        prof: list | None = [] if opts.profile else None
         res.rl_step[path] = bench_rl_step(cfg_for(path), opts.algo, str(ws.path), task, opts.warmup, opts.rl_steps,
-                                          res.matmul_gflops, model)
+                                          res.matmul_gflops, model, prof)
+        if prof:
+            res.profiles[path] = prof[0]
         log(f"rl step ({path}): {res.rl_step[path]['completions_per_s']:.0f} completions/s")
     if "fast" in res.rl_step and "hf" in res.rl_step:
         res.rl_step["speedup"] = res.rl_step["fast"]["completions_per_s"] / res.rl_step["hf"]["completions_per_s"]

@@ -174,9 +174,9 @@ def fast_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, 
 def resolve_engine(engine: str, model) -> str:
     """``auto``: the fast engine when it supports the model, else transformers' generate."""
     if engine == "auto":
-        from gspo_bench.fastlm import supports
+        from gspo_bench.fastgen import unsupported_reason
 
-        return "fast" if supports(model) else "hf"
+        return "fast" if unsupported_reason(model) is None else "hf"
     return engine
 
 

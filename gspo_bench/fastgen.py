@@ -27,6 +27,26 @@ import torch.nn.functional as F
 from gspo_bench import fastlm
 
 
+# generation_config fields whose logits processors ``generate`` applies and this engine does not, with the
+# values that mean "off"; a model asking for one of them samples through transformers instead
+PROCESSORS = {"suppress_tokens": (None, []), "begin_suppress_tokens": (None, []), "sequence_bias": (None, {}),
+              "bad_words_ids": (None, []), "repetition_penalty": (None, 1.0), "encoder_repetition_penalty": (None, 1.0),
+              "no_repeat_ngram_size": (None, 0), "min_new_tokens": (None, 0), "min_length": (None, 0),
+              "forced_bos_token_id": (None,), "forced_eos_token_id": (None,), "epsilon_cutoff": (None, 0.0),
+              "eta_cutoff": (None, 0.0), "typical_p": (None, 1.0), "min_p": (None, 0.0),
+              "exponential_decay_length_penalty": (None,)}
+
+
+def unsupported_reason(model) -> str | None:
+    """None when this engine samples exactly what ``generate`` would (architecture and logits processors)."""
+    reason = fastlm.unsupported_reason(model)
+    if reason is not None:
+        return reason
+    gc = getattr(model, "generation_config", None)
+    used = [k for k, off in PROCESSORS.items() if gc is not None and getattr(gc, k, None) not in off]
+    return f"generation_config asks for {', '.join(used)}" if used else None
+
+
 class KVCache:
     """Keys and values of every layer, preallocated for ``width`` = P + T columns.
 
@@ -51,7 +71,7 @@ class FastDecoder:
     """Prefill and decode steps of one Qwen3-family model (``fastlm`` supported)."""
 
     def __init__(self, model):
-        reason = fastlm.unsupported_reason(model)
+        reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the fast engine does not support this model ({reason}); use engine 'hf'")
         self.model = model

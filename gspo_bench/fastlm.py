@@ -34,6 +34,8 @@ def unsupported_reason(model) -> str | None:
         return f"model_type {mtype!r} (fast path: {', '.join(SUPPORTED_TYPES)})"
     if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
         return "sliding-window attention layers"
+    if mtype == "qwen3_moe" and getattr(cfg, "sliding_window", None) is not None:
+        return "sliding-window attention (qwen3_moe applies config.sliding_window to every layer)"
     if not hasattr(model, "lm_head") or not hasattr(getattr(model, "model", None), "layers"):
         return "not a *ForCausalLM with model.layers"
     if getattr(cfg, "_attn_implementation", "sdpa") not in ("sdpa", "eager", None):
