@@ -113,11 +113,7 @@ def response_logp(model, input_ids, attention_mask, prompt_len: int, temperature
 def hf_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
                 greedy: bool = False, return_logp: bool = True) -> Generation:
     """Sample with transformers' ``generate`` (KV-cached), batch of already-repeated prompts."""
-    device = next(model.parameters()).device
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-    eos = model.generation_config.eos_token_id
-    if eos is None:
-        eos = tokenizer.eos_token_id
+    enc, eos = _encode(model, tokenizer, prompts)
     kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
     out = model.generate(
         **enc,
@@ -128,27 +124,32 @@ def hf_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, te
         output_logits=return_logp and not greedy,
         **kwargs,
     )
-    P = enc["input_ids"].shape[1]
-    seq = out.sequences
-    resp = seq[:, P:]
-    rmask = response_mask_from(resp, eos, tokenizer.pad_token_id)
-    # pad out anything after eos so stale tokens never leak into a training pass
-    resp = torch.where(rmask.bool(), resp, torch.full_like(resp, tokenizer.pad_token_id))
-    seq = torch.cat([seq[:, :P], resp], dim=1)
-    attn = torch.cat([enc["attention_mask"], rmask.long()], dim=1)
-    logp = None
+    gen = _finish(tokenizer, enc, out.sequences[:, enc["input_ids"].shape[1]:], eos)
     if return_logp and not greedy and out.logits:
         logits = torch.stack(out.logits, dim=1)  # (B, T, V) raw logits
-        logp = token_logp(logits, resp, temperature) * rmask
-    texts = tokenizer.batch_decode(resp, skip_special_tokens=True)
-    return Generation(seq, attn, P, rmask, logp, texts)
+        gen.rollout_logp = token_logp(logits, gen.input_ids[:, gen.prompt_len:], temperature) * gen.response_mask
+    return gen
 
 
-def _eos_ids(model, tokenizer) -> list[int]:
+def _encode(model, tokenizer, prompts: list[str]):
+    """Left-padded prompt batch on the model's device, and the eos id(s) that end a response."""
+    device = next(model.parameters()).device
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
     eos = model.generation_config.eos_token_id
     if eos is None:
         eos = tokenizer.eos_token_id
-    return [eos] if isinstance(eos, int) else list(eos)
+    return enc, ([eos] if isinstance(eos, int) else list(eos))
+
+
+def _finish(tokenizer, enc, resp: torch.Tensor, eos: list[int]) -> Generation:
+    """The rollout layout from prompts and raw responses (B, T); rollout_logp left for the engine to fill."""
+    rmask = response_mask_from(resp, eos, tokenizer.pad_token_id)
+    # pad out anything after eos so stale tokens never leak into a training pass
+    resp = torch.where(rmask.bool(), resp, torch.full_like(resp, tokenizer.pad_token_id))
+    seq = torch.cat([enc["input_ids"], resp], dim=1)
+    attn = torch.cat([enc["attention_mask"], rmask.long()], dim=1)
+    texts = tokenizer.batch_decode(resp, skip_special_tokens=True)
+    return Generation(seq, attn, enc["input_ids"].shape[1], rmask, None, texts)
 
 
 def fast_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
@@ -156,19 +157,13 @@ def fast_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, 
     """Sample with the fast engine (``fastgen``): same contract as ``hf_generate``."""
     from gspo_bench.fastgen import decode
 
-    device = next(model.parameters()).device
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-    eos = _eos_ids(model, tokenizer)
-    P = enc["input_ids"].shape[1]
+    enc, eos = _encode(model, tokenizer, prompts)
     resp, logp = decode(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new_tokens,
                         eos_ids=eos, temperature=temperature, greedy=greedy, generator=generator)
-    rmask = response_mask_from(resp, eos, tokenizer.pad_token_id)
-    resp = torch.where(rmask.bool(), resp, torch.full_like(resp, tokenizer.pad_token_id))
-    seq = torch.cat([enc["input_ids"], resp], dim=1)
-    attn = torch.cat([enc["attention_mask"], rmask.long()], dim=1)
-    logp = logp * rmask if (logp is not None and return_logp) else None
-    texts = tokenizer.batch_decode(resp, skip_special_tokens=True)
-    return Generation(seq, attn, P, rmask, logp, texts)
+    gen = _finish(tokenizer, enc, resp, eos)
+    if logp is not None and return_logp:
+        gen.rollout_logp = logp * gen.response_mask
+    return gen
 
 
 def resolve_engine(engine: str, model) -> str:

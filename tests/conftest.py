@@ -63,3 +63,20 @@ def tiny_overrides(task: str, uri: str, **extra) -> dict:
     for k, v in extra.items():
         o[k] = {**o.get(k, {}), **v} if isinstance(v, dict) else v
     return o
+
+
+def sharpen(model):
+    """Random init gives near-uniform next-token distributions (entropy ~ log V); scale a few weights in place so
+    attention and the LM head are peaked, and a wrong position, mask or routing shows up clearly."""
+    with torch.no_grad():
+        model.model.norm.weight.mul_(8.0)
+        for layer in model.model.layers:
+            layer.self_attn.q_norm.weight.mul_(3.0)
+            layer.self_attn.k_norm.weight.mul_(3.0)
+            layer.self_attn.o_proj.weight.mul_(5.0)
+            if hasattr(layer.mlp, "experts"):
+                layer.mlp.experts.down_proj.mul_(5.0)
+                layer.mlp.gate.weight.mul_(5.0)
+            else:
+                layer.mlp.down_proj.weight.mul_(5.0)
+    return model

@@ -12,27 +12,11 @@ from gspo_bench import engine, fastgen
 from gspo_bench.engine import fast_generate, forward_response, generate, hf_generate, resolve_engine
 from gspo_bench.fastgen import FastDecoder, decode, sample
 from gspo_bench.models import build_builtin
+from tests.conftest import sharpen
 
 PROMPTS = ["1+2=", "33+44=", "5+60=", "123+456=", "9+9=", "12+7=", "0+0=", "88+1="]
 # random weights mostly repeat the prompt's last character; these prompts lead elsewhere too
 VARIED = ["abc", "1+2=", "Hello world", "x", "7*8-2=", "33+44=", "88+1="]
-
-
-def sharpen(model):
-    """Random init gives near-uniform next-token distributions (entropy ~ log V); scale a few weights in place so
-    attention and the LM head are peaked, and a wrong position, mask or routing shows up clearly."""
-    with torch.no_grad():
-        model.model.norm.weight.mul_(8.0)
-        for layer in model.model.layers:
-            layer.self_attn.q_norm.weight.mul_(3.0)
-            layer.self_attn.k_norm.weight.mul_(3.0)
-            layer.self_attn.o_proj.weight.mul_(5.0)
-            if hasattr(layer.mlp, "experts"):
-                layer.mlp.experts.down_proj.mul_(5.0)
-                layer.mlp.gate.weight.mul_(5.0)
-            else:
-                layer.mlp.down_proj.weight.mul_(5.0)
-    return model
 
 
 def with_many_eos(model, tok, n_extra: int = 8):
