@@ -13,8 +13,8 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from gspo_bench.config import ConfigError, load_config, presets
-from gspo_bench.leaderboard import DEFAULT_EXPERIMENT, NOTES
+from gspo_bench.config import DEFAULT_TRACKING_URI, ConfigError, deep_merge, load_config, parse_sets, presets
+from gspo_bench.reporting.leaderboard import DEFAULT_EXPERIMENT, NOTES
 
 console = Console(highlight=False)
 if not console.is_terminal:  # logs and CI: don't squeeze tables into 80 columns
@@ -43,11 +43,19 @@ def _seeds(s: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"seeds must be integers, got {s!r}") from None
 
 
+def _set_flag(c: argparse.ArgumentParser) -> None:
+    c.add_argument("--set", action="append", default=[], dest="sets", metavar="[SECTION.]FIELD=VALUE",
+                   help="any config field, repeatable, e.g. --set rollout.temperature=0.7 --set 'seeds=[0,1]'; "
+                   "VALUE is YAML (3e-4, null, true, [0,1]); merged over --preset and --config, under the "
+                   "dedicated flags (--lr wins over --set train.lr=...)")
+
+
 def _shared_flags(c: argparse.ArgumentParser) -> None:
     """Flags ``run`` and ``tune`` share (``overrides_from`` turns them into config overrides)."""
     c.add_argument("--preset", default="default", help=f"one of: {', '.join(presets())}")
     c.add_argument("--config", action="append", default=[], metavar="YAML",
                    help="config file(s) merged over the preset, e.g. baselines/gspo.yaml")
+    _set_flag(c)
     c.add_argument("--task", help="built-in task name or a task spec YAML path")
     c.add_argument("--model", help="tiny-dense | tiny-moe | local path | hub id")
     c.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with a hub model")
@@ -58,7 +66,7 @@ def _shared_flags(c: argparse.ArgumentParser) -> None:
                    "supports the model)")
     c.add_argument("--no-warmstart", action="store_true", help="skip the supervised warm start")
     c.add_argument("--on-collapse", help="continue | stop")
-    c.add_argument("--tracking-uri", help="MLflow URI (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    c.add_argument("--tracking-uri", help=f"MLflow URI (default $MLFLOW_TRACKING_URI or {DEFAULT_TRACKING_URI})")
     c.add_argument("--experiment", help="MLflow experiment name")
     c.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -75,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--eps-low", type=_eps, default=argparse.SUPPRESS,
                    help="lower clip offset ('none' = no lower bound)")
     r.add_argument("--eps-high", type=float, help="upper clip offset")
-    from gspo_bench.tuning import COLLAPSE_PENALTY, DEFAULT_STORAGE, LAST_EVALS, PRUNERS
+    from gspo_bench.tuning.study import COLLAPSE_PENALTY, DEFAULT_STORAGE, LAST_EVALS, PRUNERS
 
     t = sub.add_parser("tune", help="Optuna study over an algorithm's clip range (pruned, resumable, parallel)",
                        description="One Optuna study per algorithm over its clip range, each trial an MLflow run "
@@ -106,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "time against max_new_tokens. Prints tables, then JSON (or writes it to --json).")
     b.add_argument("--preset", default="cpu-bench", help=f"one of: {', '.join(presets())} (default cpu-bench)")
     b.add_argument("--config", action="append", default=[], metavar="YAML", help="config file(s) over the preset")
+    _set_flag(b)
     b.add_argument("--model", type=_csv, help="model(s), comma list, e.g. tiny-dense,tiny-moe (default: the preset's)")
     b.add_argument("--task", help="task (default: the preset's)")
     b.add_argument("--algo", default="grpo", help="algorithm of the full RL step (default grpo)")
@@ -124,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (("leaderboard", "one row per algorithm per task/model/preset/config, from MLflow"),
                        ("report", "report.md + figures from MLflow, also logged as a kind=report run")):
         c = sub.add_parser(name, help=text, description=f"{text}. {NOTES}")
-        c.add_argument("--tracking-uri", help="MLflow URI (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+        c.add_argument("--tracking-uri", help=f"MLflow URI (default $MLFLOW_TRACKING_URI or {DEFAULT_TRACKING_URI})")
         c.add_argument("--experiment", default=DEFAULT_EXPERIMENT,
                        help=f"MLflow experiment (default {DEFAULT_EXPERIMENT})")
         c.add_argument("--task", help="only runs of this task")
@@ -141,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def overrides_from(args) -> dict:
-    o: dict = {}
+    """The nested overrides of ``--set`` items, then of the dedicated flags (which win where both are given)."""
+    o: dict = parse_sets(getattr(args, "sets", None) or [])
 
     def put(path: str, value):
         if value is None:
@@ -153,9 +163,9 @@ def overrides_from(args) -> dict:
         d[last] = value
 
     if getattr(args, "algos", None) is not None:
-        from gspo_bench.losses import LOSSES
+        from gspo_bench import algorithms
 
-        put("algos", list(LOSSES) if args.algos == "all" else _csv(args.algos))
+        put("algos", algorithms.names() if args.algos == "all" else _csv(args.algos))
     put("task", args.task)
     put("model.name", args.model)
     put("model.trust_remote_code", True if args.trust_remote_code else None)
@@ -205,7 +215,8 @@ def cmd_run(args) -> int:
 def cmd_tune(args) -> int:
     import shlex
 
-    from gspo_bench.tuning import TuneRequest, fmt_params, redact, tune
+    from gspo_bench.tuning.study import TuneRequest, fmt_params, redact
+    from gspo_bench.tuning.tune import tune
 
     req = TuneRequest(algo=args.algo, trials=args.trials, timeout=args.timeout, study=args.study, storage=args.storage,
                       preset=args.preset, config_files=tuple(args.config), overrides=overrides_from(args),
@@ -236,7 +247,7 @@ def cmd_bench(args) -> int:
     from pathlib import Path
 
     from gspo_bench.bench import BenchOptions, run_bench
-    from gspo_bench.bench_report import markdown, plot_scaling, rich_tables
+    from gspo_bench.reporting.bench_report import markdown, plot_scaling, rich_tables
     from gspo_bench.runner import git_commit
 
     try:
@@ -246,6 +257,7 @@ def cmd_bench(args) -> int:
     opts = BenchOptions(algo=args.algo, warmup=args.warmup, repeats=args.repeats, rl_steps=args.rl_steps,
                         scaling=scaling, paths=tuple(args.paths), profile=bool(args.profile))
     opts.check()
+    sets = parse_sets(args.sets)  # before any work: a bad --set exits 2 at once
     results = []
     for model in args.model or [None]:
         over: dict = {}
@@ -255,6 +267,7 @@ def cmd_bench(args) -> int:
             over["task"] = args.task
         if args.max_new_tokens is not None:
             over["rollout"] = {"max_new_tokens": args.max_new_tokens}
+        over = deep_merge(sets, over)  # --model, --task and --max-new-tokens win over --set
         console.print(f"[bold]bench[/bold] preset={args.preset} model={model or '(preset)'} algo={args.algo}")
         res = run_bench(args.preset, tuple(args.config), over, opts, log=console.print).to_dict()
         for t in rich_tables(res):
@@ -294,15 +307,18 @@ def cmd_bench(args) -> int:
 
 
 def cmd_list(args) -> int:
+    from gspo_bench import algorithms
     from gspo_bench.losses import LOSSES
     from gspo_bench.models import BUILTIN_MODELS
     from gspo_bench.tasks import builtin_tasks, resolve_task_spec
 
     t = Table(title="algorithms")
-    for col in ("name", "ratio", "loss", "aggregation", "clip (eps_low / eps_high)"):
+    for col in ("name", "class", "ratio", "loss", "aggregation", "clip (eps_low / eps_high)", "recipe"):
         t.add_column(col)
-    for s in LOSSES.values():
-        t.add_row(s.name, s.ratio, s.loss, s.aggregation, f"{s.eps_low} / {s.eps_high}")
+    for name in algorithms.names():
+        s, cls = LOSSES[name], algorithms.get(name)
+        recipe = ", ".join(f"{k}={v}" for k, v in vars(cls.recipe).items() if v) or "-"
+        t.add_row(s.name, cls.__name__, s.ratio, s.loss, s.aggregation, f"{s.eps_low} / {s.eps_high}", recipe)
     console.print(t)
     console.print("tasks:   " + ", ".join(f"{n} ({resolve_task_spec(n).description})" for n in builtin_tasks()))
     console.print("models:  " + ", ".join(f"{m.name} ({m.description})" for m in BUILTIN_MODELS.values())
@@ -312,7 +328,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_leaderboard(args) -> int:
-    from gspo_bench.leaderboard import collect, no_runs_message, read_uri, render, rich_table
+    from gspo_bench.reporting.leaderboard import collect, no_runs_message, read_uri, render, rich_table
 
     rows = collect(read_uri(args.tracking_uri), args.experiment, args.task, args.model)
     if not rows:  # an empty leaderboard is a mistake (wrong experiment or filter), not a result
@@ -328,8 +344,8 @@ def cmd_leaderboard(args) -> int:
 def cmd_report(args) -> int:
     import shlex
 
-    from gspo_bench.leaderboard import read_uri
-    from gspo_bench.report import write_report
+    from gspo_bench.reporting.leaderboard import read_uri
+    from gspo_bench.reporting.report import write_report
 
     if args.study and not args.storage:
         raise ConfigError("--study needs --storage (the Optuna storage URL holding the study)")

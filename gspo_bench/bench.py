@@ -28,11 +28,11 @@ import lightning as L
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from gspo_bench import ppo  # noqa: F401  (registers PPO)
+from gspo_bench import algorithms
+from gspo_bench.algorithms.base import adamw
 from gspo_bench.config import ConfigError, RunConfig, deep_merge, load_config
-from gspo_bench.data import RolloutDataModule, RolloutSettings
-from gspo_bench.engine import generate, resolve_engine, response_logp
-from gspo_bench.modules import MODULES, adamw
+from gspo_bench.rollout.datamodule import RolloutDataModule
+from gspo_bench.rollout.engine import generate, resolve_engine, response_logp
 from gspo_bench.tasks import load_task
 from gspo_bench.warmstart import warm_start
 
@@ -50,8 +50,8 @@ class BenchOptions:
     """Profile the last measured step of each path with torch.profiler (``BenchResult.profiles``)."""
 
     def check(self) -> None:
-        if self.algo not in MODULES:
-            raise ConfigError(f"--algo {self.algo!r} is not an algorithm (allowed: {', '.join(MODULES)})")
+        if self.algo not in algorithms.ALGORITHMS:
+            raise ConfigError(f"--algo {self.algo!r} is not an algorithm (allowed: {', '.join(algorithms.names())})")
         if not self.paths or any(p not in ("fast", "hf") for p in self.paths):
             raise ConfigError(f"--paths {','.join(self.paths)!r}: allowed fast, hf")
         if min(self.repeats, self.rl_steps) < 1 or self.warmup < 0 or any(n < 1 for n in self.scaling):
@@ -226,12 +226,12 @@ def path_overrides(path: str) -> dict:
 def bench_rl_step(cfg: RunConfig, algo: str, ws_path: str, task, warmup: int, steps: int, peak_gflops: float,
                   model_for_flops, profile: list | None = None) -> dict:
     """The full RL step; with ``profile`` (a list), the profiler's op table of the last step is appended to it."""
-    cls = MODULES[algo]
-    settings = RolloutSettings(**cls.resolve_rollout(cfg, task.spec.max_new_tokens))
+    cls = algorithms.get(algo)
+    settings = cfg.resolve(algo, cls.recipe, task.spec.max_new_tokens)
     L.seed_everything(0, verbose=False)
-    module = cls(cfg, ws_path, 0)
+    module = cls(cfg, ws_path, 0, settings)
     tok = AutoTokenizer.from_pretrained(ws_path)
-    dm = RolloutDataModule(task, tok, settings, steps=warmup + steps, seed=0, eval_prompts=cfg.train.eval_prompts,
+    dm = RolloutDataModule(task, tok, settings.rollout, steps=warmup + steps, seed=0, eval_prompts=cfg.train.eval_prompts,
                            eval_samples=0)
     module.evaluate_now = lambda: None  # the held-out eval is not part of an RL step
     clock = _StepClock(warmup + steps - 1 if profile is not None else None)
@@ -254,7 +254,7 @@ def bench_rl_step(cfg: RunConfig, algo: str, ws_path: str, task, warmup: int, st
             "train_s": statistics.median(r["train_s"] for r in rows),
             "other_s": sec - statistics.median(r["gen_s"] for r in rows) - statistics.median(r["train_s"] for r in rows),
             "completions": comp, "gen_tokens": toks, "steps": len(walls), "mfu": flops / sec / (peak_gflops * 1e9),
-            "engine": resolve_engine(settings.engine, module.policy), "old_logp_source": cfg.rollout.old_logp_source, "forward": cfg.train.forward}
+            "engine": resolve_engine(settings.rollout.engine, module.policy), "old_logp_source": cfg.rollout.old_logp_source, "forward": cfg.train.forward}
 
 
 # -- scaling ------------------------------------------------------------------------------------------

@@ -1,7 +1,10 @@
 """Policy-gradient losses for the six pinned algorithms (minimise the result).
 
-The contract is ``ALGORITHMS.md`` (shared with the project); this module
-implements its "Losses" and "Clip fraction" sections and nothing else.
+The contract is ALGORITHMS.md's "Losses" section, restated in
+``docs/algorithms.md``. Each loss is registered by ``@register_loss`` directly
+above its function, with its ratio unit, aggregation, default clip and paper;
+``policy_loss`` is the one entry point. The statistics each call returns
+(clip fractions, ratio spread, ``kl/old``) come from ``ratios.py``.
 
 Conventions
 -----------
@@ -42,10 +45,12 @@ Choices the papers leave open
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from gspo_bench.ratios import compute_dtype, masked_delta, masked_mean, ratio_stats, seq_logratio
 
 Tensor = torch.Tensor
 
@@ -54,15 +59,15 @@ RATIO_UNITS = ("token", "sequence", "sequence-token")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 # Every keyword policy_loss accepts besides the four tensors.
 HPARAMS = ("eps_low", "eps_high", "dual_clip_c", "kl_coef", "ref_logp", "kl_estimator")
-# Shared fallbacks; each spec also lists them in its own `defaults` for the README.
-_BASE_DEFAULTS = {"dual_clip_c": None, "kl_coef": 0.0, "kl_estimator": "k3"}
+# Defaults every loss shares (the clip range is each loss's own, in its registration).
+BASE_DEFAULTS = {"dual_clip_c": None, "kl_coef": 0.0, "kl_estimator": "k3"}
 
 
 @dataclass(frozen=True)
 class LossSpec:
-    """One registered algorithm: its loss function and the README-table facts."""
+    """One registered loss: its function and the facts the README table and ``list`` show."""
 
-    name: str  # registry key
+    name: str  # registry key, also the algorithm's name
     fn: Callable  # (logp, old_logp, adv, mask, *, eps_low, eps_high, dual_clip_c) -> (loss, high_BT, low_BT)
     ratio: str  # "token" | "sequence" | "sequence-token"
     loss: str  # human formula for the README table
@@ -70,38 +75,33 @@ class LossSpec:
     eps_low: float | None  # default lower clip offset, None = no lower bound
     eps_high: float  # default upper clip offset
     paper: str  # title + URL
-    defaults: dict = field(default_factory=dict)  # other hparam defaults
 
 
 LOSSES: dict[str, LossSpec] = {}
 
 
-def register_loss(spec: LossSpec) -> LossSpec:
-    """Add ``spec`` to ``LOSSES`` and return it; a duplicate name is an error."""
-    if spec.name in LOSSES:
-        raise ValueError(f"loss {spec.name!r} is already registered")
-    if spec.aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation {spec.aggregation!r} not in {AGGREGATIONS}")
-    if spec.ratio not in RATIO_UNITS:
-        raise ValueError(f"ratio {spec.ratio!r} not in {RATIO_UNITS}")
-    bad = sorted(set(spec.defaults) - set(HPARAMS))
-    if bad:
-        raise ValueError(f"defaults of {spec.name!r} name unknown hparams {bad}; allowed: {HPARAMS}")
-    LOSSES[spec.name] = spec
-    return spec
+def register_loss(name: str, *, ratio: str, loss: str, aggregation: str, eps_low: float | None, eps_high: float,
+                  paper: str) -> Callable[[Callable], Callable]:
+    """Decorator: add the function below to ``LOSSES`` under ``name`` with its table facts.
+
+    The other hparams (``dual_clip_c``, ``kl_coef``, ``kl_estimator``) share
+    one default for every loss (``BASE_DEFAULTS``). A duplicate name is an error.
+    """
+    if name in LOSSES:
+        raise ValueError(f"loss {name!r} is already registered")
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation {aggregation!r} not in {AGGREGATIONS}")
+    if ratio not in RATIO_UNITS:
+        raise ValueError(f"ratio {ratio!r} not in {RATIO_UNITS}")
+
+    def add(fn: Callable) -> Callable:
+        LOSSES[name] = LossSpec(name, fn, ratio, loss, aggregation, eps_low, eps_high, paper)
+        return fn
+
+    return add
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    # at least float32: bf16 ratios near 1 are too coarse (bf16 step at 1 is 2^-7)
-    return torch.promote_types(dtype, torch.float32)
-
-
-def _masked_delta(logp_BT: Tensor, old_logp_BT: Tensor, mask_BT: Tensor) -> Tensor:
-    # delta = logp - sg(old_logp), zeroed at padding before anything exponentiates it
-    return torch.where(mask_BT > 0, logp_BT - old_logp_BT.detach(), 0.0)  # (B, T)
 
 
 def _adv_BT(advantages: Tensor, mask_BT: Tensor) -> Tensor:
@@ -109,12 +109,6 @@ def _adv_BT(advantages: Tensor, mask_BT: Tensor) -> Tensor:
     adv = advantages.detach()
     adv_BT = adv[:, None].expand_as(mask_BT) if adv.dim() == 1 else adv
     return torch.where(mask_BT > 0, adv_BT, 0.0)  # (B, T)
-
-
-def _seq_logratio(delta_BT: Tensor, mask_BT: Tensor) -> Tensor:
-    len_B = mask_BT.sum(-1)
-    # log s_i = sum_t(delta * mask) / |y_i|   (empty rows: 0, i.e. s_i = 1, never used)
-    return (delta_BT * mask_BT).sum(-1) / torch.where(len_B > 0, len_B, 1.0)  # (B,)
 
 
 def _clip(x: Tensor, eps_low: float | None, eps_high: float) -> Tensor:
@@ -135,25 +129,18 @@ def _surrogate(adv: Tensor, ratio: Tensor, eps_low, eps_high, dual_clip_c):
     return loss, high, low
 
 
-def _masked_mean(x: Tensor, w: Tensor) -> Tensor:
-    # mean of x weighted by w over w > 0; 0 (not NaN) when nothing is selected
-    n = w.sum()
-    return torch.where(w > 0, x * w, 0.0).sum() / torch.where(n > 0, n, 1.0)
-
-
-def _masked_extreme(x: Tensor, keep: Tensor, largest: bool) -> Tensor:
-    fill = -math.inf if largest else math.inf
-    filled = torch.where(keep, x, fill)
-    ext = filled.amax() if largest else filled.amin()
-    return torch.where(keep.any(), ext, 0.0)
-
-
 # ----------------------------------------------------------------------------- losses
 
 
+_GSPO_PAPER = "Group Sequence Policy Optimization, https://arxiv.org/abs/2507.18071"
+
+
 def clipped_token_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_clip_c=None):
-    """PPO / GRPO / DAPO: clipped surrogate on the token ratio. Returns (loss_BT, high_BT, low_BT)."""
-    delta_BT = _masked_delta(logp, old_logp, mask)
+    """The clipped surrogate on the token ratio (PPO, GRPO, DAPO differ only in aggregation and clip).
+
+    Returns (loss_BT, high_BT, low_BT).
+    """
+    delta_BT = masked_delta(logp, old_logp, mask)
     # r = exp(delta)
     ratio_BT = torch.exp(delta_BT)
     loss_BT, high_BT, low_BT = _surrogate(_adv_BT(advantages, mask), ratio_BT, eps_low, eps_high, dual_clip_c)
@@ -161,6 +148,31 @@ def clipped_token_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, d
     return loss_BT, high_BT & valid_BT, low_BT & valid_BT
 
 
+@register_loss("ppo", ratio="token", loss="max(-A r, -A clip(r))", aggregation="token-mean", eps_low=0.2,
+               eps_high=0.2, paper="Proximal Policy Optimization Algorithms, https://arxiv.org/abs/1707.06347")
+def ppo_loss(logp, old_logp, advantages, mask, **clip):
+    """PPO: the token clipped surrogate, token-mean (advantages from GAE, per token)."""
+    return clipped_token_loss(logp, old_logp, advantages, mask, **clip)
+
+
+@register_loss("grpo", ratio="token", loss="max(-A r, -A clip(r))", aggregation="seq-mean-token-mean",
+               eps_low=0.2, eps_high=0.2, paper="DeepSeekMath: Pushing the Limits of Mathematical Reasoning in "
+               "Open Language Models, https://arxiv.org/abs/2402.03300")
+def grpo_loss(logp, old_logp, advantages, mask, **clip):
+    """GRPO: the token clipped surrogate, each sequence's token mean, then the mean over sequences."""
+    return clipped_token_loss(logp, old_logp, advantages, mask, **clip)
+
+
+@register_loss("dapo", ratio="token", loss="max(-A r, -A clip(r))", aggregation="token-mean", eps_low=0.2,
+               eps_high=0.28, paper="DAPO: An Open-Source LLM Reinforcement Learning System at Scale, "
+               "https://arxiv.org/abs/2503.14476")
+def dapo_loss(logp, old_logp, advantages, mask, **clip):
+    """DAPO: the token clipped surrogate with clip-higher (0.28 above), token-mean over the minibatch."""
+    return clipped_token_loss(logp, old_logp, advantages, mask, **clip)
+
+
+@register_loss("gspo", ratio="sequence", loss="max(-A_i s_i, -A_i clip(s_i))", aggregation="seq-mean",
+               eps_low=3e-4, eps_high=4e-4, paper=_GSPO_PAPER)
 def gspo_sequence_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_clip_c=None):
     """GSPO: clipped surrogate on the length-normalised sequence ratio. Returns (loss_B, high_BT, low_BT)."""
     if advantages.dim() != 1:
@@ -168,19 +180,21 @@ def gspo_sequence_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, d
             "gspo clips one ratio per sequence and needs one advantage per sequence, shape [B]; "
             f"got {tuple(advantages.shape)}. Use 'gspo_token' for per-token advantages."
         )
-    delta_BT = _masked_delta(logp, old_logp, mask)
+    delta_BT = masked_delta(logp, old_logp, mask)
     # s_i = exp(sum_t(delta * mask) / |y_i|); the gradient flows through the mean
-    s_B = torch.exp(_seq_logratio(delta_BT, mask))
+    s_B = torch.exp(seq_logratio(delta_BT, mask))
     loss_B, high_B, low_B = _surrogate(advantages.detach(), s_B, eps_low, eps_high, dual_clip_c)
     # a clipped sequence clips every one of its tokens
     valid_BT = mask > 0
     return loss_B, high_B[:, None] & valid_BT, low_B[:, None] & valid_BT
 
 
+@register_loss("gspo_token", ratio="sequence-token", loss="max(-A_it s_it, -A_it clip(s_it))",
+               aggregation="seq-mean-token-mean", eps_low=3e-4, eps_high=4e-4, paper=_GSPO_PAPER + " (section 4.3)")
 def gspo_token_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_clip_c=None):
     """GSPO-token (GSPO paper, section 4.3). Returns (loss_BT, high_BT, low_BT)."""
-    delta_BT = _masked_delta(logp, old_logp, mask)
-    s_B = torch.exp(_seq_logratio(delta_BT, mask))
+    delta_BT = masked_delta(logp, old_logp, mask)
+    s_B = torch.exp(seq_logratio(delta_BT, mask))
     # s_it = sg(s_i) * exp(logp - sg(logp)); logp - sg(logp) == delta - sg(delta) since old_logp
     # is constant, and delta is finite at padding. Value s_i, gradient s_i * grad logp_it.
     s_BT = s_B.detach()[:, None] * torch.exp(delta_BT - delta_BT.detach())  # (B, T)
@@ -189,12 +203,15 @@ def gspo_token_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual
     return loss_BT, high_BT & valid_BT, low_BT & valid_BT
 
 
+@register_loss("cispo", ratio="token", loss="-sg(clip(r)) A log p", aggregation="token-mean", eps_low=None,
+               eps_high=4.0, paper="MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention, "
+               "https://arxiv.org/abs/2506.13585")
 def cispo_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_clip_c=None):
     """CISPO (MiniMax-M1): REINFORCE with a truncated, stop-gradient IS weight. Returns (loss_BT, high_BT, low_BT)."""
     if dual_clip_c is not None:
         raise ValueError("dual_clip_c applies to clipped surrogates; cispo has none (pass None)")
     valid_BT = mask > 0
-    ratio_BT = torch.exp(_masked_delta(logp, old_logp, mask))
+    ratio_BT = torch.exp(masked_delta(logp, old_logp, mask))
     # w = sg(clip(r)): the weight is truncated but never zeroed, and carries no gradient
     w_BT = _clip(ratio_BT, eps_low, eps_high).detach()
     # L = -sg(clip(r)) * A * logp, so every token keeps its w * A * grad logp term
@@ -203,25 +220,6 @@ def cispo_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_clip
     high_BT = (ratio_BT > 1.0 + eps_high) & valid_BT
     low_BT = (ratio_BT < 1.0 - eps_low) & valid_BT if eps_low is not None else torch.zeros_like(high_BT)
     return loss_BT, high_BT, low_BT
-
-
-_GSPO_PAPER = "Group Sequence Policy Optimization, https://arxiv.org/abs/2507.18071"
-register_loss(LossSpec("ppo", clipped_token_loss, "token", "max(-A r, -A clip(r))", "token-mean", 0.2, 0.2,
-                       "Proximal Policy Optimization Algorithms, https://arxiv.org/abs/1707.06347",
-                       dict(_BASE_DEFAULTS)))
-register_loss(LossSpec("grpo", clipped_token_loss, "token", "max(-A r, -A clip(r))", "seq-mean-token-mean",
-                       0.2, 0.2, "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open "
-                       "Language Models, https://arxiv.org/abs/2402.03300", dict(_BASE_DEFAULTS)))
-register_loss(LossSpec("dapo", clipped_token_loss, "token", "max(-A r, -A clip(r))", "token-mean", 0.2, 0.28,
-                       "DAPO: An Open-Source LLM Reinforcement Learning System at Scale, "
-                       "https://arxiv.org/abs/2503.14476", dict(_BASE_DEFAULTS)))
-register_loss(LossSpec("gspo", gspo_sequence_loss, "sequence", "max(-A_i s_i, -A_i clip(s_i))", "seq-mean",
-                       3e-4, 4e-4, _GSPO_PAPER, dict(_BASE_DEFAULTS)))
-register_loss(LossSpec("gspo_token", gspo_token_loss, "sequence-token", "max(-A_it s_it, -A_it clip(s_it))",
-                       "seq-mean-token-mean", 3e-4, 4e-4, _GSPO_PAPER + " (section 4.3)", dict(_BASE_DEFAULTS)))
-register_loss(LossSpec("cispo", cispo_loss, "token", "-sg(clip(r)) A log p", "token-mean", None, 4.0,
-                       "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention, "
-                       "https://arxiv.org/abs/2506.13585", dict(_BASE_DEFAULTS)))
 
 
 # ----------------------------------------------------------------------------- aggregation, KL
@@ -243,25 +241,25 @@ def agg_loss(loss: Tensor, mask: Tensor, mode: str) -> Tensor:
                              f"{tuple(mask.shape)}")
         len_B = mask.sum(-1) if mask.dim() == 2 else mask
         # seq-mean: mean over non-empty sequences
-        return _masked_mean(loss, (len_B > 0).to(loss.dtype))
+        return masked_mean(loss, (len_B > 0).to(loss.dtype))
     if loss.shape != mask.shape or loss.dim() != 2:
         raise ValueError(f"{mode} needs loss and mask of the same (B, T) shape; got {tuple(loss.shape)}, "
                          f"{tuple(mask.shape)}")
     if mode == "token-mean":
         # token-mean: sum(l * mask) / sum(mask) over the whole minibatch
-        return _masked_mean(loss, mask)
+        return masked_mean(loss, mask)
     len_B = mask.sum(-1)
     # per sequence: sum_t(l * mask) / |y_i|
     seq_B = torch.where(mask > 0, loss * mask, 0.0).sum(-1) / torch.where(len_B > 0, len_B, 1.0)
     # seq-mean-token-mean: mean over non-empty sequences of their token means
-    return _masked_mean(seq_B, (len_B > 0).to(loss.dtype))
+    return masked_mean(seq_B, (len_B > 0).to(loss.dtype))
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
     """Per-token KL(pi || pi_ref) estimate, (B, T); http://joschu.net/blog/kl-approx.html."""
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"unknown kl_estimator {estimator!r}; allowed: {KL_ESTIMATORS}")
-    dtype = _compute_dtype(logp.dtype)
+    dtype = compute_dtype(logp.dtype)
     # delta_ref = ref_logp - logp (the reference model is frozen)
     delta_ref = ref_logp.detach().to(dtype) - logp.to(dtype)
     if estimator == "k1":
@@ -315,10 +313,10 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
         raise TypeError(f"unknown hparam(s) {unknown} for policy_loss; allowed: {', '.join(HPARAMS)}")
     spec = LOSSES[name]
     hp = {"eps_low": spec.eps_low, "eps_high": spec.eps_high, "ref_logp": None,
-          **_BASE_DEFAULTS, **spec.defaults, **hparams}
+          **BASE_DEFAULTS, **hparams}
     _check(hp, logp, old_logp, advantages, mask)
 
-    dtype = _compute_dtype(logp.dtype)
+    dtype = compute_dtype(logp.dtype)
     logp_BT = logp.to(dtype)  # (B, T), the only input that carries gradient
     old_logp_BT = old_logp.detach().to(dtype)  # (B, T)
     adv = advantages.detach().to(dtype)  # (B,) or (B, T)
@@ -342,48 +340,7 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
     loss = pg_loss + kl_part
 
     with torch.no_grad():
-        stats = _stats(logp_BT.detach(), old_logp_BT, mask_BT, high_BT, low_BT)
+        stats = ratio_stats(logp_BT.detach(), old_logp_BT, mask_BT, high_BT, low_BT)
     stats["loss/policy"] = pg_loss.detach()
     stats["loss/kl"] = kl_part.detach()
     return loss, stats
-
-
-def _stats(logp_BT, old_logp_BT, mask_BT, high_BT, low_BT) -> dict[str, Tensor]:
-    valid_BT = mask_BT > 0
-    delta_BT = _masked_delta(logp_BT, old_logp_BT, mask_BT)
-    ratio_BT = torch.exp(delta_BT)
-    len_B = mask_BT.sum(-1)
-    nonempty_B = len_B > 0
-    seq_w_B = nonempty_B.to(mask_BT.dtype)
-
-    frac_high = _masked_mean(high_BT.to(mask_BT.dtype), mask_BT)
-    frac_low = _masked_mean(low_BT.to(mask_BT.dtype), mask_BT)
-    # a sequence counts as clipped when any of its tokens is
-    seq_clipped_B = ((high_BT | low_BT) & valid_BT).any(-1)
-
-    # population std of delta over response tokens
-    delta_mean = _masked_mean(delta_BT, mask_BT)
-    token_log_std = _masked_mean((delta_BT - delta_mean).square(), mask_BT).sqrt()
-    # per-sequence log-ratio log s_i and its population std over non-empty sequences
-    seq_log_B = _seq_logratio(delta_BT, mask_BT)
-    seq_log_mean = _masked_mean(seq_log_B, seq_w_B)
-    seq_log_std = _masked_mean((seq_log_B - seq_log_mean).square(), seq_w_B).sqrt()
-    s_B = torch.exp(seq_log_B)
-    # kl/old: k3 with delta_ref = old_logp - logp = -delta, i.e. exp(-delta) + delta - 1
-    kl_old_BT = torch.expm1(-delta_BT) + delta_BT
-
-    return {
-        "clip/frac": frac_high + frac_low,
-        "clip/frac_high": frac_high,
-        "clip/frac_low": frac_low,
-        "clip/seq_frac": _masked_mean(seq_clipped_B.to(mask_BT.dtype), seq_w_B),
-        "ratio/mean": _masked_mean(ratio_BT, mask_BT),
-        "ratio/min": _masked_extreme(ratio_BT, valid_BT, largest=False),
-        "ratio/max": _masked_extreme(ratio_BT, valid_BT, largest=True),
-        "ratio/token_log_std": token_log_std,
-        "ratio/seq_log_std": seq_log_std,
-        "ratio/seq_mean": _masked_mean(s_B, seq_w_B),
-        "ratio/seq_min": _masked_extreme(s_B, nonempty_B, largest=False),
-        "ratio/seq_max": _masked_extreme(s_B, nonempty_B, largest=True),
-        "kl/old": _masked_mean(kl_old_BT, mask_BT),
-    }

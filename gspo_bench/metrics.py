@@ -3,6 +3,10 @@
 A rollout step runs several minibatches; each returns the same keys. Keys
 ending in ``/min`` or ``_min`` reduce by min, ``/max`` or ``_max`` by max,
 everything else by mean, so ``ratio/max`` is the max over the whole step.
+
+A NaN or Inf in any minibatch stays in the step's value (``nan_strategy=
+"disable"``): a NaN loss in one of four minibatches must read as NaN, not as
+the mean of the other three, or the collapse detector never sees it.
 """
 
 from __future__ import annotations
@@ -13,10 +17,10 @@ from torchmetrics.aggregation import MaxMetric, MeanMetric, MinMetric
 
 def _reducer(key: str):
     if key.endswith(("/min", "_min")):
-        return MinMetric(nan_strategy="ignore")
+        return MinMetric(nan_strategy="disable")
     if key.endswith(("/max", "_max")):
-        return MaxMetric(nan_strategy="ignore")
-    return MeanMetric(nan_strategy="ignore")
+        return MaxMetric(nan_strategy="disable")
+    return MeanMetric(nan_strategy="disable")
 
 
 class StepStats:

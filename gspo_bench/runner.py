@@ -24,18 +24,13 @@ from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.loggers import MLFlowLogger
 from transformers import AutoTokenizer
 
-from gspo_bench import __version__
-from gspo_bench import ppo  # noqa: F401  (registers the PPO module)
-from gspo_bench.callbacks import CollapseCallback, MoEFlipProbe
-from gspo_bench.config import ConfigError, RunConfig, flatten, to_dict
-from gspo_bench.data import RolloutDataModule, RolloutSettings
-from gspo_bench.losses import LOSSES
+from gspo_bench import __version__, algorithms
+from gspo_bench.callbacks import CollapseCallback, MismatchProbe, MoEFlipProbe, RatioSample
+from gspo_bench.config import ConfigError, Resolved, RunConfig, flatten, resolve_tracking_uri, to_dict
 from gspo_bench.models import classify_model_ref, is_moe
-from gspo_bench.modules import MODULES
+from gspo_bench.rollout.datamodule import RolloutDataModule
 from gspo_bench.tasks import load_task, resolve_task_spec
 from gspo_bench.warmstart import WarmStart, warm_start
-
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
 
 @dataclass
@@ -80,22 +75,21 @@ def quiet() -> None:
 
 
 def tracking_uri(cfg: RunConfig) -> str:
-    uri = cfg.tracking.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    """The URI runs are written to (``config.resolve_tracking_uri``); a sqlite file's folder must exist."""
+    uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
     if uri.startswith("sqlite:///"):
         db = Path(uri[len("sqlite:///"):])
         if not db.parent.expanduser().resolve().is_dir():
             raise ConfigError(f"tracking URI {uri!r}: directory {str(db.parent)!r} does not exist")
-    elif "://" not in uri:
-        raise ConfigError(f"tracking URI {uri!r} is a bare path; mlflow 3 needs a database URI such as "
-                          "sqlite:///mlflow.db")
     return uri
 
 
 def validate(cfg: RunConfig) -> str:
     """Check everything cheap to check before any run exists; returns the tracking URI."""
     for algo in cfg.algos:
-        if algo not in MODULES:
-            raise ConfigError(f"algo {algo!r} has a loss but no module (modules: {', '.join(MODULES)})")
+        if algo not in algorithms.ALGORITHMS:
+            raise ConfigError(f"algo {algo!r} has a loss but no algorithm class (algorithms: "
+                              f"{', '.join(algorithms.names())})")
     try:
         resolve_task_spec(cfg.task)
         classify_model_ref(cfg.model.name)
@@ -131,8 +125,8 @@ def git_commit() -> str:
     return (sha + ("+dirty" if dirty else "")) if sha else f"gspo-bench {__version__}"
 
 
-def make_logger(cfg: RunConfig, uri: str, algo: str, seed: int, ws: WarmStart, settings: RolloutSettings,
-                hparams: dict, task_name: str, tags: dict | None = None, parent_run_id: str | None = None,
+def make_logger(cfg: RunConfig, uri: str, algo: str, seed: int, ws: WarmStart, settings: Resolved,
+                task_name: str, tags: dict | None = None, parent_run_id: str | None = None,
                 run_name: str | None = None) -> MLFlowLogger:
     tags = {"algo": algo, "task": task_name, "model": cfg.model.name, "seed": str(seed), "preset": cfg.preset,
             "tuning": cfg.tuning, "moe": "unknown", "gspo_bench.version": __version__, "git.commit": git_commit(),
@@ -144,7 +138,7 @@ def make_logger(cfg: RunConfig, uri: str, algo: str, seed: int, ws: WarmStart, s
     resolved = to_dict(cfg)
     resolved["algos"] = [algo]
     resolved["seeds"] = [seed]
-    resolved["resolved"] = {"loss": hparams, "rollout": vars(settings),
+    resolved["resolved"] = {"loss": to_dict(settings.loss), "rollout": to_dict(settings.rollout),
                             "warmstart": {"path": str(ws.path), "pass1": ws.pass1, "steps": ws.steps}}
     params = {k: ("null" if v is None else v) for k, v in flatten(resolved).items()}
     logger.log_hyperparams(params)
@@ -159,19 +153,20 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
     """Train one algorithm from the warm start. The keyword-only options are ``tune``'s: extra Lightning
     ``callbacks``, extra MLflow ``tags``, a parent run to nest under, and ``interrupts``, exception types
     that end the run KILLED and are re-raised (any other exception ends it FAILED and is returned)."""
-    cls = MODULES[algo]
-    settings = RolloutSettings(**cls.resolve_rollout(cfg, task.spec.max_new_tokens))
+    cls = algorithms.get(algo)
+    settings = cfg.resolve(algo, cls.recipe, task.spec.max_new_tokens)
     L.seed_everything(seed, verbose=False)
-    module = cls(cfg, str(ws.path), seed)
+    module = cls(cfg, str(ws.path), seed, settings)
     tok = AutoTokenizer.from_pretrained(ws.path)
-    dm = RolloutDataModule(task, tok, settings, steps=cfg.train.steps, seed=seed,
+    dm = RolloutDataModule(task, tok, settings.rollout, steps=cfg.train.steps, seed=seed,
                            eval_prompts=cfg.train.eval_prompts, eval_samples=cfg.train.eval_samples)
-    hparams = {**module.hp, "kl_coef": module.kl_coef}
-    logger = make_logger(cfg, uri, algo, seed, ws, settings, hparams, task.name, tags, parent_run_id, run_name)
+    logger = make_logger(cfg, uri, algo, seed, ws, settings, task.name, tags, parent_run_id, run_name)
     moe = is_moe(module.policy)
     logger.experiment.set_tag(logger.run_id, "moe", str(moe).lower())
     collapse = CollapseCallback(cfg.collapse, log=log)
-    callbacks: list = [collapse] + ([MoEFlipProbe()] if moe else []) + list(callbacks)
+    # measurements first, so the collapse detector sees the step's full metrics
+    callbacks: list = ([MismatchProbe(), RatioSample()] + ([MoEFlipProbe()] if moe else []) + [collapse]
+                       + list(callbacks))
     if cfg.train.progress:
         callbacks.append(ProgressBar(leave=True))
     trainer = L.Trainer(
@@ -224,6 +219,3 @@ def run(cfg: RunConfig, log=print, keep_modules: bool = False) -> list[RunResult
             results.append(run_one(cfg, algo, seed, task, ws, uri, log, keep_modules))
     return results
 
-
-def all_algos() -> list[str]:
-    return list(LOSSES)

@@ -25,7 +25,7 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gspo_bench.config import ModelConfig, WarmStartConfig
-from gspo_bench.engine import hf_generate
+from gspo_bench.rollout.engine import hf_generate
 from gspo_bench.models import build_builtin, classify_model_ref, load_pretrained
 from gspo_bench.paths import cache_dir
 from gspo_bench.tasks import Task

@@ -230,3 +230,24 @@ def test_flip_rate_zero_for_unchanged_policy_and_positive_after_perturbation(moe
         with torch.no_grad():
             for g, w in zip(gates, saved):
                 g.weight.copy_(w)
+
+
+def test_nan_ratio_statistics_fire_ratio_explosion_and_nonfinite():
+    from gspo_bench.config import CollapseConfig
+
+    det = CollapseDetector(CollapseConfig())
+    fired = {e.kind for e in det.update(1, {"ratio/max": float("nan"), "ratio/token_log_std": 0.1,
+                                              "train/loss": 0.3, "train/nonfinite": 0.0})}
+    assert fired == {"ratio_explosion", "nonfinite"}
+    det = CollapseDetector(CollapseConfig())
+    fired = {e.kind for e in det.update(1, {"ratio/max": 1.1, "ratio/token_log_std": float("inf")})}
+    assert "ratio_explosion" in fired
+
+
+def test_one_skipped_minibatch_fires_nonfinite():
+    from gspo_bench.config import CollapseConfig
+
+    det = CollapseDetector(CollapseConfig())
+    [event] = det.update(3, {"train/loss": 0.5, "train/grad_norm": 0.2, "train/nonfinite": 0.25,
+                             "ratio/max": 1.1, "ratio/token_log_std": 0.1})
+    assert event.kind == "nonfinite" and event.step == 3 and "25%" in event.detail

@@ -33,6 +33,11 @@ def _runs(db: Path) -> list:
         (["--on-collapse", "explode"], "explode"),
         (["--config", "missing.yaml"], "missing.yaml"),
         (["--seeds", "0"], "seeds"),
+        (["--set", "rollout.nope=1"], "rollout.nope"),
+        (["--set", "rollout.temperature=hot"], "rollout.temperature"),
+        (["--set", "rollout.temperature=-1"], "rollout.temperature"),
+        (["--set", "rollout.temperature"], "KEY=VALUE"),
+        (["--set", "train.steps=2", "--set", "seeds=1"], "seeds"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_leaves_no_run(argv, needle, tmp_path, capsys):
@@ -44,6 +49,51 @@ def test_bad_input_is_one_line_exit_2_and_leaves_no_run(argv, needle, tmp_path, 
     assert needle in text and "error" in text
     assert len(text.splitlines()) == 1, text
     assert all(r.info.status != "RUNNING" for r in _runs(db)) and not _runs(db)
+
+
+def test_set_reaches_the_config_and_dedicated_flags_win(tmp_path, monkeypatch):
+    import gspo_bench.runner
+
+    seen = []
+    monkeypatch.setattr(gspo_bench.runner, "run", lambda cfg, log=print: seen.append(cfg) or [])
+    f = tmp_path / "c.yaml"
+    f.write_text("rollout:\n  temperature: 0.3\n  group_size: 3\n")
+    code = main(["run", "--preset", "smoke", "--config", str(f), "--tracking-uri", f"sqlite:///{tmp_path}/m.db",
+                 "--set", "rollout.temperature=0.7", "--set", "loss.eps_high=3e-4", "--set", "seeds=[0,1]",
+                 "--set", "loss.eps_low=null", "--set", "train.lr=0.1", "--lr", "0.5", "--no-progress"])
+    assert code == 0 and len(seen) == 1
+    cfg = seen[0]
+    assert (cfg.rollout.temperature, cfg.rollout.group_size) == (0.7, 3)  # over the file, the file's rest kept
+    assert (cfg.loss.eps_high, cfg.loss.eps_low, cfg.seeds) == (3e-4, None, [0, 1])
+    assert cfg.train.lr == 0.5  # --lr wins over --set train.lr
+
+
+@pytest.mark.parametrize("cmd", [["tune", "--algo", "gspo"], ["bench"]])
+def test_set_on_tune_and_bench_is_validated_before_any_work(cmd, tmp_path, capsys):
+    assert main([*cmd, "--set", "train.nope=1"]) == 2
+    text = capsys.readouterr().out.strip()
+    assert "train.nope" in text and len(text.splitlines()) == 1, text
+
+
+def test_bench_passes_set_into_run_bench_overrides(monkeypatch):
+    import gspo_bench.bench
+    from gspo_bench.config import load_config
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake(preset, config_files, overrides, opts, log=print):
+        seen.append(load_config(preset, config_files, overrides))
+        raise Stop
+
+    monkeypatch.setattr(gspo_bench.bench, "run_bench", fake)
+    with pytest.raises(Stop):
+        main(["bench", "--set", "rollout.temperature=0.5", "--set", "rollout.max_new_tokens=9",
+              "--max-new-tokens", "12", "--set", "task=arith"])
+    cfg = seen[0]
+    assert (cfg.rollout.temperature, cfg.rollout.max_new_tokens, cfg.task) == (0.5, 12, "arith")
 
 
 def test_unknown_algorithm_error_lists_the_allowed_ones(tmp_path, capsys):

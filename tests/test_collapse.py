@@ -48,7 +48,7 @@ def test_absurd_learning_rate_collapses_and_is_logged(on_collapse, mixed_task, t
 
 
 def test_exception_mid_run_marks_run_failed(mixed_task, tracking_uri, monkeypatch):
-    import gspo_bench.modules as modules
+    import gspo_bench.algorithms.base as modules
 
     real = modules.policy_loss
     calls = {"n": 0}

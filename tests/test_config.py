@@ -14,6 +14,7 @@ from gspo_bench.config import (
     deep_merge,
     flatten,
     load_config,
+    parse_sets,
     presets,
     to_dict,
 )
@@ -201,3 +202,73 @@ def test_exponent_without_dot_in_yaml_is_a_float(tmp_path):
 def test_unvalidated_numeric_fields_reject_strings(overrides):
     with pytest.raises(ConfigError):
         load_config("smoke", overrides=overrides)
+
+
+def test_parse_sets_reads_yaml_values():
+    over = parse_sets(["rollout.temperature=0.7", "loss.eps_high=3e-4", "loss.eps_low=null", "warmstart.enabled=false",
+                       "seeds=[0,1]", "algos=[gspo, grpo]", "task=arith", "rollout.max_new_tokens=auto",
+                       "model.name='123'", "train.lr=1", "tracking.experiment=a=b"])
+    assert over == {"rollout": {"temperature": 0.7, "max_new_tokens": "auto"},
+                    "loss": {"eps_high": 3e-4, "eps_low": None}, "warmstart": {"enabled": False},
+                    "seeds": [0, 1], "algos": ["gspo", "grpo"], "task": "arith", "model": {"name": "123"},
+                    "train": {"lr": 1}, "tracking": {"experiment": "a=b"}}
+    assert isinstance(over["loss"]["eps_high"], float)
+    assert parse_sets([]) == {}
+
+
+def test_parse_sets_merges_nested_and_over_files(tmp_path):
+    over = parse_sets(["rollout.temperature=0.5", "rollout.group_size=4", "rollout.temperature=0.9"])
+    assert over == {"rollout": {"temperature": 0.9, "group_size": 4}}  # the later item wins
+    f = tmp_path / "c.yaml"
+    f.write_text("rollout:\n  prompts_per_step: 3\n  group_size: 2\ntrain:\n  steps: 7\n")
+    cfg = load_config("smoke", (str(f),), over)
+    assert (cfg.rollout.temperature, cfg.rollout.group_size, cfg.rollout.prompts_per_step) == (0.9, 4, 3)
+    assert cfg.train.steps == 7  # the file's other settings stay
+
+
+@pytest.mark.parametrize("item, needles", [
+    ("rollout.nope=1", ["rollout.nope", "unknown field 'nope'", "temperature"]),
+    ("nope.temperature=1", ["nope.temperature", "unknown key", "rollout"]),
+    ("nope=1", ["nope", "unknown key", "seeds"]),
+    ("rollout=1", ["rollout", "is a section"]),
+    ("rollout.group_size.x=3", ["rollout.group_size.x", "unknown field"]),
+    ("preset=smoke", ["preset", "--preset"]),
+    ("rollout.temperature", ["rollout.temperature", "KEY=VALUE"]),
+    ("=0.7", ["KEY=VALUE"]),
+    ("rollout.temperature=hot", ["rollout.temperature", "takes float", "'hot'"]),
+    ("train.steps=1.5", ["train.steps", "takes int", "1.5"]),
+    ("train.steps=true", ["train.steps", "takes int", "bool"]),
+    ("seeds=0", ["seeds", "list of int"]),
+    ("seeds=[0, x]", ["seeds", "list of int"]),
+    ("warmstart.enabled=1", ["warmstart.enabled", "takes bool"]),
+    ("task=", ["task", "got null"]),
+    ("model.name=123", ["model.name", "takes str", "quote"]),
+    ("loss.eps_low=[0.1]", ["loss.eps_low", "float, str or null"]),
+    ("rollout.temperature=[1", ["rollout.temperature", "not a YAML value"]),
+])
+def test_parse_sets_rejects_bad_keys_types_and_syntax(item, needles):
+    with pytest.raises(ConfigError) as e:
+        parse_sets(["rollout.group_size=4", item])
+    msg = str(e.value)
+    assert all(n in msg for n in needles), msg
+    assert "\n" not in msg
+
+
+def test_set_values_are_validated_like_any_other_setting():
+    with pytest.raises(ConfigError, match="rollout.temperature"):
+        load_config("smoke", overrides=parse_sets(["rollout.temperature=-1"]))
+    with pytest.raises(ConfigError, match="rollout.engine"):
+        load_config("smoke", overrides=parse_sets(["rollout.engine=warp"]))
+
+
+def test_parse_sets_type_checks_every_field():
+    """Each field's annotation is one parse_sets understands (an unknown one would let any value through)."""
+    from dataclasses import fields
+
+    from gspo_bench.config.loading import _field_types, _section_type, _type_ok
+
+    sections = [s for f in fields(RunConfig) if (s := _section_type(RunConfig, f.name))]
+    for cls in (RunConfig, *sections):
+        for name, tp in _field_types(cls).items():
+            if tp not in sections:
+                assert not _type_ok(object(), tp), f"{cls.__name__}.{name}: {tp} is not type-checked by --set"

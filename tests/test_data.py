@@ -1,4 +1,4 @@
-"""The rollout datamodule: sampling, merging, shaping, filtering, advantages (gspo_bench.data)."""
+"""The rollout datamodule: sampling, merging, shaping, filtering, advantages (gspo_bench.rollout.datamodule)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import statistics
 import pytest
 import torch
 
-from gspo_bench.data import RolloutDataModule, RolloutSettings, merge_generations, select
-from gspo_bench.engine import Generation, forward_response
+from gspo_bench.config import RolloutConfig
+from gspo_bench.rollout.datamodule import RolloutDataModule, merge_generations, select
+from gspo_bench.rollout.engine import Generation, forward_response
 from gspo_bench.models import build_builtin
 from gspo_bench.tasks import Task, TaskSpec, generate_arith
 
@@ -28,9 +29,11 @@ def task():
 
 def make_dm(task, policy, seed=0, eval_samples=0, **kw):
     model, tok = policy
-    s = dict(prompts_per_step=2, group_size=3, max_new_tokens=4, temperature=1.0)
+    # a resolved rollout config (no auto left), on transformers' generate
+    s = dict(prompts_per_step=2, group_size=3, max_new_tokens=4, temperature=1.0, engine="hf",
+             dynamic_sampling=False, overlong_buffer=None)
     s.update(kw)
-    dm = RolloutDataModule(task, tok, RolloutSettings(**s), steps=3, seed=seed, eval_prompts=8,
+    dm = RolloutDataModule(task, tok, RolloutConfig(**s), steps=3, seed=seed, eval_prompts=8,
                            eval_samples=eval_samples)
     dm.policy = model
     return dm
@@ -175,7 +178,7 @@ def test_rollout_needs_a_policy(task, policy):
 
 def test_rollout_shapes_rewards_and_group_zscore(task, policy):
     model, tok = policy
-    dm = make_dm(task, policy, want_rollout_logp=True)
+    dm = make_dm(task, policy, old_logp_source="rollout")
     fake = [1.0, 0.0, 0.0, 0.5, 2.0, 3.5]
     dm.score = scripted(fake)
     torch.manual_seed(0)
@@ -309,7 +312,7 @@ def test_overlong_shaping(task, policy):
 
 
 def test_evaluate_pass1_and_sampled_reward(task, policy):
-    from gspo_bench.engine import hf_generate
+    from gspo_bench.rollout.engine import hf_generate
 
     model, tok = policy
     dm = make_dm(task, policy, eval_samples=2)
@@ -330,7 +333,7 @@ def test_evaluate_pass1_and_sampled_reward(task, policy):
 
 def test_val_dataloader_batches_the_eval_rows(task, policy):
     model, tok = policy
-    dm = RolloutDataModule(task, tok, RolloutSettings(2, 2, 4), steps=1, seed=0, eval_prompts=5, eval_batch=2)
+    dm = RolloutDataModule(task, tok, RolloutConfig(2, 2, 4, engine="hf", dynamic_sampling=False, overlong_buffer=None), steps=1, seed=0, eval_prompts=5, eval_batch=2)
     batches = list(dm.val_dataloader())
     assert [len(b["prompt"]) for b in batches] == [2, 2, 1]
     assert sum((b["prompt"] for b in batches), []) == list(task.eval["prompt"])[:5]
@@ -338,7 +341,7 @@ def test_val_dataloader_batches_the_eval_rows(task, policy):
 
 
 def test_truncated_frac_counts_only_responses_without_eos(task, policy, monkeypatch):
-    import gspo_bench.data as data_mod
+    import gspo_bench.rollout.datamodule as data_mod
 
     _, tok = policy
     E, PAD = tok.eos_token_id, tok.pad_token_id

@@ -1,4 +1,4 @@
-"""Generation and token log-probs (gspo_bench.engine)."""
+"""Generation and token log-probs (gspo_bench.rollout.engine)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from gspo_bench.engine import (
+from gspo_bench.rollout.engine import (
     forward_response,
     generate,
     hf_generate,

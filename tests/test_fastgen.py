@@ -1,4 +1,4 @@
-"""The fast rollout engine (gspo_bench.fastgen, engine.fast_generate) against transformers."""
+"""The fast rollout engine (gspo_bench.rollout.fastgen, engine.fast_generate) against transformers."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 import transformers
 
-from gspo_bench import engine, fastgen
-from gspo_bench.engine import fast_generate, forward_response, generate, hf_generate, resolve_engine
-from gspo_bench.fastgen import FastDecoder, decode, sample
+from gspo_bench.rollout import engine, fastgen
+from gspo_bench.rollout.engine import fast_generate, forward_response, generate, hf_generate, resolve_engine
+from gspo_bench.rollout.fastgen import FastDecoder, decode, sample
 from gspo_bench.models import build_builtin
 from tests.conftest import sharpen
 

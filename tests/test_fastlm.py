@@ -1,4 +1,4 @@
-"""The functional Qwen3 / Qwen3-MoE forward (gspo_bench.fastlm) against transformers' modules."""
+"""The functional Qwen3 / Qwen3-MoE forward (gspo_bench.rollout.fastlm) against transformers' modules."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from gspo_bench import fastlm
-from gspo_bench.engine import forward_response, response_logp
+from gspo_bench.rollout import fastlm
+from gspo_bench.rollout.engine import forward_response, response_logp
 from gspo_bench.models import build_builtin
 from tests.conftest import sharpen
 

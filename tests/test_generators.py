@@ -1,4 +1,4 @@
-"""Generators and loaders (gspo_bench.generators): scratchpad arith, countdown, local files."""
+"""Generators and loaders (gspo_bench.tasks.generators): scratchpad arith, countdown, local files."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections import Counter
 import datasets
 import pytest
 
-from gspo_bench.generators import (
+from gspo_bench.tasks.generators import (
     GENERATORS,
     column_addition,
     generate_arith,
@@ -19,7 +19,7 @@ from gspo_bench.generators import (
     render,
 )
 from gspo_bench.tasks import load_task
-from gspo_bench.verifiers import (
+from gspo_bench.tasks.verifiers import (
     evaluate,
     parse_countdown_answer,
     parse_expression,

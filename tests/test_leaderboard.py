@@ -29,7 +29,7 @@ import pytest
 from mlflow.entities import Metric, Param
 
 from gspo_bench.__main__ import main
-from gspo_bench.leaderboard import auc, collect, render, steps_to_gain
+from gspo_bench.reporting.leaderboard import auc, collect, render, steps_to_gain
 
 EXP = "bench"
 EVAL_STEPS = (0, 10, 20)

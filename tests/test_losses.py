@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from gspo_bench.losses import LOSSES, LossSpec, agg_loss, kl_penalty, policy_loss, register_loss
+from gspo_bench.losses import BASE_DEFAULTS, LOSSES, agg_loss, kl_penalty, policy_loss, register_loss
 
 e = math.exp
 
@@ -277,10 +277,17 @@ def test_ratio_and_kl_old_stats_by_hand():
     a, b = 0.4 / 3, 0.1 / 2
     close(stats["ratio/seq_log_std"].item(), abs(a - b) / 2)
     close(stats["ratio/seq_mean"].item(), (e(a) + e(b)) / 2)
-    # k3 with delta_ref = old - logp = -d: e^-d + d - 1
-    close(stats["kl/old"].item(), sum(e(-x) + x - 1 for x in d) / 5)
+    # kl/old = mean of r - 1 - log r with r = e^d (k3 of KL(old || new); the tokens are the old policy's)
+    close(stats["kl/old"].item(), sum(e(x) - 1 - x for x in d) / 5)
     for v in stats.values():
         assert v.dim() == 0 and not v.requires_grad
+
+
+def test_kl_old_direction_on_one_token():
+    # r = 2: r - 1 - log r = 0.30685; the reversed estimator 1/r - 1 + log r would give 0.19315
+    _, stats = policy_loss("grpo", logp=torch.tensor([[math.log(2.0)]]), old_logp=torch.zeros(1, 1),
+                           advantages=torch.ones(1), mask=torch.ones(1, 1))
+    close(stats["kl/old"].item(), 1 - math.log(2.0), 1e-6)
 
 
 def test_kl_estimators_by_hand():
@@ -385,9 +392,13 @@ def test_registry_matches_contract_table():
     for name, spec in LOSSES.items():
         assert (spec.eps_low, spec.eps_high, spec.aggregation) == want[name]
         assert spec.name == name and "arxiv.org" in spec.paper
-        assert spec.defaults["dual_clip_c"] is None and spec.defaults["kl_coef"] == 0.0
+    assert BASE_DEFAULTS == {"dual_clip_c": None, "kl_coef": 0.0, "kl_estimator": "k3"}
     with pytest.raises(ValueError, match="already"):
-        register_loss(LossSpec("ppo", LOSSES["ppo"].fn, "token", "x", "token-mean", 0.2, 0.2, "p", {}))
+        register_loss("ppo", ratio="token", loss="x", aggregation="token-mean", eps_low=0.2, eps_high=0.2,
+                      paper="p")
+    with pytest.raises(ValueError, match="aggregation"):
+        register_loss("new", ratio="token", loss="x", aggregation="sum", eps_low=0.2, eps_high=0.2, paper="p")
+    assert "new" not in LOSSES
 
 
 @pytest.mark.parametrize(

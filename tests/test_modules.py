@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from gspo_bench.config import load_config
 from gspo_bench.losses import LOSSES
-from gspo_bench.modules import MODULES
+from gspo_bench import algorithms
 from gspo_bench.runner import run
 from tests.conftest import tiny_overrides
 
@@ -25,11 +25,14 @@ COMMON = [
 PPO_ONLY = ["critic/value_loss", "critic/explained_var"]
 
 
-def test_every_registered_loss_has_a_module():
-    from gspo_bench import ppo  # noqa: F401
-
-    assert set(LOSSES) == set(MODULES)
-    assert all(MODULES[n].loss_name == n for n in LOSSES)
+def test_every_registered_loss_has_an_algorithm_class():
+    # importing the package registers all six, no side-effect import needed
+    assert algorithms.names() == list(LOSSES)
+    assert {n: algorithms.get(n).__name__ for n in LOSSES} == {
+        "ppo": "PPO", "grpo": "GRPO", "dapo": "DAPO", "gspo": "GSPO", "gspo_token": "GSPOToken", "cispo": "CISPO"}
+    assert all(algorithms.get(n).name == n for n in LOSSES)
+    with pytest.raises(ValueError, match="unknown algorithm 'trpo'"):
+        algorithms.get("trpo")
 
 
 @pytest.mark.parametrize("algo", list(LOSSES))

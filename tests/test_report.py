@@ -6,8 +6,8 @@ import mlflow
 import pytest
 
 from gspo_bench.__main__ import main
-from gspo_bench.leaderboard import collect, load_runs
-from gspo_bench.report import clip_claim, write_report
+from gspo_bench.reporting.leaderboard import collect, load_runs
+from gspo_bench.reporting.report import clip_claim, write_report
 from test_leaderboard import EXP, build_store
 
 PNG = b"\x89PNG\r\n\x1a\n"

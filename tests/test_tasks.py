@@ -348,7 +348,7 @@ def test_empty_verifier_params_in_yaml(tmp_path):
 
 
 def test_missing_optional_extra_fails_when_the_spec_is_read(monkeypatch):
-    from gspo_bench import verifiers
+    from gspo_bench.tasks import verifiers
 
     monkeypatch.setitem(verifiers.VERIFIER_REQUIRES, "math_verify", ("no_such_module_xyz", "math"))
     with pytest.raises(ImportError, match=r"pip install 'gspo-bench\[math\]'"):

@@ -22,10 +22,10 @@ import yaml
 
 from gspo_bench.__main__ import main
 from gspo_bench.config import load_config
-from gspo_bench.leaderboard import collect
+from gspo_bench.reporting.leaderboard import collect
 from gspo_bench.losses import LOSSES
-from gspo_bench.modules import MODULES
-from gspo_bench.tuning import COLLAPSE_PENALTY, RUN_ATTR, chosen_params, objective_value
+from gspo_bench import algorithms
+from gspo_bench.tuning.study import COLLAPSE_PENALTY, RUN_ATTR, chosen_params, objective_value
 
 TINY = {"warmstart": {"enabled": False}, "rollout": {"prompts_per_step": 4, "group_size": 4},
         "train": {"steps": 2, "minibatches": 2, "eval_every": 1, "eval_prompts": 8, "eval_samples": 2, "lr": 1e-3}}
@@ -47,9 +47,7 @@ def _trial_runs(uri: str, exp: str = "gspo_bench") -> list:
 # -- search spaces and the objective (no training) ---------------------------------------------------------------
 @pytest.mark.parametrize("algo", list(LOSSES))
 def test_search_space_ranges_and_overrides_load(algo):
-    from gspo_bench import ppo  # noqa: F401  (registers PPO)
-
-    cls = MODULES[algo]
+    cls = algorithms.get(algo)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0), direction="maximize")
     for _ in range(60):
         trial = study.ask()
@@ -74,17 +72,17 @@ def test_search_space_ranges_and_overrides_load(algo):
 def test_chosen_params_defaults_lr_and_errors():
     from gspo_bench.config import ConfigError
 
-    assert chosen_params(MODULES["gspo"], None, False) == ("eps_low", "eps_high")
-    assert chosen_params(MODULES["cispo"], None, True) == ("eps_high", "lr")
-    assert chosen_params(MODULES["dapo"], ("eps_high",), False) == ("eps_high",)
+    assert chosen_params(algorithms.get("gspo"), None, False) == ("eps_low", "eps_high")
+    assert chosen_params(algorithms.get("cispo"), None, True) == ("eps_high", "lr")
+    assert chosen_params(algorithms.get("dapo"), ("eps_high",), False) == ("eps_high",)
     with pytest.raises(ConfigError, match="empty search space"):
-        chosen_params(MODULES["gspo"], (), False)
+        chosen_params(algorithms.get("gspo"), (), False)
     with pytest.raises(ConfigError, match="eps_mid"):
-        chosen_params(MODULES["gspo"], ("eps_mid",), False)
+        chosen_params(algorithms.get("gspo"), ("eps_mid",), False)
 
 
 def test_pruners_wait_for_the_halfway_step_except_threshold():
-    from gspo_bench.tuning import make_pruner
+    from gspo_bench.tuning.study import make_pruner
 
     median, pct, thr = make_pruner("median", 40), make_pruner("percentile:25:1", 40), make_pruner("threshold:0.2", 40)
     assert (type(median).__name__, median._n_startup_trials, median._n_warmup_steps) == ("MedianPruner", 3, 20)
@@ -207,7 +205,7 @@ def test_report_adds_trial_history_and_parameter_importance(studied, tmp_path):
 
 
 def test_study_section_draws_importance_or_says_why_not(tmp_path):
-    from gspo_bench.study_report import study_section
+    from gspo_bench.reporting.study import study_section
 
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
     study.set_user_attr("algo", "cispo")

@@ -1,4 +1,4 @@
-"""Verifiers (gspo_bench.verifiers): hand-computed rewards, hostile input, the optional math extra."""
+"""Verifiers (gspo_bench.tasks.verifiers): hand-computed rewards, hostile input, the optional math extra."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gspo_bench.verifiers import (
+from gspo_bench.tasks.verifiers import (
     MAX_DEPTH,
     MAX_EXPR_CHARS,
     VERIFIER_REQUIRES,

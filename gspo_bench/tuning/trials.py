@@ -28,7 +28,7 @@ import optuna
 from optuna_integration.pytorch_lightning import PyTorchLightningPruningCallback
 
 from gspo_bench.config import ConfigError, RunConfig, deep_merge, load_config
-from gspo_bench.tuning import (LR_FACTOR, OBJECTIVE, PARENT_ATTR, RUN_ATTR, Progress, StudyOutcome, TrialFailed,
+from gspo_bench.tuning.study import (LR_FACTOR, OBJECTIVE, PARENT_ATTR, RUN_ATTR, Progress, StudyOutcome, TrialFailed,
                                TuneRequest, best_of, counts, fmt_params, local_lock, make_pruner, objective_value,
                                redact, wait_for_attr, write_best)
 
@@ -123,11 +123,11 @@ class Objective:
     """One trial: sample, train with the pruning callback, return ``objective_value`` (see ``tuning``)."""
 
     def __init__(self, shared: Shared, algo: str, params: tuple[str, ...], study: str, parent: str, metric: str):
-        from gspo_bench.modules import MODULES
+        from gspo_bench import algorithms
 
         self.s, self.algo, self.params, self.study, self.parent, self.metric = (shared, algo, params, study,
                                                                                  parent, metric)
-        self.module = MODULES[algo]
+        self.module = algorithms.get(algo)
 
     def space(self, trial: optuna.Trial) -> dict:
         """The algorithm's clip search space, plus the learning rate when asked for."""

@@ -15,7 +15,7 @@ leaderboard never reads.
 
 With ``storage`` (``report --storage URL [--study NAME ...]``) the report
 gains a section per Optuna study: its trial history and parameter
-importances (``study_report.py``).
+importances (``reporting/study.py``).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from gspo_bench import figures
+from gspo_bench.reporting import figures
 from gspo_bench.config import ConfigError
-from gspo_bench.leaderboard import (DEFAULT_EXPERIMENT, FINISHED, NOTES, RunData, experiment_id, load_runs,
-                                    no_runs_message, render, summarise)
+from gspo_bench.reporting.leaderboard import (DEFAULT_EXPERIMENT, FINISHED, NOTES, RunData, experiment_id, load_runs,
+                                              no_runs_message, render, slug, summarise)
 
 REPORT_METRICS = ("eval/pass1", "eval/reward_mean", "clip/frac", "reward/mean", "moe/expert_flip_rate")
 RATIO_ALGOS = ("gspo", "gspo_token")  # whose ratios/step_*.json figure (c) draws, in order of preference
@@ -52,10 +52,6 @@ class Report:
     path: Path  # report.md
     figures: list[Path] = field(default_factory=list)
     run_id: str | None = None  # the MLflow run holding them
-
-
-def slug(*parts: str) -> str:
-    return "_".join(re.sub(r"[^A-Za-z0-9.-]+", "-", p).strip("-") for p in parts if p)
 
 
 def _distinct(runs: list[RunData], get) -> list[str]:
@@ -191,7 +187,7 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
     out.mkdir(parents=True, exist_ok=True)
     tuning_md, tuning_figs = [], []
     if storage is not None:  # first: a bad storage URL or study name stops before anything is written
-        from gspo_bench.study_report import tuning_section
+        from gspo_bench.reporting.study import tuning_section
 
         tuning_md, tuning_figs = tuning_section(storage, studies, out)
     rows = summarise(runs)

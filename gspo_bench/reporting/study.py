@@ -15,7 +15,8 @@ import warnings
 from pathlib import Path
 
 from gspo_bench.config import ConfigError
-from gspo_bench.tuning import RUN_ATTR, best_of, counts, fmt_params, open_storage, redact
+from gspo_bench.reporting.leaderboard import slug
+from gspo_bench.tuning.study import RUN_ATTR, best_of, counts, fmt_params, open_storage, redact
 
 MIN_COMPLETE_FOR_IMPORTANCE = 2
 
@@ -45,7 +46,8 @@ def _importance_gap(study) -> str | None:
     return None
 
 
-def study_section(study, out: Path, slug: str) -> tuple[list[str], list[Path]]:
+def study_section(study, out: Path, tag: str) -> tuple[list[str], list[Path]]:
+    """Markdown and figures of one study; ``tag`` names its figure files (``tune_history_<tag>.png``)."""
     from optuna.visualization.matplotlib import plot_optimization_history, plot_param_importances
 
     a, c, best = study.user_attrs, counts(study), best_of(study)
@@ -62,7 +64,7 @@ def study_section(study, out: Path, slug: str) -> tuple[list[str], list[Path]]:
            f"(MLflow run `{best.user_attrs.get(RUN_ATTR, '-')}`).", ""]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
-        figs.append(_save(plot_optimization_history(study, target_name="objective"), out / f"tune_history_{slug}.png",
+        figs.append(_save(plot_optimization_history(study, target_name="objective"), out / f"tune_history_{tag}.png",
                           f"{study.study_name}: trial history"))
         md += [f"![trial history, {study.study_name}]({figs[-1].name})", "",
                "Each dot is a complete trial's objective, the line the best so far (pruned and failed trials have "
@@ -71,7 +73,7 @@ def study_section(study, out: Path, slug: str) -> tuple[list[str], list[Path]]:
         if gap is None:
             try:
                 figs.append(_save(plot_param_importances(study, target_name="objective"),
-                                  out / f"tune_importance_{slug}.png", f"{study.study_name}: parameter importance"))
+                                  out / f"tune_importance_{tag}.png", f"{study.study_name}: parameter importance"))
                 md += [f"![parameter importance, {study.study_name}]({figs[-1].name})", "",
                        "Optuna's default importance evaluator (PED-ANOVA) over the complete trials.", ""]
             except (ValueError, RuntimeError, ZeroDivisionError) as e:
@@ -84,8 +86,6 @@ def study_section(study, out: Path, slug: str) -> tuple[list[str], list[Path]]:
 def tuning_section(storage_url: str, names: list[str] | None, out: Path) -> tuple[list[str], list[Path]]:
     """Markdown and figures for the studies ``names`` (default: every study) in the storage."""
     import optuna
-
-    from gspo_bench.report import slug
 
     storage = open_storage(storage_url, must_exist=True)
     known = optuna.get_all_study_names(storage)

@@ -18,25 +18,9 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from gspo_bench import advantages as adv
-from gspo_bench.engine import Generation, generate
+from gspo_bench.config import RolloutConfig
+from gspo_bench.rollout.engine import Generation, generate, resolve_engine
 from gspo_bench.tasks import Task
-
-
-@dataclass
-class RolloutSettings:
-    """A RolloutConfig with every ``auto`` resolved for one algorithm."""
-
-    prompts_per_step: int
-    group_size: int
-    max_new_tokens: int
-    temperature: float = 1.0
-    engine: str = "hf"
-    dynamic_sampling: bool = False
-    max_gen_batches: int = 4
-    overlong_buffer: int | None = None
-    overlong_penalty: float = 1.0
-    advantage_scale: str = "std"
-    want_rollout_logp: bool = False
 
 
 @dataclass
@@ -45,7 +29,7 @@ class RolloutBatch:
     attention_mask: torch.Tensor  # (B, P+T)
     prompt_len: int  # P
     response_mask: torch.Tensor  # (B, T)
-    rollout_logp: torch.Tensor | None  # (B, T)
+    rollout_logp: torch.Tensor | None  # (B, T) the sampler's log-probs, when the engine returned them
     scores: torch.Tensor  # (B,) verifier reward
     rewards: torch.Tensor  # (B,) reward after shaping (what advantages see)
     advantages: torch.Tensor  # (B,) group z-score
@@ -107,7 +91,7 @@ class _RolloutStream(IterableDataset):
 class RolloutDataModule(L.LightningDataModule):
     """Prompts -> G samples from the current policy -> verifier rewards -> advantages."""
 
-    def __init__(self, task: Task, tokenizer, settings: RolloutSettings, *, steps: int, seed: int,
+    def __init__(self, task: Task, tokenizer, settings: RolloutConfig, *, steps: int, seed: int,
                  eval_prompts: int = 256, eval_samples: int = 0, eval_batch: int = 256):
         super().__init__()
         self.task, self.tokenizer, self.s = task, tokenizer, settings
@@ -115,6 +99,11 @@ class RolloutDataModule(L.LightningDataModule):
         self.eval_rows = task.eval.select(range(min(eval_prompts, len(task.eval))))
         self.eval_samples, self.eval_batch = eval_samples, eval_batch
         self.policy = None  # set by the module in setup(); the engine samples from it
+
+    def wants_rollout_logp(self) -> bool:
+        """Keep the sampler's log-probs when training uses them, or when the engine gives them for free
+        (the fast engine computes them anyway; ``generate`` would need every step's logits kept)."""
+        return self.s.old_logp_source == "rollout" or resolve_engine(self.s.engine, self.policy) == "fast"
 
     # -- scoring (the only place the verifier is called) ------------------------------------
     def score(self, texts: list[str], answers: list[str]) -> torch.Tensor:
@@ -131,7 +120,7 @@ class RolloutDataModule(L.LightningDataModule):
         prompts = [r["prompt"] for r in rows for _ in range(G)]
         answers = [r["answer"] for r in rows for _ in range(G)]
         gen = generate(self.s.engine, self.policy, self.tokenizer, prompts, max_new_tokens=self.s.max_new_tokens,
-                       temperature=self.s.temperature, return_logp=self.s.want_rollout_logp)
+                       temperature=self.s.temperature, return_logp=self.wants_rollout_logp())
         return gen, answers
 
     def rollout(self, step: int) -> RolloutBatch:

@@ -23,7 +23,7 @@ from typing import Any
 import datasets
 
 from gspo_bench.config import load_yaml
-from gspo_bench.generators import (
+from gspo_bench.tasks.generators import (
     GENERATORS,
     generate_arith,
     generate_countdown,
@@ -32,7 +32,7 @@ from gspo_bench.generators import (
     register_generator,
 )
 from gspo_bench.paths import builtin_dir
-from gspo_bench.verifiers import (
+from gspo_bench.tasks.verifiers import (
     VERIFIER_REQUIRES,
     VERIFIERS,
     Verifier,

@@ -16,11 +16,12 @@ import torch
 from transformers import AutoModel
 
 from gspo_bench import advantages as adv
-from gspo_bench.data import RolloutBatch
-from gspo_bench.engine import position_ids
+from gspo_bench.algorithms.base import PolicyModule, adamw, register_algorithm
+from gspo_bench.config import Recipe
 from gspo_bench.losses import kl_penalty
 from gspo_bench.metrics import StepStats
-from gspo_bench.modules import PolicyModule, adamw, register_module
+from gspo_bench.rollout.datamodule import RolloutBatch
+from gspo_bench.rollout.engine import position_ids
 
 
 class Critic(torch.nn.Module):
@@ -41,16 +42,16 @@ class Critic(torch.nn.Module):
         return self.head(h[:, prompt_len - 1 : -1].float()).squeeze(-1)  # (B, T)
 
 
-@register_module
+@register_algorithm
 class PPO(PolicyModule):
     """PPO (Schulman et al. 2017) with GAE, a learned critic and a KL-shaped reward."""
 
-    loss_name = "ppo"
-    default_kl_coef = 0.05
+    name = "ppo"
+    recipe = Recipe(kl_coef=0.05)
     kl_in_loss = False  # the KL is in the reward, so the policy loss is the bare clipped surrogate
 
-    def __init__(self, cfg, model_path: str, seed: int = 0):
-        super().__init__(cfg, model_path, seed)
+    def __init__(self, cfg, model_path: str, seed: int = 0, settings=None):
+        super().__init__(cfg, model_path, seed, settings)
         self.critic = Critic(model_path, cfg.model.trust_remote_code)
 
     def configure_optimizers(self):
@@ -80,11 +81,14 @@ class PPO(PolicyModule):
         out.update(advantages=adv.whiten(advantages, mask), returns=returns, values=values)
         return out
 
-    def minibatch_loss(self, batch: RolloutBatch, prep: dict, idx: torch.Tensor, stats: StepStats):
-        policy = super().minibatch_loss(batch, prep, idx, stats)
-        mask = batch.response_mask[idx]
-        v = self.critic(batch.input_ids[idx], batch.attention_mask[idx], batch.prompt_len)
-        v_old, ret = prep["values"][idx], prep["returns"][idx]
+    def parameter_groups(self):
+        return super().parameter_groups() + [("critic/grad_norm", list(self.critic.parameters()))]
+
+    def minibatch_loss(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor, stats: StepStats):
+        policy = super().minibatch_loss(batch, prep, rows, stats)
+        mask = batch.response_mask[rows]
+        v = self.critic(batch.input_ids[rows], batch.attention_mask[rows], batch.prompt_len)
+        v_old, ret = prep["values"][rows], prep["returns"][rows]
         err = (v - ret).square()
         c = self.cfg.loss.value_clip
         if c is not None:
@@ -94,8 +98,3 @@ class PPO(PolicyModule):
         value_loss = self.cfg.loss.vf_coef * 0.5 * (err * mask).sum() / mask.sum().clamp(min=1)
         stats.add({"critic/value_loss": value_loss.detach()})
         return policy + value_loss
-
-    def step_optimizers(self, stats: StepStats) -> None:
-        max_norm = self.cfg.train.max_grad_norm or float("inf")
-        stats.add({"critic/grad_norm": torch.nn.utils.clip_grad_norm_(self.critic.parameters(), max_norm)})
-        super().step_optimizers(stats)

@@ -33,16 +33,14 @@ import csv
 import io
 import logging
 import math
-import os
+import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gspo_bench.config import ConfigError
+from gspo_bench.config import ConfigError, resolve_tracking_uri
 
 DEFAULT_EXPERIMENT = "gspo_bench"
-# the same default as runner.tracking_uri (not imported from there: runner pulls in Lightning)
-DEFAULT_URI = "sqlite:///mlflow.db"
 FINISHED = "FINISHED"
 PLUS = 0.10  # "warm start + 10 points"
 # metric histories the leaderboard needs; ``collapse/<kind>`` ones are added per run
@@ -93,20 +91,22 @@ class RunData:
 
 
 def read_uri(uri: str | None) -> str:
-    """The tracking URI to read: the flag, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db.
+    """The tracking URI to read: the flag, else $MLFLOW_TRACKING_URI, else ``config.DEFAULT_TRACKING_URI``.
 
     Reading a sqlite URI whose file does not exist would silently create an
     empty store, so that is an error here.
     """
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    uri = resolve_tracking_uri(uri)
     if uri.startswith("sqlite:///"):
         db = Path(uri[len("sqlite:///"):]).expanduser()
         if not db.is_file():
             raise ConfigError(f"tracking URI {uri!r}: no database file {str(db)!r}")
-    elif "://" not in uri:
-        raise ConfigError(f"tracking URI {uri!r} is a bare path; mlflow 3 needs a database URI such as "
-                          "sqlite:///mlflow.db")
     return uri
+
+
+def slug(*parts: str) -> str:
+    """A file-name-safe label for a group or study, e.g. ``arith_tiny-dense_tuned`` (report figure names)."""
+    return "_".join(re.sub(r"[^A-Za-z0-9.-]+", "-", p).strip("-") for p in parts if p)
 
 
 def _quiet_mlflow() -> None:

@@ -5,43 +5,25 @@ and seeds, plus the sections below. Presets (``gspo_bench/presets/*.yaml``)
 and baselines (``baselines/*.yaml``) are partial RunConfigs merged over the
 dataclass defaults; CLI flags are merged last.
 
-``"auto"`` means "the algorithm's own default" (the registry in ``losses.py``
-for clip ranges, the algorithm module for everything else); it is resolved
-per algorithm, so one config can drive all six side by side.
+``"auto"`` means "the algorithm's own default": its loss registration
+(``losses.py``) for the clip range, its ``Recipe`` (on its class in
+``algorithms/``) for everything else. ``RunConfig.resolve`` turns a config
+into one algorithm's concrete settings, so one config drives all six side by
+side and no other layer resolves ``auto``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field, fields
-from pathlib import Path
+import re
+from dataclasses import dataclass, field
 from typing import Any, Union
 
-import re
-
-import yaml
-
-from gspo_bench.engine import ENGINES
 from gspo_bench.losses import KL_ESTIMATORS, LOSSES
+from gspo_bench.rollout.engine import ENGINES
 
 AUTO = "auto"
-PRESET_DIR = Path(__file__).resolve().parent / "presets"
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads ``3e-4`` (no dot) as a string; clip ranges are written that way, so read it as a float."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$|^[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?$"),
-    list("-+0123456789."),
-)
-
-
-def load_yaml(text: str):
-    return yaml.load(text, Loader=_Loader)
 
 
 class ConfigError(ValueError):
@@ -262,6 +244,25 @@ class TrackingConfig:
     """MLflow experiment (one per benchmark name)."""
 
 
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+"""The MLflow store when neither ``tracking.tracking_uri`` (``--tracking-uri``) nor $MLFLOW_TRACKING_URI names one."""
+
+
+def resolve_tracking_uri(uri: str | None) -> str:
+    """``uri``, else $MLFLOW_TRACKING_URI, else ``DEFAULT_TRACKING_URI``; a bare path is a ConfigError.
+
+    Shared by ``runner.tracking_uri`` (writing: the sqlite file's folder must
+    exist) and ``leaderboard.read_uri`` (reading: the sqlite file must exist).
+    """
+    import os
+
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    if "://" not in uri:
+        raise ConfigError(f"tracking URI {uri!r} is a bare path; mlflow 3 needs a database URI such as "
+                          f"{DEFAULT_TRACKING_URI}")
+    return uri
+
+
 @dataclass
 class RunConfig:
     preset: str = "default"
@@ -293,89 +294,57 @@ class RunConfig:
         _check(len(self.seeds) > 0 and all(isinstance(s, int) and s >= 0 for s in self.seeds),
                f"seeds={self.seeds!r} must be non-negative ints")
 
-
-def _build(cls, data: dict, where: str):
-    """Instantiate dataclass ``cls`` from a (partial) dict, recursing into sections."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where or 'config'} must be a mapping, got {type(data).__name__}")
-    known = {f.name: f for f in fields(cls)}
-    unknown = set(data) - set(known)
-    if unknown:
-        raise ConfigError(f"unknown key(s) {sorted(unknown)} in {where or 'config'} (allowed: {', '.join(known)})")
-    kwargs = {}
-    for name, value in data.items():
-        sub = _section_type(cls, name)
-        kwargs[name] = _build(sub, value, f"{where}.{name}".strip(".")) if sub else value
-    try:
-        return cls(**kwargs)
-    except TypeError as e:
-        raise ConfigError(f"{where or 'config'}: {e}") from None
-
-
-def _section_type(cls, name: str):
-    hints = {"model": ModelConfig, "warmstart": WarmStartConfig, "rollout": RolloutConfig, "loss": LossConfig,
-             "train": TrainConfig, "collapse": CollapseConfig, "tracking": TrackingConfig}
-    return hints.get(name) if cls is RunConfig else None
+    def resolve(self, algo: str, recipe: "Recipe", task_max_new_tokens: int) -> "Resolved":
+        """This config as algorithm ``algo`` runs it: ``auto`` becomes the loss's clip or the recipe's value."""
+        spec, lc, r = LOSSES[algo], self.loss, self.rollout
+        loss = LossSettings(
+            eps_low=spec.eps_low if lc.eps_low == AUTO else lc.eps_low,
+            eps_high=spec.eps_high if lc.eps_high == AUTO else lc.eps_high,
+            dual_clip_c=lc.dual_clip_c,
+            kl_coef=recipe.kl_coef if lc.kl_coef == AUTO else float(lc.kl_coef),
+            kl_estimator=lc.kl_estimator,
+        )
+        max_new = task_max_new_tokens if r.max_new_tokens == AUTO else r.max_new_tokens
+        buffer = r.overlong_buffer
+        if buffer == AUTO:
+            # DAPO's overlong buffer: a quarter of the length cap
+            buffer = max(1, max_new // 4) if recipe.overlong_shaping else None
+        dynamic = recipe.dynamic_sampling if r.dynamic_sampling == AUTO else r.dynamic_sampling
+        rollout = dataclasses.replace(r, max_new_tokens=max_new, overlong_buffer=buffer, dynamic_sampling=dynamic)
+        return Resolved(loss, rollout)
 
 
-def deep_merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
+@dataclass(frozen=True)
+class Recipe:
+    """An algorithm's own defaults for the fields a config leaves at ``auto`` (the clip range is its loss's)."""
+
+    kl_coef: float = 0.0
+    """KL-to-reference weight (PPO folds it into the reward, the others into the loss)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: drop groups whose rewards all agree and resample."""
+    overlong_shaping: bool = False
+    """DAPO's overlong shaping, with buffer max_new_tokens // 4."""
 
 
-def presets() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(PRESET_DIR.glob("*.yaml"))}
+@dataclass(frozen=True)
+class LossSettings:
+    """The loss hyper-parameters of one algorithm, every ``auto`` resolved."""
+
+    eps_low: float | None
+    eps_high: float
+    dual_clip_c: float | None
+    kl_coef: float
+    kl_estimator: str
+
+    def hparams(self) -> dict:
+        """Keyword arguments of ``losses.policy_loss`` (the KL weight goes in only with a reference model)."""
+        return {"eps_low": self.eps_low, "eps_high": self.eps_high, "dual_clip_c": self.dual_clip_c,
+                "kl_estimator": self.kl_estimator}
 
 
-def resolve_config_file(path: str | Path) -> Path:
-    """A YAML path, or the name of a shipped baseline (``gspo`` or ``baselines/gspo.yaml``)."""
-    from gspo_bench.paths import builtin_dir
+@dataclass(frozen=True)
+class Resolved:
+    """What one algorithm runs with: ``RunConfig.resolve``'s answer."""
 
-    p = Path(path).expanduser()
-    if p.is_file():
-        return p
-    shipped = builtin_dir("baselines") / (Path(path).stem + ".yaml")
-    if Path(path).parent in (Path("."), Path("baselines")) and shipped.is_file():
-        return shipped
-    known = ", ".join(sorted(q.stem for q in builtin_dir("baselines").glob("*.yaml")))
-    raise ConfigError(f"config file {str(path)!r} does not exist (shipped baselines: {known})")
-
-
-def read_yaml(path: str | Path) -> dict:
-    p = resolve_config_file(path)
-    data = load_yaml(p.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: top level must be a mapping")
-    return data
-
-
-def load_config(preset: str = "default", config_files: tuple = (), overrides: dict | None = None) -> RunConfig:
-    """Dataclass defaults <- preset YAML <- each --config file <- CLI overrides."""
-    known = presets()
-    _choice("preset", preset, list(known))
-    data = deep_merge(read_yaml(known[preset]), {"preset": preset})
-    for f in config_files:
-        data = deep_merge(data, read_yaml(f))
-    data = deep_merge(data, overrides or {})
-    # a baseline file names one algorithm; accept the singular for readability
-    if "algo" in data:
-        data["algos"] = [data.pop("algo")]
-    return _build(RunConfig, data, "")
-
-
-def to_dict(cfg) -> dict:
-    return dataclasses.asdict(cfg)
-
-
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    """{'loss': {'eps_low': 0.2}} -> {'loss.eps_low': 0.2} (for MLflow params)."""
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
+    loss: LossSettings
+    rollout: RolloutConfig  # every auto replaced by a value

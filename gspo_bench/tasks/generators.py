@@ -16,7 +16,7 @@ from typing import Callable, Hashable
 
 import datasets
 
-from gspo_bench.verifiers import format_countdown_answer
+from gspo_bench.tasks.verifiers import format_countdown_answer
 
 Generator = Callable[..., tuple[datasets.Dataset, datasets.Dataset]]
 GENERATORS: dict[str, Generator] = {}

@@ -1,7 +1,7 @@
 """``tune``: Optuna studies over clip ranges, pruned, resumable, shared by many workers, linked to MLflow.
 
 One study per algorithm. A trial samples the algorithm's ``search_space``
-(``modules.py``, next to each algorithm; ``--tune-lr`` adds the learning rate,
+(on each algorithm's class in ``algorithms/``; ``--tune-lr`` adds the learning rate,
 log-uniform within 5x of the config's), trains it from the shared warm start
 with ``runner.run_one`` and returns the objective. Storage is any SQLAlchemy
 URL (default ``sqlite:///optuna.db``); workers pointed at the same storage
@@ -225,10 +225,10 @@ def chosen_params(module_cls, params: tuple[str, ...] | None, tune_lr: bool) -> 
     chosen = tuple(module_cls.searched_by_default if params is None else params) + (("lr",) if tune_lr else ())
     unknown = [p for p in chosen if p not in allowed]
     if unknown:
-        raise ConfigError(f"--params {','.join(unknown)}: not in {module_cls.loss_name}'s search space "
+        raise ConfigError(f"--params {','.join(unknown)}: not in {module_cls.name}'s search space "
                           f"(allowed: {', '.join(allowed)})")
     if not chosen:
-        raise ConfigError(f"empty search space for {module_cls.loss_name}: --params selects nothing "
+        raise ConfigError(f"empty search space for {module_cls.name}: --params selects nothing "
                           f"(allowed: {', '.join(allowed)})")
     return tuple(dict.fromkeys(chosen))
 
@@ -319,34 +319,3 @@ def wait_for_attr(study: optuna.Study, key: str, seconds: float = 60.0):
     while (value := study.user_attrs.get(key)) is None and time.monotonic() < deadline:
         time.sleep(0.5)
     return value
-
-
-def tune(req: TuneRequest, log=print) -> list[StudyOutcome]:
-    """Validate everything, open the storage, warm start once, then one study per algorithm."""
-    import optuna
-
-    from gspo_bench.losses import LOSSES
-    from gspo_bench.runner import MODULES, quiet, validate  # runner registers PPO's module too
-    from gspo_bench.trials import prepare, run_study
-
-    quiet()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    if req.algo != "all" and req.algo not in LOSSES:
-        raise ConfigError(f"algo {req.algo!r} is not allowed (allowed: {', '.join(LOSSES)}, all)")
-    algos = list(LOSSES) if req.algo == "all" else [req.algo]
-    if req.trials is not None and req.trials < 1:
-        raise ConfigError(f"--trials={req.trials} must be >= 1")
-    if req.timeout is not None and req.timeout <= 0:
-        raise ConfigError(f"--timeout={req.timeout} must be > 0 seconds")
-    if req.heartbeat < 1 or req.retries < 0:
-        raise ConfigError(f"--heartbeat={req.heartbeat} must be >= 1 s and --retries={req.retries} >= 0")
-    if req.trials is None and req.timeout is None:
-        req.trials = 8
-    cfg = load_config(req.preset, req.config_files, {**req.overrides, "algos": algos})
-    uri = validate(cfg)
-    spaces = {a: chosen_params(MODULES[a], req.params, req.tune_lr) for a in algos}
-    make_pruner(req.pruner, cfg.train.steps)
-    storage = open_storage(req.storage, req.heartbeat, req.retries, uri)
-    shared = prepare(req, cfg, uri, storage, log)  # MLflow experiment, task, the one warm start
-    return [run_study(shared, algo, spaces[algo]) for algo in algos]

@@ -95,7 +95,7 @@ def response_logp(model, input_ids, attention_mask, prompt_len: int, temperature
     family), ``hf`` the transformers module over the padded batch, ``auto``
     the first that supports the model.
     """
-    from gspo_bench import fastlm
+    from gspo_bench.rollout import fastlm
 
     if forward == "packed" or (forward == "auto" and fastlm.supports(model)):
         if forward == "packed" and not fastlm.supports(model):
@@ -155,7 +155,7 @@ def _finish(tokenizer, enc, resp: torch.Tensor, eos: list[int]) -> Generation:
 def fast_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
                   greedy: bool = False, return_logp: bool = True, generator=None) -> Generation:
     """Sample with the fast engine (``fastgen``): same contract as ``hf_generate``."""
-    from gspo_bench.fastgen import decode
+    from gspo_bench.rollout.fastgen import decode
 
     enc, eos = _encode(model, tokenizer, prompts)
     resp, logp = decode(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new_tokens,
@@ -169,7 +169,7 @@ def fast_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, 
 def resolve_engine(engine: str, model) -> str:
     """``auto``: the fast engine when it supports the model, else transformers' generate."""
     if engine == "auto":
-        from gspo_bench.fastgen import unsupported_reason
+        from gspo_bench.rollout.fastgen import unsupported_reason
 
         return "fast" if unsupported_reason(model) is None else "hf"
     return engine

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gspo_bench import fastlm
+from gspo_bench.rollout import fastlm
 
 
 # generation_config fields whose logits processors ``generate`` applies and this engine does not, with the

@@ -1,0 +1,18 @@
+"""Typed configuration: one small dataclass per concern, loadable from YAML.
+
+``sections.py`` holds the dataclasses (``RunConfig`` and its sections, every
+field documented and checked in ``__post_init__``) and ``RunConfig.resolve``,
+which turns ``auto`` into one algorithm's values. ``loading.py`` reads
+presets, ``--config`` files and ``--set`` overrides and merges them.
+"""
+
+from gspo_bench.config.loading import (PRESET_DIR, deep_merge, flatten, load_config, load_yaml, parse_sets, presets,
+                                       read_yaml, resolve_config_file, to_dict)
+from gspo_bench.config.sections import (AUTO, DEFAULT_TRACKING_URI, CollapseConfig, ConfigError, LossConfig,
+                                        LossSettings, ModelConfig, Recipe, Resolved, RolloutConfig, RunConfig,
+                                        TrackingConfig, TrainConfig, WarmStartConfig, resolve_tracking_uri)
+
+__all__ = ["AUTO", "DEFAULT_TRACKING_URI", "PRESET_DIR", "CollapseConfig", "ConfigError", "LossConfig", "LossSettings",
+           "ModelConfig", "Recipe", "Resolved", "RolloutConfig", "RunConfig", "TrackingConfig", "TrainConfig",
+           "WarmStartConfig", "deep_merge", "flatten", "load_config", "load_yaml", "parse_sets", "presets", "read_yaml",
+           "resolve_config_file", "resolve_tracking_uri", "to_dict"]

@@ -1,0 +1,1 @@
+"""Reading results back: ``leaderboard``, ``report`` and its figures, tuning studies, ``bench`` tables."""

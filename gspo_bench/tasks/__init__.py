@@ -1,0 +1,15 @@
+"""Tasks: data plus a pure ``verify(completion, answer) -> float``.
+
+``task.py`` reads a task spec (YAML) and builds its train/eval splits;
+``generators.py`` makes or loads the data by ``kind``; ``verifiers.py`` holds
+the pure reward functions. Both keep a registry, so a new kind or verifier is
+one decorated function.
+"""
+
+from gspo_bench.tasks.generators import GENERATORS, generate_arith, load_jsonl, register_generator
+from gspo_bench.tasks.task import Task, TaskSpec, builtin_tasks, load_task, resolve_task_spec
+from gspo_bench.tasks.verifiers import VERIFIERS, register_verifier, verify_exact, verify_last_line
+
+__all__ = ["GENERATORS", "VERIFIERS", "Task", "TaskSpec", "builtin_tasks", "generate_arith", "load_jsonl",
+           "load_task", "register_generator", "register_verifier", "resolve_task_spec", "verify_exact",
+           "verify_last_line"]

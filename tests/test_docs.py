@@ -1,0 +1,194 @@
+"""The documentation agrees with the code: the metrics table of docs/algorithms.md, relative links, the README layout.
+
+- Metrics: two short real runs (``ppo`` and ``dapo`` on ``tiny-moe``, 2 steps, a collapse forced by an
+  impossible entropy floor) between them log every conditional metric: PPO's critic, DAPO's dynamic sampling,
+  the MoE flip rate, the engine/trainer mismatch (the default fast engine returns log-probs) and collapse
+  events. Every name in the table must have been logged by one of them, and every logged name must be in the
+  table. ``collapse/<kind>`` is a placeholder row: its kinds are checked against ``COLLAPSE_KINDS``. The
+  ``tune/*`` rows are logged by ``tune`` only, which is too slow for this check; they are checked statically
+  (a ``log_metric`` call with that literal name in ``gspo_bench/tuning/``).
+- Links: every relative Markdown link ``[text](target)`` in README.md and docs/*.md resolves to an existing
+  file or folder inside the repository (http(s)/mailto links and bare ``#anchors`` are skipped; a
+  ``#fragment`` after a path is dropped).
+- Layout: README.md's "Layout" code block names every Python module of the package, in this format: one
+  module per line, the line's first word being the module's path relative to ``gspo_bench/`` (e.g.
+  ``rollout/engine.py``, ``__init__.py``), followed by a short description. Every such first word must be an
+  existing module, so the block can neither miss a module nor keep a stale one.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from gspo_bench.callbacks import COLLAPSE_KINDS
+from gspo_bench.config import load_config
+from gspo_bench.runner import run
+from tests.conftest import tiny_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+ALGORITHMS_DOC = ROOT / "docs" / "algorithms.md"
+PACKAGE = ROOT / "gspo_bench"
+
+# logged only by ``tune`` (a trial's run, the study's parent run): checked in the source, not by a run
+TUNE_ONLY = ("tune/",)
+
+
+# -- the metrics table ----------------------------------------------------------------------------------------
+def documented_metrics() -> list[tuple[str, str]]:
+    """(name, definition) of each row of the "## Metrics" table of docs/algorithms.md."""
+    text = ALGORITHMS_DOC.read_text()
+    section = text.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        line = line.strip()
+        if not line.startswith("|"):
+            continue
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip("|"))]
+        m = re.fullmatch(r"`([^`]+)`", cells[0])
+        if m:  # header and separator rows have no backticked first cell
+            rows.append((m.group(1), cells[-1]))
+    return rows
+
+
+def _is_placeholder(name: str) -> bool:
+    return "<" in name
+
+
+@pytest.fixture(scope="module")
+def logged(mixed_task, tracking_uri) -> list[set[str]]:
+    """The metric names each of the two runs logged, read back from MLflow."""
+    exp = "docs-metrics"
+    cfg = load_config("smoke", overrides={
+        **tiny_overrides(mixed_task, tracking_uri), "algos": ["ppo", "dapo"], "model": {"name": "tiny-moe"},
+        # an entropy floor no policy can reach: an entropy_collapse event at step 1, so collapse/* are logged
+        "collapse": {"entropy_floor": 100.0, "on_collapse": "continue"},
+        "tracking": {"tracking_uri": tracking_uri, "experiment": exp}})
+    results = run(cfg, log=lambda *a: None)
+    assert [r.status for r in results] == ["FINISHED", "FINISHED"], [r.error for r in results]
+    client = mlflow.MlflowClient(tracking_uri)
+    return [set(client.get_run(r.run_id).data.metrics) for r in results]
+
+
+def test_metrics_table_is_well_formed():
+    rows = documented_metrics()
+    names = [n for n, _ in rows]
+    assert len(rows) > 30, "the Metrics table of docs/algorithms.md was not found or is nearly empty"
+    assert len(names) == len(set(names)), f"duplicate rows: {sorted({n for n in names if names.count(n) > 1})}"
+    assert all("/" in n for n in names), names
+    assert all(d for _, d in rows), "every metric needs a definition"
+
+
+def test_collapse_placeholder_names_every_kind():
+    rows = dict(documented_metrics())
+    assert "collapse/<kind>" in rows
+    kinds = set(re.findall(r"`([a-z_]+)`", rows["collapse/<kind>"]))
+    assert kinds == set(COLLAPSE_KINDS)
+    assert [n for n in rows if _is_placeholder(n)] == ["collapse/<kind>"]
+
+
+def test_every_documented_metric_is_logged(logged):
+    seen = set().union(*logged)
+    missing = [name for name, _ in documented_metrics()
+               if not _is_placeholder(name) and not name.startswith(TUNE_ONLY) and name not in seen]
+    assert not missing, f"documented in docs/algorithms.md but logged by no run: {missing}"
+    # the forced collapse shows up under its kind's name
+    assert "collapse/entropy_collapse" in seen
+
+
+def test_every_logged_metric_is_documented(logged):
+    documented = {n for n, _ in documented_metrics()}
+    seen = set().union(*logged)
+    collapse = {k for k in seen if k.startswith("collapse/")}
+    assert collapse - {"collapse/events"} <= {f"collapse/{k}" for k in COLLAPSE_KINDS}, collapse
+    undocumented = sorted(k for k in seen - collapse if "/" in k and k not in documented)
+    assert not undocumented, f"logged but missing from the Metrics table of docs/algorithms.md: {undocumented}"
+
+
+def test_conditional_metrics_appear_only_where_documented(logged):
+    ppo, dapo = logged
+    assert {"critic/value_loss", "critic/explained_var", "critic/ref_kl"} <= ppo
+    assert not any(k.startswith("critic/") for k in dapo)
+    assert {"dynamic/dropped_groups", "dynamic/gen_batches", "dynamic/kept_groups"} <= dapo
+    assert not any(k.startswith("dynamic/") for k in ppo)
+    for keys in logged:
+        assert {"moe/expert_flip_rate", "mismatch/kl", "mismatch/abs_diff_max",
+                "mismatch/seq_log_ratio_std"} <= keys
+
+
+def test_tune_metrics_are_logged_by_tune():
+    source = "\n".join(p.read_text() for p in sorted((PACKAGE / "tuning").rglob("*.py")))
+    names = [n for n, _ in documented_metrics() if n.startswith(TUNE_ONLY)]
+    assert names, "the tune/* rows are gone from the table"
+    for name in names:
+        assert re.search(r"log_metric\([^)]*[\"']" + re.escape(name) + r"[\"']", source), name
+    logged_by_tune = set(re.findall(r"log_metric\([^)]*?[\"'](tune/[a-z_]+)[\"']", source))
+    assert logged_by_tune == set(names), logged_by_tune
+
+
+# -- links ------------------------------------------------------------------------------------------------------
+LINK = re.compile(r"\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+
+
+def _without_code_blocks(text: str) -> str:
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def bad_links(md: Path, text: str | None = None) -> list[str]:
+    """Relative links of ``md`` that do not resolve to an existing path inside the repository."""
+    text = md.read_text() if text is None else text
+    bad = []
+    for target in LINK.findall(_without_code_blocks(text)):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target, re.I) or target.startswith("#"):
+            continue  # http(s), mailto, ... and anchors within the page
+        path = target.split("#", 1)[0]
+        resolved = (md.parent / path).resolve()
+        if not resolved.is_relative_to(ROOT):
+            bad.append(f"{target} (outside the repository)")
+        elif not resolved.exists():
+            bad.append(f"{target} (no such file)")
+    return bad
+
+
+def _markdown_files() -> list[Path]:
+    return [README] + sorted((ROOT / "docs").glob("*.md"))
+
+
+def test_link_checker_rejects_links_outside_the_repository():
+    # ../shared/ALGORITHMS.md may exist on a developer's machine; a clone does not have it
+    outside = bad_links(README, "[contract](../shared/ALGORITHMS.md)")
+    assert outside == ["../shared/ALGORITHMS.md (outside the repository)"]
+    assert bad_links(README, "[x](docs/nope.md)") == ["docs/nope.md (no such file)"]
+    assert bad_links(README, "[a](docs/algorithms.md#metrics) [b](https://arxiv.org) [c](#layout)") == []
+
+
+@pytest.mark.parametrize("md", _markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve_inside_the_repository(md):
+    assert bad_links(md) == []
+
+
+def test_readme_links_the_algorithms_doc():
+    assert "docs/algorithms.md" in LINK.findall(README.read_text())
+    assert ALGORITHMS_DOC.is_file()
+
+
+# -- the README's layout block --------------------------------------------------------------------------------
+def layout_modules() -> list[str]:
+    """First words ending in ``.py`` of the lines of the README's "Layout" code block."""
+    section = README.read_text().split("\n## Layout\n", 1)[1]
+    block = section.split("```", 2)[1]
+    words = [line.split()[0] for line in block.splitlines() if line.split()]
+    return [w for w in words if w.endswith(".py")]
+
+
+def test_readme_layout_names_every_module():
+    named = layout_modules()
+    modules = sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
+                     if "__pycache__" not in p.parts)
+    assert len(named) == len(set(named)), f"named twice: {sorted({n for n in named if named.count(n) > 1})}"
+    assert sorted(set(modules) - set(named)) == [], "modules missing from README.md's Layout block"
+    assert sorted(set(named) - set(modules)) == [], "Layout block names modules that do not exist"
