@@ -362,6 +362,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # report.md states the command
+    if args.cmd in ("run", "tune", "bench", "list"):
+        # import every algorithm file (each registers its class, and a new one may register its loss too)
+        # before any config names an algorithm
+        from gspo_bench import algorithms  # noqa: F401
     try:
         return {"run": cmd_run, "tune": cmd_tune, "list": cmd_list, "leaderboard": cmd_leaderboard,
                 "report": cmd_report, "bench": cmd_bench}[args.cmd](args)

@@ -92,12 +92,11 @@ class PolicyModule(L.LightningModule):
     searched_by_default: ClassVar[tuple[str, ...]] = ("eps_low", "eps_high")
     """``tune``: the loss parameters searched when ``--params`` does not say (see ``search_ranges``)."""
 
-    def __init__(self, cfg: RunConfig, model_path: str, seed: int = 0, settings: Resolved | None = None):
+    def __init__(self, cfg: RunConfig, model_path: str, seed: int, settings: Resolved):
+        """``settings``: ``cfg.resolve(name, recipe, ...)``, the same the datamodule samples with."""
         super().__init__()
         self.automatic_optimization = False
-        self.cfg, self.seed = cfg, seed
-        # the task's length cap only matters to the rollout; the datamodule gets the same settings
-        self.settings = settings or cfg.resolve(self.name, self.recipe, task_max_new_tokens=1)
+        self.cfg, self.seed, self.settings = cfg, seed, settings
         self.policy = AutoModelForCausalLM.from_pretrained(
             model_path, trust_remote_code=cfg.model.trust_remote_code, dtype=torch.float32)
         self.ref = None
@@ -171,7 +170,7 @@ class PolicyModule(L.LightningModule):
         """Response log-probs (and entropy) of ``rows`` through the configured forward (``train.forward``)."""
         ids, attn = (batch.input_ids, batch.attention_mask) if rows is None else (
             batch.input_ids[rows], batch.attention_mask[rows])
-        return response_logp(model, ids, attn, batch.prompt_len, self.cfg.rollout.temperature, with_entropy,
+        return response_logp(model, ids, attn, batch.prompt_len, self.settings.rollout.temperature, with_entropy,
                              self.cfg.train.forward)
 
     # -- the RL step ---------------------------------------------------------------------------
@@ -212,7 +211,7 @@ class PolicyModule(L.LightningModule):
         """
         mask = batch.response_mask
         with torch.no_grad():
-            if self.cfg.rollout.old_logp_source == "rollout" and batch.rollout_logp is not None:
+            if self.settings.rollout.old_logp_source == "rollout" and batch.rollout_logp is not None:
                 old = batch.rollout_logp
             else:
                 old, _ = self.response_logp(self.policy, batch)

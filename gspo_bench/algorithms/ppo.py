@@ -50,7 +50,7 @@ class PPO(PolicyModule):
     recipe = Recipe(kl_coef=0.05)
     kl_in_loss = False  # the KL is in the reward, so the policy loss is the bare clipped surrogate
 
-    def __init__(self, cfg, model_path: str, seed: int = 0, settings=None):
+    def __init__(self, cfg, model_path: str, seed: int, settings):
         super().__init__(cfg, model_path, seed, settings)
         self.critic = Critic(model_path, cfg.model.trust_remote_code)
 

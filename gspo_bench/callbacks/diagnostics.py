@@ -21,7 +21,7 @@ def _trainer_logp_before_update(pl_module, batch) -> torch.Tensor | None:
     optimiser step, so its rows are measured (and only those).
     """
     trace = pl_module.trace
-    if pl_module.cfg.rollout.old_logp_source == "recompute":
+    if pl_module.settings.rollout.old_logp_source == "recompute":
         return trace.old_logp
     if not trace.minibatches:
         return None
