@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gspo_bench.config import DEFAULT_TRACKING_URI, ConfigError, deep_merge, load_config, parse_sets, presets
-from gspo_bench.reporting.leaderboard import DEFAULT_EXPERIMENT, NOTES
+from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE, DEFAULT_EXPERIMENT, NOTES
 
 console = Console(highlight=False)
 if not console.is_terminal:  # logs and CI: don't squeeze tables into 80 columns
@@ -138,9 +138,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"MLflow experiment (default {DEFAULT_EXPERIMENT})")
         c.add_argument("--task", help="only runs of this task")
         c.add_argument("--model", help="only runs of this model")
+        c.add_argument("--baseline", metavar="ALGO",
+                       help=f"the algorithm the paired differences are taken against (default {DEFAULT_BASELINE}); "
+                       "given, it must have a FINISHED run in the selection, else exit 2; left at the default, a "
+                       "selection without one only skips the paired table")
         if name == "leaderboard":
             c.add_argument("--format", choices=("table", "md", "csv"),
-                           help="default: a table on a terminal, Markdown otherwise")
+                           help="default: a table on a terminal, Markdown otherwise; table and md print the "
+                           "leaderboard, then the paired table and one MDE line per group; csv prints the "
+                           "leaderboard alone")
+            c.add_argument("--paired", action="store_true",
+                           help="print only the paired differences vs --baseline, in --format; the baseline must "
+                           "then have a FINISHED run (csv: one row per group, algorithm and metric, raw numbers: "
+                           "pass@1 as a fraction, steps as steps, significant true/false (empty under 2 pairs), "
+                           "with the group's MDE for final pass@1 in every row)")
         else:
             c.add_argument("--out", help="output folder (default results/<experiment>)")
             c.add_argument("--storage", help="also report the Optuna studies in this storage (trial history, "
@@ -328,16 +339,28 @@ def cmd_list(args) -> int:
 
 
 def cmd_leaderboard(args) -> int:
-    from gspo_bench.reporting.leaderboard import collect, no_runs_message, read_uri, render, rich_table
+    from gspo_bench.reporting.leaderboard import (check_baseline, load_runs, no_runs_message, paired_groups,
+                                                  paired_rich, read_uri, render, render_paired, rich_table,
+                                                  summarise)
 
-    rows = collect(read_uri(args.tracking_uri), args.experiment, args.task, args.model)
+    runs = load_runs(read_uri(args.tracking_uri), args.experiment, args.task, args.model)
+    rows = summarise(runs)
     if not rows:  # an empty leaderboard is a mistake (wrong experiment or filter), not a result
         raise ConfigError(no_runs_message(args.experiment, args.task, args.model))
+    baseline = args.baseline or DEFAULT_BASELINE
+    # an explicit --baseline (or --paired, which asks for nothing else) must have a FINISHED run
+    note = check_baseline(runs, baseline, strict=args.baseline is not None or args.paired)
+    groups = paired_groups(runs, baseline)
     fmt = args.format or ("table" if console.is_terminal else "md")
     if fmt == "table":
-        console.print(rich_table(rows, f"leaderboard: {args.experiment}"))
+        parts = [] if args.paired else [rich_table(rows, f"leaderboard: {args.experiment}")]
+        for part in parts + paired_rich(groups, baseline, note):
+            console.print(part)
+    elif args.paired:
+        sys.stdout.write(render_paired(groups, fmt, baseline, note))
     else:
-        sys.stdout.write(render(rows, fmt))
+        sys.stdout.write(render(rows, fmt, paired=None if fmt == "csv" else groups, baseline=baseline,
+                                paired_note=note))
     return 0
 
 
@@ -351,7 +374,8 @@ def cmd_report(args) -> int:
         raise ConfigError("--study needs --storage (the Optuna storage URL holding the study)")
     rep = write_report(read_uri(args.tracking_uri), args.experiment, args.out, args.task, args.model,
                        command="python -m gspo_bench " + shlex.join(args.argv), storage=args.storage,
-                       studies=args.study)
+                       studies=args.study, baseline=args.baseline or DEFAULT_BASELINE,
+                       strict_baseline=args.baseline is not None)
     console.print(f"wrote {rep.path} and {len(rep.figures)} figures; logged to MLflow run {rep.run_id} "
                   f"(name 'report', tag kind=report)", soft_wrap=True)
     return 0

@@ -196,3 +196,27 @@ def test_cli_csv_and_md(store, capsys):
     out = capsys.readouterr().out
     assert out.startswith("| task |") and "RUNNING ×1" in out
 
+
+def test_cli_paired_table_in_md_and_csv(store, capsys):
+    # gspo - grpo per seed: final 0.70 - 0.60, 0.51 - 0.50; steps to +10: 10 - 20 (seed 1: gspo never reached)
+    assert main(["leaderboard", "--tracking-uri", store, "--experiment", EXP, "--format", "md"]) == 0
+    out = capsys.readouterr().out
+    board, paired = out.split("**Paired differences vs grpo")
+    assert "| gspo | finished |" in board and "| task | model | preset | config | algo | baseline |" in paired
+    assert ("| arith | tiny-dense | default | default | gspo | grpo | final pass@1 (points) | 2 | +5.5 | "
+            "[-51.7, +62.7] | no | 63.4 |") in paired
+    assert "| steps to +10 pts (steps) | 1 of 2 | -10.0 | - | - | - |" in paired
+    assert "- arith / tiny-dense: MDE (final pass@1, 2 seeds, 95 % / 80 % power): 63.4 points" in paired
+    assert "- arith / tiny-dense / tuned: no paired differences vs grpo: only grpo in this group" in paired
+    assert main(["leaderboard", "--tracking-uri", store, "--experiment", EXP, "--format", "csv", "--paired"]) == 0
+    back = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [(r["algo"], r["metric"], r["n"]) for r in back] == [
+        ("gspo", "final_pass1", "2"), ("gspo", "auc_pass1", "2"), ("gspo", "steps_to_10", "1")]
+    final = back[0]
+    assert float(final["mean_diff"]) == pytest.approx(0.055) and final["significant"] == "false"
+    assert final["seeds"] == "0,1" and float(final["group_mde_final_pass1"]) == pytest.approx(float(final["mde"]))
+    assert back[2]["ci_low"] == "" and back[2]["significant"] == "" and float(back[2]["mean_diff"]) == -10
+    assert main(["leaderboard", "--tracking-uri", store, "--experiment", EXP, "--format", "table", "--paired"]) == 0
+    out = capsys.readouterr().out
+    assert "Paired differences vs grpo" in out and "finished" not in out  # the paired table alone
+

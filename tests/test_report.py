@@ -39,7 +39,8 @@ def test_figures_exist_and_missing_data_is_skipped_with_a_sentence(made):
     _, _, out, _ = made
     names = {p.name for p in out.glob("*.png")}
     assert names == {"eval_arith_tiny-dense.png", "clip_arith_tiny-dense.png", "ratios_arith_tiny-dense.png",
-                     "moe_arith_tiny-dense.png", "eval_arith_tiny-dense_tuned.png", "clip_arith_tiny-dense_tuned.png"}
+                     "moe_arith_tiny-dense.png", "paired_arith_tiny-dense.png", "eval_arith_tiny-dense_tuned.png",
+                     "clip_arith_tiny-dense_tuned.png"}
     for p in out.glob("*.png"):
         data = p.read_bytes()
         assert data.startswith(PNG) and len(data) > 5000, p
@@ -78,7 +79,21 @@ def test_report_run_in_mlflow_has_the_files_and_leaderboard_ignores_it(made):
 def test_write_report_without_mlflow_and_filters(made, tmp_path):
     uri, *_ = made
     rep = write_report(uri, EXP, tmp_path / "r", model="tiny-dense", log_to_mlflow=False)
-    assert rep.run_id is None and rep.path.is_file() and len(rep.figures) == 6
+    assert rep.run_id is None and rep.path.is_file() and len(rep.figures) == 7
     assert main(["report", "--tracking-uri", uri, "--experiment", EXP, "--model", "nope",
                  "--out", str(tmp_path / "x")]) == 2
     assert not (tmp_path / "x").exists()
+
+
+def test_paired_section_per_group(made, tmp_path):
+    uri, _, out, _ = made
+    md = (out / "report.md").read_text()
+    default = md[md.index("## arith / tiny-dense\n"):md.index("## arith / tiny-dense / tuned")]
+    assert "### (f) Paired differences vs grpo" in default
+    assert "| gspo | grpo | final pass@1 (points) | 2 | +5.5 | [-51.7, +62.7] | no | 63.4 |" in default
+    assert "MDE (final pass@1, 2 seeds, 95 % / 80 % power): 63.4 points" in default
+    assert "](paired_arith_tiny-dense.png)" in default
+    tuned = md[md.index("## arith / tiny-dense / tuned"):]
+    assert "### (f) Paired differences vs grpo" in tuned and "No pairs: only grpo in this group" in tuned
+    rep = write_report(uri, EXP, tmp_path / "g", baseline="gspo", strict_baseline=True, log_to_mlflow=False)
+    assert "| grpo | gspo | final pass@1 (points) | 2 | -5.5 |" in rep.path.read_text()

@@ -205,3 +205,39 @@ def plot_moe(runs: list[RunData], path: Path, title: str) -> Path:
     ax.legend(fontsize=8)
     ax.set_title(f"{title}: MoE routing changes per update (moe/expert_flip_rate)")
     return _save(fig, path)
+
+
+def plot_paired(group, path: Path, title: str) -> Path:
+    """(f): per algorithm, the mean paired difference in final pass@1 to the baseline (points), its 95 % t
+    interval as an error bar (none with one pair), a zero line and, dotted, ± the group's MDE.
+
+    ``group`` is a ``leaderboard.PairedGroup``; algorithms with no pair are left out.
+    """
+    rows = [r for r in group.rows if r["metric"] == "final_pass1" and r["n"] > 0]
+    order = _order()
+    fig = Figure(figsize=(max(5.0, 1.3 * len(rows) + 2.5), 4.4))
+    ax = fig.subplots()
+    ax.axhline(0, color="black", linewidth=1)
+    if group.mde is not None:
+        for sign in (1, -1):
+            ax.axhline(sign * 100 * group.mde, color="grey", linestyle=":", linewidth=1,
+                       label=f"± MDE ({100 * group.mde:.1f} pts, n={group.mde_n}, 80 % power)" if sign > 0 else None)
+    for x, r in enumerate(rows):
+        i = order.get(r["algo"], len(order) + x)
+        mean = 100 * r["mean_diff"]
+        if r["ci_low"] is not None:
+            err = [[mean - 100 * r["ci_low"]], [100 * r["ci_high"] - mean]]
+            ax.errorbar([x], [mean], yerr=err, fmt="o", capsize=6, markersize=7, color=_style(i)["color"])
+        else:  # one pair: the difference alone, hollow
+            ax.plot([x], [mean], "o", markersize=7, markerfacecolor="white", color=_style(i)["color"])
+        if r["significant"]:
+            ax.annotate("*", (x, mean), textcoords="offset points", xytext=(8, 0), fontsize=14, va="center")
+    ax.set_xticks(range(len(rows)), [f"{r['algo']}\nn={r['n']}" for r in rows])
+    ax.set_xlim(-0.6, len(rows) - 0.4)
+    ax.set_ylabel(f"final pass@1: algo − {group.baseline} (points)")
+    ax.grid(alpha=0.3, axis="y")
+    if group.mde is not None:
+        ax.legend(fontsize=8, loc="best")
+    ax.set_title(f"{title}: final pass@1, paired difference vs {group.baseline}\n"
+                 "per seed; mean and 95 % t interval, * = interval excludes 0", fontsize=10)
+    return _save(fig, path)

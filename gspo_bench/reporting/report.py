@@ -7,7 +7,10 @@ Per leaderboard group (task, model, preset, config) of FINISHED runs:
     next to the article's claim (~15 % vs ~0.13 %, about 100x);
 (c) token vs sequence ratio histograms for the last ``ratios/step_*.json``
     batch of a gspo run (gspo_token when there is none), clip band marked;
-(d) the MoE expert flip rate, for groups with ``moe=true`` runs.
+(d) the MoE expert flip rate, for groups with ``moe=true`` runs;
+(f) the paired differences vs the baseline (``--baseline``, default grpo):
+    the leaderboard's paired table and MDE line for the group, and a figure
+    of each algorithm's mean final pass@1 difference with its 95 % interval.
 
 Missing data skips a figure with a sentence saying why. The files are logged
 as artifacts of a new run named ``report`` tagged ``kind=report``, which the
@@ -29,8 +32,10 @@ from pathlib import Path
 
 from gspo_bench.reporting import figures
 from gspo_bench.config import ConfigError
-from gspo_bench.reporting.leaderboard import (DEFAULT_EXPERIMENT, FINISHED, NOTES, RunData, experiment_id, load_runs,
-                                              no_runs_message, render, slug, summarise)
+from gspo_bench.reporting.leaderboard import (DEFAULT_BASELINE, DEFAULT_EXPERIMENT, FINISHED, NOTES, PairedGroup,
+                                              RunData, check_baseline, experiment_id, group_title, load_runs,
+                                              no_runs_message, paired_groups, render, render_paired, slug,
+                                              summarise)
 
 REPORT_METRICS = ("eval/pass1", "eval/reward_mean", "clip/frac", "reward/mean", "moe/expert_flip_rate")
 RATIO_ALGOS = ("gspo", "gspo_token")  # whose ratios/step_*.json figure (c) draws, in order of preference
@@ -120,10 +125,36 @@ def clip_claim(rows: list[dict]) -> str:
             f"GRPO {_pct(grpo)}, ratio {ratio}.")
 
 
-def group_section(client, key: tuple, runs: list[RunData], rows: list[dict], out: Path) -> tuple[list[str], list[Path]]:
+def paired_section(paired: PairedGroup | None, baseline: str, note: str | None, title: str, name: str,
+                   out: Path) -> tuple[list[str], list[Path]]:
+    """(f): the group's paired table and MDE line, and its figure when some algorithm has a pair."""
+    md = [f"### (f) Paired differences vs {baseline}", ""]
+    if note or paired is None:
+        return md + [f"Skipped: {note or f'no FINISHED {baseline} run in this group'}.", ""], []
+    md += [f"Per seed s, d_s = metric(algo, s) - metric({baseline}, s) over the seeds where both finished (same "
+           "warm start and prompt order); steps to +10 pts only over the seeds where both reached it. Mean, 95 % "
+           "t interval; significant = the interval excludes 0, with no correction for the number of comparisons. "
+           "pass@1 differences in points (100 x pass@1).", ""]
+    if paired.note:
+        return md + [f"No pairs: {paired.note}.", ""], []
+    md += [render_paired([paired], "md", baseline, with_title=False).rstrip("\n"), ""]
+    drawable = [r for r in paired.rows if r["metric"] == "final_pass1" and r["n"] > 0]
+    if not drawable:
+        return md + ["No figure: no algorithm has a seed paired with the baseline on final pass@1.", ""], []
+    fig = figures.plot_paired(paired, out / f"paired_{name}.png", title)
+    md += [f"![paired differences in final pass@1 vs {baseline}, {title}]({fig.name})", "",
+           "Mean paired difference in final pass@1 per algorithm, bar = 95 % t interval (a hollow marker: one "
+           "pair, no interval), * = the interval excludes 0"
+           + ("; dotted: ± the group's MDE, the difference this design detects with 80 % power." if paired.mde
+              is not None else "."), ""]
+    return md, [fig]
+
+
+def group_section(client, key: tuple, runs: list[RunData], rows: list[dict], out: Path,
+                  paired: PairedGroup | None = None, baseline: str = DEFAULT_BASELINE,
+                  paired_note: str | None = None) -> tuple[list[str], list[Path]]:
     task, model, preset, config = key
-    title = f"{task} / {model}" + (f" / {preset}" if preset != "default" else "") + (
-        f" / {config}" if config != "default" else "")
+    title = group_title(key)
     name = slug(task, model, *(p for p in (preset, config) if p != "default"))
     md = [f"## {title}", "", f"Preset `{preset}`, config `{config}`; {len(runs)} finished runs "
           f"({', '.join(f'{a} ×{len(v)}' for a, v in figures.by_algo(runs).items())}).", ""]
@@ -166,22 +197,29 @@ def group_section(client, key: tuple, runs: list[RunData], rows: list[dict], out
             md.append(f"| {r.algo} | {r.seed} | {e.get('kind')} | {e.get('step')} | {val('value')} | "
                       f"{val('threshold')} | {e.get('detail', '-')} |")
         md.append("")
-    return md, figs
+    pmd, pfigs = paired_section(paired, baseline, paired_note, title, name, out)
+    return md + pmd, figs + pfigs
 
 
 def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path | None = None,
                  task: str | None = None, model: str | None = None, command: str = "",
-                 log_to_mlflow: bool = True, storage: str | None = None, studies: list[str] | None = None) -> Report:
+                 log_to_mlflow: bool = True, storage: str | None = None, studies: list[str] | None = None,
+                 baseline: str = DEFAULT_BASELINE, strict_baseline: bool = False) -> Report:
     """Write ``out/report.md`` and its PNGs; log them to a ``kind=report`` MLflow run unless told not to.
 
     ``storage``: also a section per Optuna study in it (``studies``, default all); then an experiment
-    holding only tuning trials is not an error.
+    holding only tuning trials is not an error. ``baseline``: of the paired differences; with
+    ``strict_baseline`` (an explicit ``--baseline``) one without a FINISHED run is a ConfigError, else
+    the paired sections say they are skipped.
     """
     import mlflow
 
     runs = load_runs(uri, experiment, task, model, metrics=REPORT_METRICS)
     if not runs and storage is None:
         raise ConfigError(no_runs_message(experiment, task, model))
+    # before anything is written: a bad --baseline is a one-line error
+    paired_note = check_baseline(runs, baseline, strict_baseline) if runs else None
+    paired = {g.key: g for g in paired_groups(runs, baseline)}
     client = mlflow.MlflowClient(uri)
     out = Path(out or Path("results") / experiment)
     out.mkdir(parents=True, exist_ok=True)
@@ -218,7 +256,8 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
         md += ["No finished run: no figures.", ""]
     for key in sorted(groups):
         section, figs = group_section(client, key, groups[key], [r for r in rows if
-                                      (r["task"], r["model"], r["preset"], r["config"]) == key], out)
+                                      (r["task"], r["model"], r["preset"], r["config"]) == key], out,
+                                      paired.get(key), baseline, paired_note)
         md += section
         report.figures += figs
     md += tuning_md

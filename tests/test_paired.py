@@ -1,0 +1,196 @@
+"""Paired statistics: the MDE and t interval by hand, pairing by seed on hand-built runs, the --baseline errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from gspo_bench.__main__ import main
+from gspo_bench.config import ConfigError
+from gspo_bench.reporting.leaderboard import RunData, auc, check_baseline, paired_groups, paired_rows
+from gspo_bench.reporting.paired import mde, paired_summary, pooled_sd
+from test_leaderboard import EXP, build_store
+
+# t quantiles for 7 degrees of freedom, from a printed t table
+T975_7, T80_7 = 2.3646, 0.8960
+
+
+# -- (a) to (d): the pure functions ------------------------------------------------------------------------------------
+def test_mde_matches_the_hand_computation():
+    # MDE = (t_{0.975,7} + t_{0.8,7}) * sd / sqrt(n) = 3.2606 * 0.04 / 2.8284 = 0.04611
+    assert mde(0.04, 8) == pytest.approx((T975_7 + T80_7) * 0.04 / math.sqrt(8), abs=1e-3)
+    assert mde(0.04, 8) == pytest.approx(0.04612, abs=1e-4)
+    # more seeds, smaller MDE; more power, larger MDE; a stricter alpha, larger MDE
+    assert mde(0.04, 16) < mde(0.04, 8) < mde(0.04, 4)
+    assert mde(0.04, 8, power=0.9) > mde(0.04, 8) and mde(0.04, 8, alpha=0.01) > mde(0.04, 8)
+    with pytest.raises(ValueError):
+        mde(0.04, 8, alpha=1.5)
+
+
+def test_known_difference_is_detected():
+    diffs = [0.05, 0.06, 0.07, 0.08, 0.08, 0.09, 0.10, 0.11]  # mean 0.08, sd ~0.02
+    st = paired_summary(diffs)
+    sd = float(np.std(diffs, ddof=1))
+    assert st.n == 8 and st.mean == pytest.approx(0.08) and st.sd == pytest.approx(sd)
+    half = T975_7 * sd / math.sqrt(8)  # the interval by hand, t table for 7 df
+    assert st.ci == pytest.approx((0.08 - half, 0.08 + half), abs=1e-4)
+    assert st.significant and st.ci[0] > 0 and st.ci[0] < 0.08 < st.ci[1]
+    assert st.mde == pytest.approx((T975_7 + T80_7) * sd / math.sqrt(8), abs=1e-4)
+    drawn = np.random.default_rng(7).normal(0.08, 0.02, 8).tolist()  # a random draw, fixed seed
+    st = paired_summary(drawn)
+    assert st.significant and st.ci[0] > 0 and st.ci[0] < 0.08 < st.ci[1]
+
+
+def test_no_difference_is_not_marked():
+    st = paired_summary([-0.03, -0.02, -0.01, 0.0, 0.0, 0.01, 0.02, 0.03])  # symmetric around 0
+    assert st.mean == pytest.approx(0.0, abs=1e-12) and not st.significant
+    assert st.ci[0] < 0 < st.ci[1] and st.mde > 0
+    # a real but small difference under large noise is not marked either
+    assert not paired_summary([0.10, -0.08, 0.05, -0.04]).significant
+
+
+def test_fewer_than_two_pairs_give_none_never_nan():
+    for st, mean in ((paired_summary([]), None), (paired_summary([0.3]), 0.3)):
+        assert st.mean == mean and st.sd is None and st.ci is None and st.mde is None and not st.significant
+    assert paired_summary([]).n == 0 and paired_summary([0.3]).n == 1
+    assert mde(0.04, 1) is None and mde(0.04, 0) is None and mde(None, 8) is None
+    # identical differences: sd 0, the interval is the point, nothing is NaN
+    st = paired_summary([0.1, 0.1, 0.1])
+    assert st.sd == 0 and st.ci == pytest.approx((0.1, 0.1)) and st.significant and st.mde == 0
+    with pytest.raises(ValueError):
+        paired_summary([0.1, float("nan")])
+
+
+def test_pooled_sd_is_root_mean_variance():
+    assert pooled_sd([0.03, 0.04]) == pytest.approx(math.sqrt((0.03 ** 2 + 0.04 ** 2) / 2))
+    assert pooled_sd([]) is None and pooled_sd([None]) is None
+
+
+# -- (e): pairing runs by seed -----------------------------------------------------------------------------------------
+STEPS = (0, 10, 20)
+
+
+def _rd(algo, seed, curve=(0.4, 0.4, 0.4), status="FINISHED", tuning=None):
+    tags = {"algo": algo, "seed": str(seed), "task": "arith", "model": "tiny-dense", "preset": "default"}
+    if tuning:
+        tags["tuning"] = tuning
+    history = {"eval/pass1": list(zip(STEPS, curve))} if status == "FINISHED" else {}
+    return RunData(f"{algo}-{seed}-{status}", status, tags, {}, {}, history)
+
+
+# grpo reaches +10 points at step 10, 20, never; gspo at 10, 10, 10 (seed 2: only gspo reached)
+GRPO = {0: (0.40, 0.50, 0.60), 1: (0.40, 0.45, 0.55), 2: (0.40, 0.42, 0.45), 3: (0.40, 0.50, 0.50)}
+GSPO = {0: (0.40, 0.60, 0.70), 1: (0.40, 0.52, 0.65), 2: (0.40, 0.55, 0.60)}
+CISPO = {0: (0.40, 0.40, 0.50), 1: (0.40, 0.45, 0.60), 2: (0.40, 0.40, 0.40)}
+
+
+@pytest.fixture
+def runs():
+    rs = [_rd("grpo", s, c) for s, c in GRPO.items()] + [_rd("gspo", s, c) for s, c in GSPO.items()]
+    rs += [_rd("cispo", s, c) for s, c in CISPO.items()]
+    rs += [_rd("gspo", 4, (0.4, 0.9, 0.9)),  # no grpo seed 4: unpaired
+           _rd("gspo", 3, (0.4, 0.9, 0.9), status="FAILED"),  # grpo seed 3 exists, but this one failed
+           _rd("grpo", 5, status="RUNNING"), _rd("gspo", 5, (0.4, 0.9, 0.9)),  # the baseline's seed 5 unfinished
+           _rd("dapo", 0, (0.40, 0.50, 0.80))]  # one pair only
+    rs += [_rd("grpo", 0, (0.4, 0.5, 0.6), tuning="tuned"), _rd("gspo", 0, (0.4, 0.5, 0.9), tuning="tuned")]
+    rs += [_rd("gspo", 0, (0.4, 0.5, 0.9), tuning="solo")]  # a group without the baseline
+    return rs
+
+
+def _stat(rows, algo, metric, config="default"):
+    (row,) = [r for r in rows if r["algo"] == algo and r["metric"] == metric and r["config"] == config]
+    return row
+
+
+def test_pairs_by_seed_leaving_out_unpaired_and_unfinished(runs):
+    rows = paired_rows(runs, "grpo")
+    final = _stat(rows, "gspo", "final_pass1")
+    # seeds 0, 1, 2: 0.70 - 0.60, 0.65 - 0.55, 0.60 - 0.45 (not 4: no grpo; not 3: FAILED; not 5: RUNNING)
+    assert final["seeds"] == "0,1,2" and final["n"] == 3 and final["common"] == 3
+    assert final["mean_diff"] == pytest.approx((0.10 + 0.10 + 0.15) / 3)
+    assert final["sd_diff"] == pytest.approx(float(np.std([0.10, 0.10, 0.15], ddof=1)))
+    assert final["stat"] == paired_summary([0.70 - 0.60, 0.65 - 0.55, 0.60 - 0.45])
+    area = [auc(list(zip(STEPS, GSPO[s]))) - auc(list(zip(STEPS, GRPO[s]))) for s in (0, 1, 2)]
+    assert _stat(rows, "gspo", "auc_pass1")["mean_diff"] == pytest.approx(np.mean(area))
+    assert area[0] == pytest.approx(0.575 - 0.5)  # by hand: (5 + 6.5) / 20 - (4.5 + 5.5) / 20
+
+
+def test_steps_to_target_drops_seeds_where_either_did_not_reach(runs):
+    rows = paired_rows(runs, "grpo")
+    steps = _stat(rows, "gspo", "steps_to_10")
+    # seed 0: 10 - 10, seed 1: 10 - 20; seed 2 left out (grpo never reached); 2 pairs of 3 common seeds
+    assert steps["seeds"] == "0,1" and steps["n"] == 2 and steps["common"] == 3
+    assert steps["mean_diff"] == pytest.approx(-5.0)
+    cispo = _stat(rows, "cispo", "steps_to_10")  # cispo seed 0 reached at 20, seed 1 at 20, seed 2 never
+    assert cispo["seeds"] == "0,1" and cispo["mean_diff"] == pytest.approx(((20 - 10) + (20 - 20)) / 2)
+    dapo = _stat(rows, "dapo", "final_pass1")
+    assert dapo["n"] == 1 and dapo["mean_diff"] == pytest.approx(0.2) and dapo["ci_low"] is None
+    assert dapo["mde"] is None and dapo["significant"] is False
+
+
+def test_group_mde_pools_the_variances_and_groups_stay_apart(runs):
+    groups = {g.key[3]: g for g in paired_groups(runs, "grpo")}
+    g = groups["default"]
+    sds = [_stat(g.rows, a, "final_pass1")["sd_diff"] for a in ("gspo", "cispo")]
+    assert g.mde_algos == 2 and g.mde_n == 3  # dapo (one pair) is not pooled
+    assert g.mde_sd == pytest.approx(math.sqrt((sds[0] ** 2 + sds[1] ** 2) / 2))
+    assert g.mde == pytest.approx(mde(g.mde_sd, 3)) and g.note is None
+    assert [r["algo"] for r in g.rows[::3]] == ["dapo", "gspo", "cispo"]  # best mean final difference first
+    tuned = groups["tuned"]
+    assert [(r["algo"], r["n"]) for r in tuned.rows if r["metric"] == "final_pass1"] == [("gspo", 1)]
+    assert tuned.rows[0]["mean_diff"] == pytest.approx(0.3) and tuned.mde is None
+    solo = groups["solo"]
+    assert solo.note == "no FINISHED grpo run in this group" and all(r["n"] == 0 for r in solo.rows)
+    only = paired_groups([_rd("grpo", 0), _rd("grpo", 1)], "grpo")
+    assert only[0].note == "only grpo in this group, nothing to pair" and only[0].rows == []
+
+
+def test_a_seed_run_twice_counts_once_as_the_mean(runs):
+    twice = runs + [_rd("gspo", 0, (0.40, 0.60, 0.80))]  # gspo seed 0 again: final 0.80 instead of 0.70
+    final = _stat(paired_rows(twice, "grpo"), "gspo", "final_pass1")
+    assert final["n"] == 3 and final["mean_diff"] == pytest.approx((0.15 + 0.10 + 0.15) / 3)
+
+
+def test_check_baseline(runs):
+    assert check_baseline(runs, "grpo") is None
+    note = check_baseline([_rd("gspo", 0), _rd("grpo", 0, status="FAILED")], "grpo", strict=False)
+    assert "no FINISHED run of 'grpo'" in note and "1 FAILED" in note and "--baseline" in note
+    with pytest.raises(ConfigError, match="no run of 'ppo'"):
+        check_baseline(runs, "ppo")
+    with pytest.raises(ConfigError, match="unknown algorithm"):
+        check_baseline(runs, "nope", strict=False)  # an unknown name is an error even at the default
+
+
+# -- (f): the command line ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return build_store(tmp_path_factory.mktemp("paired"))
+
+
+def _one_line(capsys) -> str:
+    out = capsys.readouterr()
+    text = (out.out + out.err).strip()
+    assert len(text.splitlines()) == 1, text
+    return text
+
+
+@pytest.mark.parametrize("cmd", ["leaderboard", "report"])
+def test_cli_bad_baseline_is_one_line_exit_2(cmd, store, tmp_path, capsys):
+    out = ["--out", str(tmp_path / "r")] if cmd == "report" else []
+    assert main([cmd, "--tracking-uri", store, "--experiment", EXP, "--baseline", "nope", *out]) == 2
+    text = _one_line(capsys)
+    assert "'nope'" in text and "unknown algorithm" in text and "grpo" in text
+    # dapo exists in the store, but only FAILED and RUNNING
+    assert main([cmd, "--tracking-uri", store, "--experiment", EXP, "--baseline", "dapo", *out]) == 2
+    assert "no FINISHED run of 'dapo'" in _one_line(capsys)
+    assert not (tmp_path / "r").exists()
+
+
+def test_cli_baseline_switches_the_sign(store, capsys):
+    assert main(["leaderboard", "--tracking-uri", store, "--experiment", EXP, "--format", "md",
+                 "--baseline", "gspo"]) == 0
+    out = capsys.readouterr().out
+    assert "Paired differences vs gspo" in out
+    assert "| arith | tiny-dense | default | default | grpo | gspo | final pass@1 (points) | 2 | -5.5 |" in out
