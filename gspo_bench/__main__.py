@@ -129,6 +129,19 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--figure", metavar="PNG", help="also draw the scaling curve(s)")
     b.add_argument("--profile", metavar="FILE", help="torch.profiler op table of one full RL step per path, "
                    "written to FILE")
+    w = sub.add_parser("warmstart", help="warm start (or load from the cache) each model x seed and show where "
+                       "greedy pass@1 lands: the warm-start band",
+                       description="Runs the supervised warm start of --preset for every --model and seed (cached "
+                       "ones are loaded, not re-run) and prints greedy pass@1, steps and seconds per seed, then "
+                       "min / mean / max per model. The same checkpoints serve later `run`s with the same preset.")
+    w.add_argument("--preset", default="default", help=f"one of: {', '.join(presets())} (default default)")
+    w.add_argument("--config", action="append", default=[], metavar="YAML", help="config file(s) over the preset")
+    w.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
+    w.add_argument("--task", help="task (default: the preset's)")
+    w.add_argument("--model", type=_csv, help="model(s), comma list (default: the preset's)")
+    w.add_argument("--seeds", type=int, default=8, help="seeds 0..N-1 (default 8)")
+    w.add_argument("--markdown", metavar="FILE", help="also write the tables as Markdown")
+    w.add_argument("--no-progress", action="store_true", help="no progress bars")
     sub.add_parser("list", help="show algorithms, tasks, models and presets")
     for name, text in (("leaderboard", "one row per algorithm per task/model/preset/config, from MLflow"),
                        ("report", "report.md + figures from MLflow, also logged as a kind=report run")):
@@ -317,6 +330,43 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_warmstart(args) -> int:
+    import shlex
+    from pathlib import Path
+
+    from gspo_bench.config import parse_sets
+    from gspo_bench.runner import git_commit, quiet, validate
+    from gspo_bench.warmstart import band, band_markdown
+
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds={args.seeds} must be >= 1")
+    over = parse_sets(args.set)
+    if args.task:
+        over["task"] = args.task
+    cfg = load_config(args.preset, tuple(args.config), over)
+    models = args.model or [cfg.model.name]
+    for m in models:  # every model name is checked before the first warm start
+        validate(load_config(args.preset, tuple(args.config), {**over, "model": {"name": m}}))
+    quiet()
+    rows = band(cfg.task, models, list(range(args.seeds)), cfg.warmstart, progress=not args.no_progress,
+                log=console.print)
+    table = Table(title=f"warm-start band: {cfg.task}, target {cfg.warmstart.target_pass1:.0%}")
+    for col in ("model", "seed", "greedy pass@1", "steps", "seconds", "cached"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r.model, str(r.seed), f"{r.pass1:.1%}", str(r.steps), f"{r.seconds:.0f}", str(r.cached))
+    console.print(table)
+    for m in models:
+        ps = [r.pass1 for r in rows if r.model == m]
+        console.print(f"{m}: min {min(ps):.1%}, mean {sum(ps) / len(ps):.1%}, max {max(ps):.1%} over {len(ps)} seeds")
+    if args.markdown:
+        command = "python -m gspo_bench " + shlex.join(args.argv)
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(band_markdown(rows, cfg.warmstart, cfg.task, command, git_commit()))
+        console.print(f"wrote {args.markdown}")
+    return 0
+
+
 def cmd_list(args) -> int:
     from gspo_bench import algorithms
     from gspo_bench.losses import LOSSES
@@ -392,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         from gspo_bench import algorithms  # noqa: F401
     try:
         return {"run": cmd_run, "tune": cmd_tune, "list": cmd_list, "leaderboard": cmd_leaderboard,
-                "report": cmd_report, "bench": cmd_bench}[args.cmd](args)
+                "report": cmd_report, "bench": cmd_bench, "warmstart": cmd_warmstart}[args.cmd](args)
     except ConfigError as e:
         console.print(f"gspo-bench: error: {e}", style="red", soft_wrap=True)
         return 2

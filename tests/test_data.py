@@ -325,6 +325,12 @@ def test_evaluate_pass1_and_sampled_reward(task, policy):
     assert out["pass1"].tolist() == [1.0, 0.0, 1.0]
     assert out["reward"].shape == (6,)
     assert set(out["reward"].tolist()) <= {0.0, 1.0}
+    # sampled pass@1: a sample counts when it fully verifies (here the same as the 0/1 reward)
+    assert out["pass1_sampled"].tolist() == out["reward"].tolist()
+    # under partial credit the mean reward and the sampled pass@1 part ways
+    dm.score = lambda texts, answers: torch.tensor([0.5, 1.0] * (len(texts) // 2))
+    part = dm.evaluate(model, {"prompt": prompts, "answer": answers})
+    assert part["reward"].mean().item() == 0.75 and part["pass1_sampled"].mean().item() == 0.5
 
     dm0 = make_dm(task, policy, eval_samples=0)
     out0 = dm0.evaluate(model, {"prompt": prompts, "answer": answers})

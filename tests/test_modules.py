@@ -20,7 +20,7 @@ COMMON = [
     "reward/mean", "reward/std", "clip/frac", "clip/frac_high", "clip/frac_low", "clip/seq_frac",
     "ratio/mean", "ratio/min", "ratio/max", "ratio/token_log_std", "ratio/seq_log_std", "kl/old",
     "policy/entropy", "response/length_mean", "train/grad_norm", "time/step_s", "throughput/gen_tokens_per_s",
-    "eval/pass1", "eval/reward_mean",
+    "eval/pass1", "eval/reward_mean", "eval/pass1_sampled",
 ]
 PPO_ONLY = ["critic/value_loss", "critic/explained_var"]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gspo_bench.config import ModelConfig, WarmStartConfig
 from gspo_bench.tasks import load_task
 from gspo_bench.warmstart import cache_key, greedy_pass1, sft_batch, warm_start
@@ -59,3 +61,92 @@ def test_no_steps_when_the_target_is_already_met(tmp_path, monkeypatch, mixed_ta
     ws = warm_start(task, ModelConfig("tiny-dense"), WarmStartConfig(target_pass1=start / 2, eval_prompts=32),
                     0, 6, progress=False, log=lambda *a: None)
     assert ws.steps == 0 and not ws.cached
+
+
+def test_an_overshoot_is_undone_and_retried_with_a_smaller_lr(monkeypatch):
+    """Scripted checks 0.1, 0.3, 0.5 (past 0.4 + 0.03: undone), 0.35, 0.42: the run goes back to the 0.3 state,
+    continues at lr x 0.3 with checks every 3 steps instead of 10, and stops at 0.42, inside the band."""
+    import torch
+
+    import gspo_bench.warmstart as wsm
+
+    checks = iter([0.1, 0.3, 0.5, 0.35, 0.42])
+    monkeypatch.setattr(wsm, "greedy_pass1", lambda *a, **k: next(checks))
+    lrs, states = [], {}
+    real_step = torch.optim.AdamW.step
+
+    def record(self, *a, **k):
+        lrs.append(self.param_groups[0]["lr"])
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", record)
+    real_snapshot = wsm._snapshot
+
+    def keep(model, opt, score):
+        snap = real_snapshot(model, opt, score)
+        states[score] = snap["model"]
+        return snap
+
+    monkeypatch.setattr(wsm, "_snapshot", keep)
+    task = load_task("arith", 0)
+    model, tok = build_builtin("tiny-dense", 0)
+    cfg = WarmStartConfig(target_pass1=0.4, tolerance=0.03, backoff=0.3, eval_every=10, lr=3e-3, batch_size=8)
+    real_restore, restored = wsm._restore, []
+    monkeypatch.setattr(wsm, "_restore", lambda m, o, snap: (restored.append(snap["score"]), real_restore(m, o, snap)))
+    score, steps = wsm.finetune(model, tok, task, cfg, 0, 8, progress=False)
+    assert (score, steps) == (0.42, 26)
+    # checks at steps 10 (0.3), 20 (0.5: undone back to the 0.3 state), 23 (0.35), 26 (0.42: stop)
+    assert restored == [0.3]
+    assert lrs[:20] == [3e-3] * 20 and lrs[20:] == [pytest.approx(9e-4)] * 6
+    assert set(states) == {0.1, 0.3, 0.35}
+
+
+def test_with_no_backoff_left_the_check_past_the_band_is_accepted(monkeypatch):
+    import gspo_bench.warmstart as wsm
+
+    checks = iter([0.1, 0.9])
+    monkeypatch.setattr(wsm, "greedy_pass1", lambda *a, **k: next(checks))
+    model, tok = build_builtin("tiny-dense", 0)
+    cfg = WarmStartConfig(target_pass1=0.4, max_backoffs=0, eval_every=5, batch_size=8)
+    assert wsm.finetune(model, tok, load_task("arith", 0), cfg, 0, 8, progress=False) == (0.9, 5)
+
+
+def test_warm_start_config_rejects_bad_band_settings():
+    from gspo_bench.config import ConfigError
+
+    for bad in ({"tolerance": -0.1}, {"backoff": 0.0}, {"backoff": 1.0}, {"max_backoffs": -1}, {"max_backoffs": 1.5},
+                {"eval_prompts": 0}, {"eval_prompts": True}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            WarmStartConfig(**bad)
+    assert WarmStartConfig().eval_prompts is None  # default: the whole eval split
+
+
+def test_the_cache_key_changed_with_the_stop_rule(monkeypatch):
+    """Version 2 (fine checks, target 40 %) must not reuse a version-1 checkpoint that stopped elsewhere."""
+    import gspo_bench.warmstart as wsm
+
+    task = load_task("arith", 0)
+    key = cache_key(task, ModelConfig("tiny-dense"), WarmStartConfig(), 0)
+    assert wsm.CACHE_VERSION == 2
+    monkeypatch.setattr(wsm, "CACHE_VERSION", 1)
+    assert cache_key(task, ModelConfig("tiny-dense"), WarmStartConfig(), 0) != key
+
+
+def test_warmstart_command_reports_the_band(tmp_path, monkeypatch):
+    """`warmstart --seeds 2`: one row per seed, min/mean/max per model, Markdown with command and commit;
+    a second call loads the cached checkpoints instead of training again."""
+    from gspo_bench.__main__ import main
+
+    monkeypatch.setenv("GSPO_BENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    args = ["warmstart", "--preset", "smoke", "--seeds", "2", "--no-progress", "--set", "warmstart.max_steps=20",
+            "--set", "warmstart.eval_every=10", "--set", "warmstart.target_pass1=0.9"]
+    assert main(args + ["--markdown", "band.md"]) == 0
+    text = (tmp_path / "band.md").read_text()
+    assert "| tiny-dense | 0 |" in text and "| tiny-dense | 1 |" in text and "python -m gspo_bench warmstart" in text
+    # both stopped at max_steps below the 90 % target: counted in the summary row
+    assert "| tiny-dense | 2 |" in text and text.rstrip().endswith("| 2 |")
+    cached = list((tmp_path / "cache" / "warmstart").iterdir())
+    assert len(cached) == 2
+    assert main(args) == 0 and len(list((tmp_path / "cache" / "warmstart").iterdir())) == 2
+    assert main(["warmstart", "--seeds", "0"]) == 2

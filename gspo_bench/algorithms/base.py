@@ -262,8 +262,8 @@ class PolicyModule(L.LightningModule):
 
     # -- evaluation ------------------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
-        # torchmetrics means over every eval prompt (pass1) and every sampled completion (reward)
-        self._eval = {"pass1": MeanMetric(), "reward": MeanMetric()}
+        # torchmetrics means over every eval prompt (pass1) and every sampled completion (reward, pass1_sampled)
+        self._eval = {"pass1": MeanMetric(), "reward": MeanMetric(), "pass1_sampled": MeanMetric()}
         self._eval_seen = set()
 
     def validation_step(self, batch: dict, batch_idx: int):
@@ -281,6 +281,7 @@ class PolicyModule(L.LightningModule):
         metrics = {"eval/pass1": float(self._eval["pass1"].compute())}
         if "reward" in self._eval_seen:
             metrics["eval/reward_mean"] = float(self._eval["reward"].compute())
+            metrics["eval/pass1_sampled"] = float(self._eval["pass1_sampled"].compute())
         if in_loop:
             self.log_dict(metrics, logger=False, batch_size=1)
         if self.logger is not None:

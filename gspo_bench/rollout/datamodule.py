@@ -195,7 +195,8 @@ class RolloutDataModule(L.LightningDataModule):
     # -- evaluation --------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, policy, rows: dict) -> dict[str, torch.Tensor]:
-        """Greedy pass@1 hits and mean reward over ``eval_samples`` samples for a batch of eval rows."""
+        """Greedy pass@1 hits, and over ``eval_samples`` samples per prompt the mean reward and the
+        sampled pass@1 (fully correct), for a batch of eval rows."""
         prompts, answers = rows["prompt"], rows["answer"]
         greedy = generate(self.s.engine, policy, self.tokenizer, prompts, max_new_tokens=self.s.max_new_tokens,
                           greedy=True)
@@ -205,7 +206,10 @@ class RolloutDataModule(L.LightningDataModule):
             sampled = generate(self.s.engine, policy, self.tokenizer, [p for p in prompts for _ in range(k)],
                                max_new_tokens=self.s.max_new_tokens, temperature=self.s.temperature,
                                return_logp=False)
-            out["reward"] = self.score(sampled.texts, [a for a in answers for _ in range(k)])
+            reward = self.score(sampled.texts, [a for a in answers for _ in range(k)])
+            out["reward"] = reward
+            # pass@1 estimated from k samples: the fraction of sampled completions that fully verify
+            out["pass1_sampled"] = (reward >= 1.0).float()
         return out
 
     # -- Lightning hooks ---------------------------------------------------------------------------
