@@ -34,9 +34,9 @@ def test_default_preset():
     assert cfg.preset == "default"
     assert cfg.algos == ["ppo", "grpo", "dapo", "gspo", "gspo_token", "cispo"]
     assert cfg.task == "arith" and cfg.seeds == [0] and cfg.model.name == "tiny-dense"
-    assert (cfg.rollout.prompts_per_step, cfg.rollout.group_size) == (16, 8)
+    assert (cfg.rollout.prompts_per_step, cfg.rollout.group_size) == (64, 8)
     assert (cfg.train.steps, cfg.train.minibatches, cfg.train.lr) == (40, 4, 0.0002)
-    assert cfg.warmstart.target_pass1 == 0.3 and cfg.warmstart.lr == 0.003
+    assert cfg.warmstart.target_pass1 == 0.4 and cfg.warmstart.tolerance == 0.03 and cfg.warmstart.lr == 0.003
     # untouched fields keep their dataclass defaults
     assert cfg.loss.eps_low == AUTO and cfg.rollout.max_new_tokens == AUTO
     assert cfg.collapse.on_collapse == "continue"
@@ -70,7 +70,7 @@ def test_each_baseline_loads_over_default(path: Path):
             for k, v in values.items():
                 assert getattr(getattr(cfg, section), k) == v, (section, k)
     # and the preset's values the baseline does not mention are kept
-    assert cfg.rollout.prompts_per_step == 16 and cfg.train.steps == 40
+    assert cfg.rollout.prompts_per_step == 64 and cfg.train.steps == 40
 
 
 def test_specific_baseline_values():

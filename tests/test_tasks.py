@@ -151,7 +151,7 @@ def test_resolve_builtin_arith():
     spec = resolve_task_spec("arith")
     assert spec.name == "arith" and spec.kind == "arith" and spec.verifier == "exact"
     assert spec.max_new_tokens == 8
-    assert spec.params == {"min_digits": 1, "max_digits": 2, "n_train": 20000, "n_eval": 256}
+    assert spec.params == {"min_digits": 1, "max_digits": 2, "n_train": 20000, "n_eval": 1024}
 
 
 def test_unknown_task_lists_the_builtins(tmp_path, monkeypatch):
