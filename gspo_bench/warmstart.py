@@ -188,7 +188,8 @@ def warm_start(task: Task, model_cfg: ModelConfig, ws: WarmStartConfig, seed: in
     steps = 0
     if ws.enabled:
         log(f"warm start: supervised fine-tune of {model_cfg.name} on {task.name} "
-            f"until greedy pass@1 >= {ws.target_pass1:.0%} (at most {ws.max_steps} steps)")
+            f"until greedy pass@1 lands in [{ws.target_pass1:.0%}, {ws.target_pass1 + ws.tolerance:.0%}] "
+            f"(at most {ws.max_steps} steps)")
         _, steps = finetune(model, tok, task, ws, seed, max_new_tokens, progress, device)
     seconds = time.perf_counter() - t0
     pass1 = greedy_pass1(model, tok, task, len(task.eval), max_new_tokens)
