@@ -9,7 +9,8 @@ import pytest
 
 from gspo_bench.__main__ import main
 from gspo_bench.config import ConfigError
-from gspo_bench.reporting.leaderboard import RunData, auc, check_baseline, paired_groups, paired_rows
+from gspo_bench.reporting.leaderboard import RunData, auc
+from gspo_bench.reporting.paired_table import check_baseline, paired_groups, paired_rows
 from gspo_bench.reporting.paired import mde, paired_summary, pooled_sd
 from test_leaderboard import EXP, build_store
 

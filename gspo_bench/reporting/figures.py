@@ -211,7 +211,7 @@ def plot_paired(group, path: Path, title: str) -> Path:
     """(f): per algorithm, the mean paired difference in final pass@1 to the baseline (points), its 95 % t
     interval as an error bar (none with one pair), a zero line and, dotted, ± the group's MDE.
 
-    ``group`` is a ``leaderboard.PairedGroup``; algorithms with no pair are left out.
+    ``group`` is a ``paired_table.PairedGroup``; algorithms with no pair are left out.
     """
     rows = [r for r in group.rows if r["metric"] == "final_pass1" and r["n"] > 0]
     order = _order()

@@ -26,17 +26,10 @@ of their own per algorithm with their count, their collapse count and no
 other numbers. The CLI treats an empty leaderboard (no run matches) as an
 error: one line, exit 2.
 
-Paired differences (``paired_groups``; the statistics in ``paired.py``): per
-group and per algorithm A other than the baseline B (``--baseline``, default
-grpo), ``d_s = metric(A, s) - metric(B, s)`` over the seeds where both have a
-FINISHED run, for final pass@1, AUC and steps to +10 pts (there only the
-seeds where both reached the target; negative = A got there sooner). Mean,
-95 % t interval, "significant" = the interval excludes 0 (no correction for
-the many comparisons), and the MDE. Per group also the experiment's MDE for
-final pass@1: from the pooled sd sqrt(mean of the algorithms' variances of
-``d_s``) and their common number of pairs (the smallest, when they differ).
-Several FINISHED runs of one algorithm and seed count as one: the mean of
-their values (steps to +10 pts: only when every one reached it).
+The paired differences against a baseline algorithm (``--baseline``,
+default grpo) are built from these runs in ``paired_table.py``, whose
+``render_with_paired`` prints this leaderboard followed by them; this
+module never imports it.
 """
 
 from __future__ import annotations
@@ -51,7 +44,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gspo_bench.config import ConfigError, resolve_tracking_uri
-from gspo_bench.reporting.paired import mde, paired_summary, pooled_sd
 
 DEFAULT_EXPERIMENT = "gspo_bench"
 FINISHED = "FINISHED"
@@ -60,7 +52,6 @@ PLUS = 0.10  # "warm start + 10 points"
 LEADERBOARD_METRICS = ("eval/pass1", "clip/frac", "reward/mean")
 HIDDEN_KINDS = ("report", "study")  # runs that hold outputs, not training
 DEFAULT_BASELINE = "grpo"
-ALPHA, POWER = 0.05, 0.8  # paired tables: 95 % intervals, MDE at 80 % power
 
 NOTES = (
     "final/best pass@1 and AUC: mean ± sample std (ddof 1) over seeds (one seed: mean only). "
@@ -293,140 +284,6 @@ def collect(uri: str, experiment: str = DEFAULT_EXPERIMENT, task: str | None = N
     return summarise(load_runs(uri, experiment, task, model))
 
 
-# -- paired differences --------------------------------------------------------------------------------------------
-# (CSV name, ``run_summary`` key, label, unit, display scale): pass@1 differences are shown in points
-PAIRED_METRICS = (("final_pass1", "final", "final pass@1", "points", 100.0),
-                  ("auc_pass1", "auc", "AUC pass@1", "points", 100.0),
-                  ("steps_to_10", "steps_to", "steps to +10 pts", "steps", 1.0))
-
-
-@dataclass
-class PairedGroup:
-    """The paired differences of one group against ``baseline``; ``rows``: one per (algorithm, metric)."""
-
-    key: tuple[str, str, str, str]  # (task, model, preset, config)
-    baseline: str
-    rows: list[dict]
-    mde: float | None = None  # experiment-level MDE of final pass@1 (pass@1 units)
-    mde_n: int = 0  # pairs behind it
-    mde_sd: float | None = None  # pooled sd of the final pass@1 differences
-    mde_algos: int = 0  # algorithms pooled (those with >= 2 pairs)
-    note: str | None = None  # set when the group has no pair at all: why (then no table is drawn)
-
-
-def group_title(key: tuple[str, str, str, str]) -> str:
-    """``task / model``, then preset and config when not ``default`` (the report's section titles)."""
-    task, model, preset, config = key
-    return f"{task} / {model}" + (f" / {preset}" if preset != "default" else "") + (
-        f" / {config}" if config != "default" else "")
-
-
-def _finite(x) -> bool:
-    return x is not None and math.isfinite(x)
-
-
-def _seed_values(runs: list[RunData]) -> dict[str, dict[str, float | None]]:
-    """{seed: {summary key: value}} of one algorithm's FINISHED runs in a group; a seed run twice or more gets
-    the mean of its runs' values, None when any of them lacks the value (steps to +10 pts: did not reach)."""
-    by_seed: dict[str, list[dict]] = {}
-    for r in runs:
-        by_seed.setdefault(r.seed, []).append(run_summary(r))
-    out = {}
-    for seed, ss in by_seed.items():
-        vals = {}
-        for _, k, *_ in PAIRED_METRICS:
-            xs = [x[k] for x in ss]
-            vals[k] = statistics.fmean(xs) if all(_finite(x) for x in xs) else None
-        out[seed] = vals
-    return out
-
-
-def check_baseline(runs: list[RunData], baseline: str, strict: bool = True) -> str | None:
-    """None when ``baseline`` has a FINISHED run among ``runs``; else why not, as a ConfigError when ``strict``
-    (an explicit ``--baseline``) and as the returned sentence otherwise. An unknown algorithm name (neither
-    registered nor in the runs) is always a ConfigError."""
-    finished = sorted({r.algo for r in runs if r.status == FINISHED})
-    if baseline in finished:
-        return None
-    mine = [r for r in runs if r.algo == baseline]
-    if not mine:
-        from gspo_bench import algorithms
-
-        known = algorithms.names()
-        if baseline not in known:
-            raise ConfigError(f"--baseline {baseline!r}: unknown algorithm (known: {', '.join(known)})")
-        why = f"no run of {baseline!r} in the selection"
-    else:
-        counts = {st: sum(r.status == st for r in mine) for st in sorted({r.status for r in mine})}
-        why = (f"no FINISHED run of {baseline!r} in the selection "
-               f"({', '.join(f'{n} {st}' for st, n in counts.items())})")
-    msg = f"--baseline {baseline!r}: {why}; algorithms with FINISHED runs: {', '.join(finished) or 'none'}"
-    if strict:
-        raise ConfigError(msg)
-    return f"{why}; pick a baseline with --baseline (algorithms with FINISHED runs: {', '.join(finished) or 'none'})"
-
-
-def paired_groups(runs: list[RunData], baseline: str = DEFAULT_BASELINE, alpha: float = ALPHA,
-                  power: float = POWER) -> list[PairedGroup]:
-    """Per group with a FINISHED run: each other algorithm's paired differences to ``baseline`` (see the
-    module docstring), best mean final pass@1 difference first, plus the group's MDE for final pass@1.
-
-    Only FINISHED runs with a seed tag are paired. Every non-baseline algorithm gets its three rows even with
-    no pair (n = 0); a group where no pair exists gets a ``note`` saying why.
-    """
-    groups: dict[tuple, dict[str, list[RunData]]] = {}
-    for r in runs:
-        if r.status == FINISHED and r.seed != "?":
-            groups.setdefault(r.group, {}).setdefault(r.algo, []).append(r)
-    out = []
-    for key in sorted(groups):
-        by_algo = groups[key]
-        base = _seed_values(by_algo[baseline]) if baseline in by_algo else {}
-        rows, finals = [], []
-        for algo in sorted(a for a in by_algo if a != baseline):
-            mine = _seed_values(by_algo[algo])
-            common = sorted(set(mine) & set(base), key=_seed_key)
-            for name, k, label, unit, scale in PAIRED_METRICS:
-                pairs = [(s, mine[s][k] - base[s][k]) for s in common if _finite(mine[s][k]) and _finite(base[s][k])]
-                st = paired_summary([d for _, d in pairs], alpha, power)
-                if name == "final_pass1":
-                    finals.append(st)
-                rows.append({"task": key[0], "model": key[1], "preset": key[2], "config": key[3], "algo": algo,
-                             "baseline": baseline, "metric": name, "label": label, "unit": unit, "scale": scale,
-                             "n": st.n, "common": len(common), "seeds": ",".join(s for s, _ in pairs),
-                             "mean_diff": st.mean, "sd_diff": st.sd, "ci_low": st.ci[0] if st.ci else None,
-                             "ci_high": st.ci[1] if st.ci else None, "significant": st.significant, "mde": st.mde,
-                             "stat": st})
-        g = PairedGroup(key, baseline, rows)
-        if baseline not in by_algo:
-            g.note = f"no FINISHED {baseline} run in this group"
-        elif not rows:
-            g.note = f"only {baseline} in this group, nothing to pair"
-        elif not any(r["common"] for r in rows):
-            g.note = f"no seed has FINISHED runs of both {baseline} and another algorithm"
-        pooled = [st for st in finals if st.sd is not None]  # the algorithms with >= 2 pairs
-        if pooled:
-            # experiment MDE = mde(pooled sd, common n); pooled sd = sqrt(mean_a sd_a^2), common n = min_a n_a
-            g.mde_n, g.mde_algos = min(st.n for st in pooled), len(pooled)
-            g.mde_sd = pooled_sd([st.sd for st in pooled])
-            g.mde = mde(g.mde_sd, g.mde_n, alpha, power)
-        best = {r["algo"]: r["mean_diff"] for r in rows if r["metric"] == "final_pass1"}
-        order = {a: (best[a] is None, -(best[a] or 0.0), a) for a in best}
-        g.rows = sorted(rows, key=lambda r: order[r["algo"]])  # stable: metrics keep their order
-        for r in g.rows:
-            r["group_mde_final_pass1"], r["group_mde_pairs"] = g.mde, g.mde_n
-        out.append(g)
-    return out
-
-
-def paired_rows(runs: list[RunData], baseline: str = DEFAULT_BASELINE, alpha: float = ALPHA,
-                power: float = POWER) -> list[dict]:
-    """``paired_groups``' rows, all groups in one list: per group, per other algorithm, per metric, with
-    ``n`` pairs of the ``common`` seeds, ``mean_diff``, ``sd_diff``, ``ci_low``/``ci_high``, ``significant``,
-    ``mde`` (pass@1 units or steps) and the ``PairedStat`` as ``stat``."""
-    return [r for g in paired_groups(runs, baseline, alpha, power) for r in g.rows]
-
-
 # -- rendering -----------------------------------------------------------------------------------------------------
 CSV_FIELDS = ("task", "model", "preset", "config", "algo", "status", "n", "seeds", "warm_pass1", "final_pass1",
               "final_pass1_std", "best_pass1", "best_pass1_std", "auc_pass1", "auc_pass1_std", "steps_to_10",
@@ -475,29 +332,21 @@ def rich_table(rows: list[dict], title: str | None = None):
     return t
 
 
-def render(rows: list[dict], fmt: str = "md", title: str | None = None, paired: list[PairedGroup] | None = None,
-           baseline: str = DEFAULT_BASELINE, paired_note: str | None = None) -> str:
-    """``table`` (Rich, as plain text), ``md`` (formatted cells) or ``csv`` (raw numbers, empty = none).
-
-    With ``paired`` (``paired_groups``' result; ``paired_note``: why there is none), ``table`` and ``md`` go on
-    with the paired table and the MDE lines (``render_paired``); ``csv`` stays the leaderboard alone, one
-    table (the CLI's ``--paired`` prints the paired CSV instead).
-    """
+def render(rows: list[dict], fmt: str = "md", title: str | None = None) -> str:
+    """``table`` (Rich, as plain text), ``md`` (formatted cells) or ``csv`` (raw numbers, empty = none): the
+    leaderboard table alone (``paired_table.render_with_paired`` goes on with the paired differences)."""
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.DictWriter(buf, CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
         w.writeheader()
         w.writerows({k: ("" if row.get(k) is None else row.get(k)) for k in CSV_FIELDS} for row in rows)
         return buf.getvalue()
-    with_paired = paired is not None or paired_note is not None
     if fmt == "md":
         lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |" for r in rows]
-        text = "\n".join(lines) + "\n"
-        return text + "\n" + render_paired(paired or [], "md", baseline, paired_note) if with_paired else text
+        return "\n".join(lines) + "\n"
     if fmt == "table":
-        parts = [rich_table(rows, title)] + (paired_rich(paired or [], baseline, paired_note) if with_paired else [])
-        return _plain(*parts)
+        return _plain(rich_table(rows, title))
     raise ConfigError(f"format {fmt!r} is not one of: table, md, csv")
 
 
@@ -508,97 +357,3 @@ def _plain(*renderables) -> str:
     for r in renderables:
         console.print(r)
     return console.file.getvalue()
-
-
-# -- rendering: paired differences -----------------------------------------------------------------------------------
-PAIRED_COLUMNS = ("task", "model", "preset", "config", "algo", "baseline", "metric", "pairs (n)", "mean diff",
-                  "95 % CI", "significant", "MDE")
-PAIRED_CSV_FIELDS = ("task", "model", "preset", "config", "algo", "baseline", "metric", "n", "common", "seeds",
-                     "mean_diff", "sd_diff", "ci_low", "ci_high", "significant", "mde", "group_mde_final_pass1",
-                     "group_mde_pairs")
-
-
-def _paired_cells(row: dict) -> list[str]:
-    scale = row["scale"]
-
-    def num(x, sign="+"):
-        return "-" if x is None else f"{scale * x:{sign}.1f}"
-
-    n = str(row["n"]) if row["n"] == row["common"] else f"{row['n']} of {row['common']}"
-    has_ci = row["ci_low"] is not None
-    return [row["task"], row["model"], row["preset"], row["config"], row["algo"], row["baseline"],
-            f"{row['label']} ({row['unit']})", n, num(row["mean_diff"]),
-            f"[{num(row['ci_low'])}, {num(row['ci_high'])}]" if has_ci else "-",
-            ("yes" if row["significant"] else "no") if has_ci else "-", num(row["mde"], "")]
-
-
-def mde_line(g: PairedGroup, with_title: bool = True) -> str:
-    """The group's one line: its experiment-level MDE for final pass@1, or why there is none."""
-    head = f"{group_title(g.key)}: " if with_title else ""
-    if g.note:
-        return f"{head}no paired differences vs {g.baseline}: {g.note}."
-    if g.mde is None:
-        return (f"{head}MDE (final pass@1): not available, no algorithm has 2 or more seeds paired with "
-                f"{g.baseline}.")
-    return (f"{head}MDE (final pass@1, {g.mde_n} seeds, 95 % / 80 % power): {100 * g.mde:.1f} points "
-            f"(pooled sd of the paired differences {100 * g.mde_sd:.1f} points over {g.mde_algos} "
-            f"algorithm{'s' if g.mde_algos != 1 else ''})")
-
-
-def _paired_title(baseline: str) -> str:
-    return (f"Paired differences vs {baseline}: per seed, algo - {baseline}; mean, 95 % t interval, "
-            "significant = interval excludes 0 (no multiple-comparison correction)")
-
-
-def render_paired(groups: list[PairedGroup], fmt: str = "md", baseline: str = DEFAULT_BASELINE,
-                  note: str | None = None, with_title: bool = True) -> str:
-    """The paired table of ``groups`` in ``md`` (title line, one table over the groups with pairs, one MDE line
-    per group), ``table`` (Rich) or ``csv`` (raw: pass@1 units and steps, every row). ``note``: the one line
-    printed instead, when the baseline has no FINISHED run at all."""
-    if fmt == "csv":
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, PAIRED_CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
-        w.writeheader()
-        for r in (r for g in groups for r in g.rows):
-            cells = {k: "" if r.get(k) is None else r[k] for k in PAIRED_CSV_FIELDS}
-            # significant: true / false, empty without an interval (fewer than 2 pairs)
-            cells["significant"] = "" if r["ci_low"] is None else str(r["significant"]).lower()
-            w.writerow(cells)
-        return buf.getvalue()
-    if fmt == "table":
-        return _plain(*paired_rich(groups, baseline, note))
-    if fmt != "md":
-        raise ConfigError(f"format {fmt!r} is not one of: table, md, csv")
-    if note:
-        return f"No paired differences: {note}.\n"
-    lines = [f"**{_paired_title(baseline)}.**", ""] if with_title else []
-    shown = [r for g in groups if not g.note for r in g.rows]
-    if shown:
-        lines += ["| " + " | ".join(PAIRED_COLUMNS) + " |", "|" + "---|" * len(PAIRED_COLUMNS)]
-        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _paired_cells(r)) + " |" for r in shown]
-        lines.append("")
-    lines += [f"- {mde_line(g)}" for g in groups] or ["No finished run: no paired differences."]
-    return "\n".join(lines) + "\n"
-
-
-def paired_rich(groups: list[PairedGroup], baseline: str = DEFAULT_BASELINE, note: str | None = None) -> list:
-    """Rich renderables: the paired table (groups with pairs, a section each), then one MDE line per group."""
-    from rich.table import Table
-    from rich.text import Text
-
-    if note:
-        return [Text(f"No paired differences: {note}.")]
-    out = []
-    shown = [g for g in groups if not g.note]
-    if shown:
-        t = Table(title=_paired_title(baseline))
-        for col in PAIRED_COLUMNS:
-            t.add_column(col, justify="left" if col in PAIRED_COLUMNS[:7] else "right")
-        for i, g in enumerate(shown):
-            if i:
-                t.add_section()
-            for r in g.rows:
-                t.add_row(*_paired_cells(r), style="bold" if r["significant"] else None)
-        out.append(t)
-    out += [Text(mde_line(g)) for g in groups] or [Text("No finished run: no paired differences.")]
-    return out

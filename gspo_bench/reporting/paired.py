@@ -22,7 +22,7 @@ if no algorithm truly differed from the baseline the chance that at least one
 is marked would be up to 1 - 0.95^15, about 54 % (less, as the three metrics
 are correlated). Read the marks as a screen, not as findings.
 
-Pure functions (no MLflow); ``leaderboard.paired_groups`` applies them to runs.
+Pure functions (no MLflow); ``paired_table.paired_groups`` applies them to runs.
 """
 
 from __future__ import annotations

@@ -32,10 +32,9 @@ from pathlib import Path
 
 from gspo_bench.reporting import figures
 from gspo_bench.config import ConfigError
-from gspo_bench.reporting.leaderboard import (DEFAULT_BASELINE, DEFAULT_EXPERIMENT, FINISHED, NOTES, PairedGroup,
-                                              RunData, check_baseline, experiment_id, group_title, load_runs,
-                                              no_runs_message, paired_groups, render, render_paired, slug,
-                                              summarise)
+from gspo_bench.reporting.leaderboard import (DEFAULT_BASELINE, DEFAULT_EXPERIMENT, FINISHED, NOTES, RunData,
+                                              experiment_id, load_runs, no_runs_message, render, slug, summarise)
+from gspo_bench.reporting.paired_table import PairedGroup, check_baseline, group_title, paired_groups, render_paired
 
 REPORT_METRICS = ("eval/pass1", "eval/reward_mean", "clip/frac", "reward/mean", "moe/expert_flip_rate")
 RATIO_ALGOS = ("gspo", "gspo_token")  # whose ratios/step_*.json figure (c) draws, in order of preference

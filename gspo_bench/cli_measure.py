@@ -1,0 +1,116 @@
+"""The measuring commands of the CLI: ``bench`` (throughput) and ``warmstart`` (where the warm start lands).
+
+``__main__`` parses the flags and hands the namespace over; these functions
+do the work and print with the console they are given.
+"""
+
+from __future__ import annotations
+
+import os
+
+from rich.table import Table
+
+from gspo_bench.config import ConfigError, deep_merge, load_config, parse_sets
+
+
+def bench_command(args, console) -> int:
+    """``bench``: measure, print the tables, write JSON / Markdown / figure / profile as asked."""
+    import json
+    import shlex
+    from pathlib import Path
+
+    from gspo_bench.bench import BenchOptions, run_bench
+    from gspo_bench.reporting.bench_report import markdown, plot_scaling, rich_tables
+    from gspo_bench.runner import git_commit
+
+    try:
+        scaling = () if args.scaling.lower() == "none" else tuple(int(x) for x in args.scaling.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"--scaling {args.scaling!r}: a comma list of token counts, or none") from None
+    opts = BenchOptions(algo=args.algo, warmup=args.warmup, repeats=args.repeats, rl_steps=args.rl_steps,
+                        scaling=scaling, paths=tuple(args.paths), profile=bool(args.profile))
+    opts.check()
+    sets = parse_sets(args.sets)  # before any work: a bad --set exits 2 at once
+    results = []
+    for model in args.model or [None]:
+        over: dict = {}
+        if model:
+            over["model"] = {"name": model}
+        if args.task:
+            over["task"] = args.task
+        if args.max_new_tokens is not None:
+            over["rollout"] = {"max_new_tokens": args.max_new_tokens}
+        over = deep_merge(sets, over)  # --model, --task and --max-new-tokens win over --set
+        console.print(f"[bold]bench[/bold] preset={args.preset} model={model or '(preset)'} algo={args.algo}")
+        res = run_bench(args.preset, tuple(args.config), over, opts, log=console.print).to_dict()
+        for t in rich_tables(res):
+            console.print(t)
+        results.append(res)
+    if args.profile:
+        Path(args.profile).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.profile).write_text("".join(
+            f"# torch.profiler, one full RL step, {r['model']}, path {p}\n"
+            f"# python -m gspo_bench {shlex.join(args.argv)} @ {git_commit()}\n\n{table}\n"
+            for r in results for p, table in r.pop("profiles").items()))
+        console.print(f"wrote {args.profile}")
+    for r in results:
+        r.pop("profiles", None)
+    payload = results[0] if len(results) == 1 else results
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(payload, indent=2))
+        console.print(f"wrote {args.json}")
+    else:
+        print(json.dumps(payload, indent=2))
+    figure = None
+    if args.figure and scaling:
+        figure = plot_scaling(results, args.figure)
+        console.print(f"wrote {figure}")
+    if args.markdown:
+        command = "python -m gspo_bench " + shlex.join(args.argv)
+        rel = None
+        if figure is not None:
+            rel = os.path.relpath(figure, Path(args.markdown).resolve().parent)
+        text = "\n".join(markdown(r, command, git_commit(), rel if i == len(results) - 1 else None)
+                         for i, r in enumerate(results))
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(text)
+        console.print(f"wrote {args.markdown}")
+    return 0
+
+
+def warmstart_command(args, console) -> int:
+    """``warmstart``: warm start (or load) each model x seed and show where greedy pass@1 lands."""
+    import shlex
+    from pathlib import Path
+
+    from gspo_bench.runner import git_commit, quiet, validate
+    from gspo_bench.warmstart import band, band_markdown
+
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds={args.seeds} must be >= 1")
+    over = parse_sets(args.set)
+    if args.task:
+        over["task"] = args.task
+    cfg = load_config(args.preset, tuple(args.config), over)
+    models = args.model or [cfg.model.name]
+    for m in models:  # every model name is checked before the first warm start
+        validate(load_config(args.preset, tuple(args.config), {**over, "model": {"name": m}}))
+    quiet()
+    rows = band(cfg.task, models, list(range(args.seeds)), cfg.warmstart, progress=not args.no_progress,
+                log=console.print)
+    table = Table(title=f"warm-start band: {cfg.task}, target {cfg.warmstart.target_pass1:.0%}")
+    for col in ("model", "seed", "greedy pass@1", "steps", "seconds", "cached"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r.model, str(r.seed), f"{r.pass1:.1%}", str(r.steps), f"{r.seconds:.0f}", str(r.cached))
+    console.print(table)
+    for m in models:
+        ps = [r.pass1 for r in rows if r.model == m]
+        console.print(f"{m}: min {min(ps):.1%}, mean {sum(ps) / len(ps):.1%}, max {max(ps):.1%} over {len(ps)} seeds")
+    if args.markdown:
+        command = "python -m gspo_bench " + shlex.join(args.argv)
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(band_markdown(rows, cfg.warmstart, cfg.task, command, git_commit()))
+        console.print(f"wrote {args.markdown}")
+    return 0
