@@ -155,6 +155,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"the algorithm the paired differences are taken against (default {DEFAULT_BASELINE}); "
                        "given, it must have a FINISHED run in the selection, else exit 2; left at the default, a "
                        "selection without one only skips the paired table")
+        c.add_argument("--by", type=_csv, default=[], metavar="TAG[,TAG...]",
+                       help="split every task/model/preset/config group further by the values of these run tags, "
+                       "e.g. --by routing_replay,rollout_dtype: one row per algorithm and (routing_replay, "
+                       "rollout_dtype) pair, the tags as extra columns after config, and paired differences "
+                       "taken within each split (gspo under r3 vs grpo under r3)"
+                       + ("; one report section and one set of figure files per split" if name == "report" else "")
+                       + ". Any run tag works; a run without the tag shows '-' and forms a split of its own; a "
+                       "tag no run has is an error (exit 2)")
         if name == "leaderboard":
             c.add_argument("--format", choices=("table", "md", "csv"),
                            help="default: a table on a terminal, Markdown otherwise; table and md print the "
@@ -299,18 +307,22 @@ def cmd_list(args) -> int:
 
 
 def cmd_leaderboard(args) -> int:
+    from gspo_bench.reporting.grouping import check_by
     from gspo_bench.reporting.leaderboard import load_runs, no_runs_message, read_uri, rich_table, summarise
     from gspo_bench.reporting.paired_table import (check_baseline, paired_groups, paired_rich, render_paired,
                                                    render_with_paired)
 
     runs = load_runs(read_uri(args.tracking_uri), args.experiment, args.task, args.model)
-    rows = summarise(runs)
+    by = tuple(dict.fromkeys(args.by))  # --by: the tags splitting the groups, in order, once each
+    rows = summarise(runs, by)
     if not rows:  # an empty leaderboard is a mistake (wrong experiment or filter), not a result
         raise ConfigError(no_runs_message(args.experiment, args.task, args.model))
+    if by:
+        check_by(runs, by)
     baseline = args.baseline or DEFAULT_BASELINE
     # an explicit --baseline (or --paired, which asks for nothing else) must have a FINISHED run
     note = check_baseline(runs, baseline, strict=args.baseline is not None or args.paired)
-    groups = paired_groups(runs, baseline)
+    groups = paired_groups(runs, baseline, by=by)
     fmt = args.format or ("table" if console.is_terminal else "md")
     if fmt == "table":
         parts = [] if args.paired else [rich_table(rows, f"leaderboard: {args.experiment}")]
@@ -334,7 +346,7 @@ def cmd_report(args) -> int:
     rep = write_report(read_uri(args.tracking_uri), args.experiment, args.out, args.task, args.model,
                        command="python -m gspo_bench " + shlex.join(args.argv), storage=args.storage,
                        studies=args.study, baseline=args.baseline or DEFAULT_BASELINE,
-                       strict_baseline=args.baseline is not None)
+                       strict_baseline=args.baseline is not None, by=tuple(dict.fromkeys(args.by)))
     console.print(f"wrote {rep.path} and {len(rep.figures)} figures; logged to MLflow run {rep.run_id} "
                   f"(name 'report', tag kind=report)", soft_wrap=True)
     return 0

@@ -6,6 +6,23 @@ above its function, with its ratio unit, aggregation, default clip and paper;
 ``policy_loss`` is the one entry point. The statistics each call returns
 (clip fractions, ratio spread, ``kl/old``) come from ``ratios.py``.
 
+Mismatch corrections (ALGORITHMS.md, "Mismatch corrections"): given the
+sampler's ``rollout_logp`` and ``correction="tis"`` or ``"mis"`` (cap ``C =
+correction_cap``, default 2.0), each unit's policy-gradient loss term is
+weighted before aggregation by the detached ``rho = exp(old_logp -
+rollout_logp)`` taken at the loss's ratio unit: ``w_t = rho_t`` per token
+(ppo, grpo, dapo, cispo, gspo_token), ``w_i = exp(mean_t log rho_it)`` per
+sequence (gspo). ``tis`` multiplies the term by ``min(w, C)``; ``mis`` zeroes
+the terms with ``w`` outside ``[1/C, C]`` (they stay in the denominator) and
+leaves the others unweighted. The KL term is never weighted. Two stats are
+added, weighted like the other stats (token units: mask-weighted over response
+tokens; gspo: each non-empty sequence once):
+``mismatch/is_weight_mean`` = mean of the raw (untruncated) ``w``;
+``mismatch/corrected_frac`` = fraction of units truncated (tis: ``w > C``) or
+masked (mis: ``w < 1/C`` or ``w > C``; a NaN ``w`` counts as outside).
+``correction="none"`` (the default) or ``rollout_logp=None`` leaves the loss
+and stats bit-identical to no correction.
+
 Conventions
 -----------
 - ``logp_BT`` / ``old_logp_BT``: log-probs of the sampled tokens under the
@@ -50,14 +67,15 @@ from typing import Callable
 
 import torch
 
-from gspo_bench.ratios import compute_dtype, masked_delta, masked_mean, ratio_stats, seq_logratio
+from gspo_bench.ratios import (CORRECTIONS, apply_correction, check_correction, compute_dtype, correction_stats,
+                               is_weights, masked_delta, masked_mean, ratio_stats, seq_logratio)
 
 Tensor = torch.Tensor
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean")
 RATIO_UNITS = ("token", "sequence", "sequence-token")
 KL_ESTIMATORS = ("k1", "k2", "k3")
-# Every keyword policy_loss accepts besides the four tensors.
+# Every **hparams keyword policy_loss accepts (the correction has its own keywords, see CORRECTIONS).
 HPARAMS = ("eps_low", "eps_high", "dual_clip_c", "kl_coef", "ref_logp", "kl_estimator")
 # Defaults every loss shares (the clip range is each loss's own, in its registration).
 BASE_DEFAULTS = {"dual_clip_c": None, "kl_coef": 0.0, "kl_estimator": "k3"}
@@ -300,11 +318,23 @@ def _check(hp: dict, logp, old_logp, advantages, mask) -> None:
 
 
 def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
+                rollout_logp: Tensor | None = None, correction: str = "none", correction_cap: float = 2.0,
                 **hparams) -> tuple[Tensor, dict[str, Tensor]]:
     """Loss of algorithm ``name`` (a key of ``LOSSES``) and its detached 0-dim stats.
 
     ``hparams``: ``eps_low``, ``eps_high``, ``dual_clip_c``, ``kl_coef``,
     ``ref_logp``, ``kl_estimator``; missing ones take the spec's defaults.
+
+    ``correction`` (one of ``CORRECTIONS``) with ``rollout_logp`` (the
+    sampler's log-probs, (B, T)) weights the policy-gradient term per unit
+    (token, or sequence for gspo) by ``w = sg(exp(old_logp - rollout_logp))``:
+    tis by ``min(w, C)``, mis by 1 if ``1/C <= w <= C`` else 0, with ``C =
+    correction_cap`` (a finite float > 1). It then adds
+    ``mismatch/is_weight_mean`` (the raw ``w`` averaged over units, token units
+    mask-weighted, sequences: over non-empty ones) and
+    ``mismatch/corrected_frac`` (the same average of "truncated": ``w > C``
+    for tis, "masked": ``w < 1/C or w > C`` for mis). ``rollout_logp=None`` or
+    ``correction="none"``: no weight, no new stats, a bit-identical loss.
     """
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; allowed: {', '.join(LOSSES)}")
@@ -315,6 +345,7 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
     hp = {"eps_low": spec.eps_low, "eps_high": spec.eps_high, "ref_logp": None,
           **BASE_DEFAULTS, **hparams}
     _check(hp, logp, old_logp, advantages, mask)
+    cap = check_correction(correction, correction_cap, rollout_logp, logp.shape)
 
     dtype = compute_dtype(logp.dtype)
     logp_BT = logp.to(dtype)  # (B, T), the only input that carries gradient
@@ -325,6 +356,14 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
 
     unit_loss, high_BT, low_BT = spec.fn(logp_BT, old_logp_BT, adv, mask_BT, eps_low=eps_low,
                                          eps_high=eps_high, dual_clip_c=hp["dual_clip_c"])
+    corr_stats = {}
+    if correction != "none" and rollout_logp is not None:
+        # w at the loss's ratio unit: per sequence for gspo, per token otherwise (gspo_token included)
+        unit = "sequence" if spec.ratio == "sequence" else "token"
+        w, unit_w = is_weights(old_logp_BT, rollout_logp.detach().to(dtype), mask_BT, unit)
+        # L_u <- min(w_u, C) L_u (tis) or [1/C <= w_u <= C] L_u (mis), before aggregation, KL untouched
+        unit_loss, corrected = apply_correction(unit_loss, w, correction, cap)
+        corr_stats = correction_stats(w, corrected, unit_w)
     pg_loss = agg_loss(unit_loss, mask_BT, spec.aggregation)
 
     kl_part = torch.zeros((), dtype=dtype, device=logp.device)
@@ -343,4 +382,5 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
         stats = ratio_stats(logp_BT.detach(), old_logp_BT, mask_BT, high_BT, low_BT)
     stats["loss/policy"] = pg_loss.detach()
     stats["loss/kl"] = kl_part.detach()
+    stats.update(corr_stats)
     return loss, stats

@@ -3,16 +3,25 @@
 Pure functions of tensors, shared by ``losses.py`` (which computes the loss)
 and the diagnostics callbacks (which measure the sampler/trainer mismatch).
 The definitions are ALGORITHMS.md's "Clip fraction" and "Rollout precision and
-the mismatch" sections; ``docs/algorithms.md`` restates them.
+the mismatch" sections; ``docs/algorithms.md`` restates them. The importance
+weights of the mismatch corrections (``tis`` / ``mis``, ALGORITHMS.md's
+"Mismatch corrections") are here too: ``is_weights`` computes the detached
+weight at a loss's ratio unit, ``apply_correction`` applies it to the per-unit
+loss, ``correction_stats`` gives ``mismatch/is_weight_mean`` and
+``mismatch/corrected_frac``.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
 Tensor = torch.Tensor
+
+# rollout.correction: none | tis (truncated IS) | mis (masked IS)
+CORRECTIONS = ("none", "tis", "mis")
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -42,7 +51,6 @@ def masked_extreme(x: Tensor, keep: Tensor, largest: bool) -> Tensor:
     filled = torch.where(keep, x, fill)
     ext = filled.amax() if largest else filled.amin()
     return torch.where(keep.any(), ext, 0.0)
-
 
 
 def ratio_stats(logp_BT: Tensor, old_logp_BT: Tensor, mask_BT: Tensor, high_BT: Tensor, low_BT: Tensor
@@ -114,4 +122,68 @@ def mismatch_stats(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> dict
         "mismatch/kl": masked_mean(k3_BT, mask_BT),
         "mismatch/abs_diff_max": masked_extreme(log_rho_BT.abs(), valid_BT, largest=True),
         "mismatch/seq_log_ratio_std": masked_mean((seq_B - seq_mean).square(), seq_w_B).sqrt(),
+    }
+
+
+# ----------------------------------------------------------------------------- mismatch corrections
+
+
+def check_correction(correction: str, cap, rollout_logp: Tensor | None, shape: torch.Size) -> float:
+    """Validate a correction request; returns the cap as a float."""
+    if correction not in CORRECTIONS:
+        raise ValueError(f"unknown correction {correction!r}; allowed: {CORRECTIONS}")
+    if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not (math.isfinite(cap) and cap > 1.0):
+        raise ValueError(f"correction_cap must be a finite float > 1, got {cap!r}")
+    if rollout_logp is not None and rollout_logp.shape != shape:
+        raise ValueError(f"rollout_logp shape {tuple(rollout_logp.shape)} != logp shape {tuple(shape)}")
+    return float(cap)
+
+
+def is_weights(old_logp_BT: Tensor, rollout_logp_BT: Tensor, mask_BT: Tensor, unit: str
+               ) -> tuple[Tensor, Tensor]:
+    """The detached trainer/sampler importance weight at ``unit`` ("token" or "sequence").
+
+    Returns ``(w, unit_w)``: ``w`` is ``(B, T)`` for "token" (``w_t = rho_t``)
+    and ``(B,)`` for "sequence" (``w_i = exp(mean_t log rho_it)``); ``unit_w``
+    weights each unit in the statistics: the mask for tokens, 1 for each
+    non-empty sequence (0 for an empty one). Padding and empty rows get ``w = 1``.
+    """
+    if unit not in ("token", "sequence"):
+        raise ValueError(f"unit must be 'token' or 'sequence', got {unit!r}")
+    dtype = compute_dtype(torch.promote_types(old_logp_BT.dtype, rollout_logp_BT.dtype))
+    mask_BT = mask_BT.to(dtype)
+    # log rho = sg(old_logp) - sg(rollout_logp), zeroed at padding before anything exponentiates it
+    log_rho_BT = torch.where(mask_BT > 0, old_logp_BT.detach().to(dtype) - rollout_logp_BT.detach().to(dtype), 0.0)
+    if unit == "token":
+        # w_t = rho_t = exp(log rho_t)
+        return torch.exp(log_rho_BT), mask_BT
+    # w_i = exp(sum_t(log rho * mask) / |y_i|), length-normalised like s_i
+    w_B = torch.exp(seq_logratio(log_rho_BT, mask_BT))
+    return w_B, (mask_BT.sum(-1) > 0).to(dtype)
+
+
+def apply_correction(unit_loss: Tensor, w: Tensor, mode: str, cap: float) -> tuple[Tensor, Tensor]:
+    """Weight a per-unit loss (same shape as ``w``) by ``tis`` or ``mis``; returns (loss, corrected).
+
+    ``corrected`` marks the units the correction changed: truncated (tis: ``w > C``)
+    or masked (mis: ``w`` outside ``[1/C, C]``, a NaN weight included). A masked
+    unit's term is 0 with no gradient, but it stays in the aggregation's denominator.
+    """
+    if mode not in ("tis", "mis"):
+        raise ValueError(f"apply_correction needs 'tis' or 'mis', got {mode!r}")
+    w = w.detach().to(unit_loss.dtype)
+    if mode == "tis":
+        # tis: L_u <- min(w_u, C) * L_u
+        return torch.clamp(w, max=cap) * unit_loss, w > cap
+    # mis: the unit is dropped unless 1/C <= w_u <= C
+    dropped = ~((w >= 1.0 / cap) & (w <= cap))
+    # L_u <- 0 if dropped else L_u (where, not a product: a dropped inf term gives no NaN)
+    return torch.where(dropped, 0.0, unit_loss), dropped
+
+
+def correction_stats(w: Tensor, corrected: Tensor, unit_w: Tensor) -> dict[str, Tensor]:
+    """``mismatch/is_weight_mean`` (raw, untruncated ``w``) and ``mismatch/corrected_frac``, ``unit_w``-weighted."""
+    return {
+        "mismatch/is_weight_mean": masked_mean(w.detach(), unit_w),
+        "mismatch/corrected_frac": masked_mean(corrected.to(unit_w.dtype), unit_w),
     }

@@ -162,7 +162,10 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
                            eval_prompts=cfg.train.eval_prompts, eval_samples=cfg.train.eval_samples)
     logger = make_logger(cfg, uri, algo, seed, ws, settings, task.name, tags, parent_run_id, run_name)
     moe = is_moe(module.policy)
-    logger.experiment.set_tag(logger.run_id, "moe", str(moe).lower())
+    # the stabilisers, as tags the leaderboard can split by (--by); routing_replay is what ran (none on dense)
+    for key, value in {"moe": str(moe).lower(), "routing_replay": module.replay,
+                       "correction": settings.rollout.correction, "rollout_dtype": settings.rollout.dtype}.items():
+        logger.experiment.set_tag(logger.run_id, key, value)
     collapse = CollapseCallback(cfg.collapse, log=log)
     # measurements first, so the collapse detector sees the step's full metrics
     callbacks: list = ([MismatchProbe(), RatioSample()] + ([MoEFlipProbe()] if moe else []) + [collapse]

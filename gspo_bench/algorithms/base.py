@@ -31,6 +31,7 @@ then logging. The shared loop's own choices, which no paper pins:
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -43,7 +44,9 @@ from gspo_bench.config import Recipe, Resolved, RunConfig
 from gspo_bench.losses import LOSSES, policy_loss
 from gspo_bench.metrics import StepStats
 from gspo_bench.rollout.datamodule import RolloutBatch
-from gspo_bench.rollout.engine import response_logp
+from gspo_bench.models import is_moe
+from gspo_bench.rollout.engine import response_logp, uses_packed
+from gspo_bench.rollout.routing import GridLayout, RouterHooks, empty_grid, routing_mismatch
 
 ALGORITHMS: dict[str, type["PolicyModule"]] = {}
 
@@ -104,6 +107,16 @@ class PolicyModule(L.LightningModule):
             self.ref = AutoModelForCausalLM.from_pretrained(
                 model_path, trust_remote_code=cfg.model.trust_remote_code, dtype=torch.float32)
             self.ref.requires_grad_(False).eval()
+        self.is_moe = is_moe(self.policy)
+        self.replay = cfg.moe.routing_replay
+        if self.replay != "none" and not self.is_moe:
+            warnings.warn(f"moe.routing_replay={self.replay} applies to mixture-of-experts models; "
+                          f"{cfg.model.name} is dense, so it is ignored", stacklevel=2)
+            self.replay = "none"
+        r = settings.rollout
+        if r.correction != "none" and r.old_logp_source == "rollout":
+            warnings.warn(f"rollout.correction={r.correction} does nothing with old_logp_source=rollout: the old "
+                          "log-probs are the sampler's, so the weight is 1", stacklevel=2)
         self.rl_step = 0
         self.first_metrics: dict[str, float] = {}
         self.last_metrics: dict[str, float] = {}
@@ -161,17 +174,36 @@ class PolicyModule(L.LightningModule):
         dm = self.trainer.datamodule
         if dm is not None:
             dm.policy = self.policy
+            # the sampler records its experts on MoE models: moe/routing_mismatch, and what r3 replays
+            dm.record_routes = self.is_moe
 
     def optimizer_list(self) -> list:
         opts = self.optimizers()
         return opts if isinstance(opts, list) else [opts]
 
-    def response_logp(self, model, batch: RolloutBatch, rows=None, with_entropy: bool = False):
-        """Response log-probs (and entropy) of ``rows`` through the configured forward (``train.forward``)."""
+    def response_logp(self, model, batch: RolloutBatch, rows=None, with_entropy: bool = False,
+                      replay: torch.Tensor | None = None, record: torch.Tensor | None = None):
+        """Response log-probs (and entropy) of ``rows`` through the configured forward (``train.forward``).
+
+        MoE only: ``replay`` (a routes grid of the whole rollout) forces those experts; ``record`` (a grid
+        from ``routing.empty_grid``) receives the router's own choices, written in place.
+        """
         ids, attn = (batch.input_ids, batch.attention_mask) if rows is None else (
             batch.input_ids[rows], batch.attention_mask[rows])
-        return response_logp(model, ids, attn, batch.prompt_len, self.settings.rollout.temperature, with_entropy,
-                             self.cfg.train.forward)
+
+        def forward():
+            return response_logp(model, ids, attn, batch.prompt_len, self.settings.rollout.temperature,
+                                 with_entropy, self.cfg.train.forward)
+
+        if not self.is_moe or (replay is None and record is None):
+            return forward()
+        layout = GridLayout(attn, rows, uses_packed(model, self.cfg.train.forward))
+        with RouterHooks(model) as hooks:
+            hooks.replay = None if replay is None else layout.gather(replay)
+            out = forward()
+            if record is not None:
+                layout.scatter(record, hooks.take())
+        return out
 
     # -- the RL step ---------------------------------------------------------------------------
     def training_step(self, batch: RolloutBatch, batch_idx: int):
@@ -210,24 +242,44 @@ class PolicyModule(L.LightningModule):
         (no recompute pass); ``recompute`` runs the training model over the rollout.
         """
         mask = batch.response_mask
+        if self.replay == "r3" and batch.routes is None:
+            raise RuntimeError("moe.routing_replay=r3 needs the sampler's expert choices, and this engine did not "
+                               "record them (engines that do: fast, hf)")
+        # the router's own choices on this rollout before any update: r2 replays them, and they are
+        # what moe/routing_mismatch compares with the sampler's
+        natural = None
+        if self.is_moe and (self.replay == "r2" or batch.routes is not None):
+            natural = empty_grid(self.policy, *batch.input_ids.shape, device=batch.input_ids.device)
         with torch.no_grad():
             if self.settings.rollout.old_logp_source == "rollout" and batch.rollout_logp is not None:
                 old = batch.rollout_logp
+                if natural is not None:  # no recompute pass: one forward just for the routes
+                    self.response_logp(self.policy, batch, record=natural)
             else:
-                old, _ = self.response_logp(self.policy, batch)
-            out = {"old_logp": old * mask, "advantages": batch.advantages}
+                # r3: the recompute pass already replays the sampler's experts
+                old, _ = self.response_logp(self.policy, batch, replay=batch.routes if self.replay == "r3" else None,
+                                            record=natural)
+            out = {"old_logp": old * mask, "advantages": batch.advantages,
+                   "routes": {"r2": natural, "r3": batch.routes}.get(self.replay)}
             if self.ref is not None:
                 out["ref_logp"], _ = self.response_logp(self.ref, batch)
+        if natural is not None and batch.routes is not None:
+            stats.add({"moe/routing_mismatch": routing_mismatch(batch.routes, natural, batch.attention_mask.bool())})
         return out
 
     def minibatch_loss(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor, stats: StepStats):
         """The policy loss on ``rows``; returns the scalar to backpropagate."""
-        logp, ent = self.response_logp(self.policy, batch, rows, with_entropy=True)
+        logp, ent = self.response_logp(self.policy, batch, rows, with_entropy=True, replay=prep.get("routes"))
         mask = batch.response_mask[rows]
         self.trace.minibatches.append((rows, logp.detach()))
         extra = {}
         if self.ref is not None and self.kl_in_loss:
             extra = {"kl_coef": self.kl_coef, "ref_logp": prep["ref_logp"][rows]}
+        r = self.settings.rollout
+        if r.correction != "none" and r.old_logp_source == "recompute" and batch.rollout_logp is not None:
+            # the sampler/trainer correction: weights exp(old_logp - rollout_logp) at the loss's ratio unit
+            extra.update(rollout_logp=batch.rollout_logp[rows], correction=r.correction,
+                         correction_cap=r.correction_cap)
         loss, st = policy_loss(self.name, logp=logp, old_logp=prep["old_logp"][rows],
                                advantages=prep["advantages"][rows], mask=mask, **self.hp, **extra)
         # H = mean over response tokens of the sampling distribution's entropy

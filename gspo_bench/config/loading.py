@@ -14,8 +14,8 @@ from typing import Any, Union
 
 import yaml
 
-from gspo_bench.config.sections import (CollapseConfig, ConfigError, LossConfig, ModelConfig, RolloutConfig,
-                                        RunConfig, TrackingConfig, TrainConfig, WarmStartConfig, _choice)
+from gspo_bench.config.sections import (CollapseConfig, ConfigError, LossConfig, ModelConfig, MoEConfig,
+                                        RolloutConfig, RunConfig, TrackingConfig, TrainConfig, WarmStartConfig, _choice)
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
 
@@ -55,7 +55,7 @@ def _build(cls, data: dict, where: str):
 
 def _section_type(cls, name: str):
     hints = {"model": ModelConfig, "warmstart": WarmStartConfig, "rollout": RolloutConfig, "loss": LossConfig,
-             "train": TrainConfig, "collapse": CollapseConfig, "tracking": TrackingConfig}
+             "train": TrainConfig, "collapse": CollapseConfig, "moe": MoEConfig, "tracking": TrackingConfig}
     return hints.get(name) if cls is RunConfig else None
 
 

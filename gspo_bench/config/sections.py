@@ -22,6 +22,10 @@ from typing import Any, Union
 
 from gspo_bench.losses import KL_ESTIMATORS, LOSSES
 from gspo_bench.rollout.engine import ENGINES
+from gspo_bench.rollout.routing import REPLAY_MODES
+
+ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
+CORRECTIONS = ("none", "tis", "mis")
 
 AUTO = "auto"
 
@@ -125,6 +129,14 @@ class RolloutConfig:
     """Group advantage: std (z-score) | none (Dr. GRPO, no division)."""
     old_logp_source: str = "recompute"
     """recompute (a forward pass of the training model) | rollout (the engine's log-probs)."""
+    dtype: str = "float32"
+    """Precision the engine samples in: float32 | bfloat16 | float16. Training stays in float32; the sampler
+    uses a cast of the current policy, refreshed before every rollout (ALGORITHMS.md, rollout precision)."""
+    correction: str = "none"
+    """Sampler/trainer mismatch correction: none | tis (truncate the IS weight at the cap) | mis (mask units
+    whose weight leaves [1/cap, cap]); the weight is taken at the algorithm's ratio unit."""
+    correction_cap: float = 2.0
+    """C, the cap of tis / the band [1/C, C] of mis."""
 
     def __post_init__(self):
         _numbers("rollout", self, "prompts_per_step", "group_size", "temperature", "max_gen_batches",
@@ -142,6 +154,10 @@ class RolloutConfig:
                f"rollout.overlong_buffer={self.overlong_buffer!r} must be a positive int, null or auto")
         _choice("rollout.advantage_scale", self.advantage_scale, ("std", "none"))
         _choice("rollout.old_logp_source", self.old_logp_source, ("recompute", "rollout"))
+        _choice("rollout.dtype", self.dtype, ROLLOUT_DTYPES)
+        _choice("rollout.correction", self.correction, CORRECTIONS)
+        _numbers("rollout", self, "correction_cap")
+        _check(self.correction_cap > 1, f"rollout.correction_cap={self.correction_cap} must be > 1")
 
 
 @dataclass
@@ -253,6 +269,16 @@ class CollapseConfig:
 
 
 @dataclass
+class MoEConfig:
+    routing_replay: str = "none"
+    """Force the training forward passes to use recorded expert choices: none | r2 (the recompute pass's,
+    Routing Replay) | r3 (the rollout engine's, Rollout Routing Replay). Dense models: warned and ignored."""
+
+    def __post_init__(self):
+        _choice("moe.routing_replay", self.routing_replay, REPLAY_MODES)
+
+
+@dataclass
 class TrackingConfig:
     tracking_uri: Union[str, None] = None
     """MLflow URI; default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db in the working directory."""
@@ -299,6 +325,7 @@ class RunConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
+    moe: MoEConfig = field(default_factory=MoEConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self):

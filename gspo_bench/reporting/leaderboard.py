@@ -26,6 +26,10 @@ of their own per algorithm with their count, their collapse count and no
 other numbers. The CLI treats an empty leaderboard (no run matches) as an
 error: one line, exit 2.
 
+``--by TAG[,TAG...]`` (``summarise(runs, by)``) splits every group further
+by the values of those run tags, shown as columns after ``config`` (``-``: the
+run lacks the tag); see ``grouping.py``. Without it nothing changes.
+
 The paired differences against a baseline algorithm (``--baseline``,
 default grpo) are built from these runs in ``paired_table.py``, whose
 ``render_with_paired`` prints this leaderboard followed by them; this
@@ -44,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gspo_bench.config import ConfigError, resolve_tracking_uri
+from gspo_bench.reporting.grouping import by_names, check_by, flat, split_values, with_by
 
 DEFAULT_EXPERIMENT = "gspo_bench"
 FINISHED = "FINISHED"
@@ -236,16 +241,19 @@ def _seed_key(s: str):
     return (0, int(s), s) if s.lstrip("-").isdigit() else (1, 0, s)
 
 
-def summarise(runs: list[RunData]) -> list[dict]:
-    """Rows: per group, per algorithm, one aggregated FINISHED row, plus one row per other status."""
+def summarise(runs: list[RunData], by: tuple[str, ...] = ()) -> list[dict]:
+    """Rows: per group, per algorithm, one aggregated FINISHED row, plus one row per other status. ``by``:
+    run tags splitting the groups further; each row then has ``row["by"] = {tag: value}``."""
     buckets: dict[tuple, list[RunData]] = {}
     for r in runs:
-        buckets.setdefault((*r.group, r.algo, r.status), []).append(r)
+        buckets.setdefault((*r.group, split_values(r.tags, by), r.algo, r.status), []).append(r)
     rows = []
-    for (task, model, preset, config, algo, status), rs in buckets.items():
+    for (task, model, preset, config, vals, algo, status), rs in buckets.items():
         seeds = sorted({r.seed for r in rs}, key=_seed_key)
         row = {"task": task, "model": model, "preset": preset, "config": config, "algo": algo, "status": status,
                "n": len(rs), "seeds": ",".join(seeds)}
+        if by:
+            row["by"] = dict(zip(by, vals))
         if status != FINISHED:  # counted, never averaged; their collapse tags still say what went wrong
             row["collapses"] = sum(int(t) for r in rs if (t := r.tags.get("collapse.count", "")).isdigit())
         else:
@@ -266,7 +274,7 @@ def summarise(runs: list[RunData]) -> list[dict]:
         fin = row["status"] == FINISHED
         final = row.get("final_pass1")
         auc_ = row.get("auc_pass1")
-        return (row["task"], row["model"], row["preset"], row["config"], not fin,
+        return (row["task"], row["model"], row["preset"], row["config"], *row.get("by", {}).values(), not fin,
                 -final if final is not None else math.inf, -auc_ if auc_ is not None else math.inf, row["algo"],
                 row["status"])
 
@@ -279,9 +287,12 @@ def no_runs_message(experiment: str, task: str | None = None, model: str | None 
 
 
 def collect(uri: str, experiment: str = DEFAULT_EXPERIMENT, task: str | None = None,
-            model: str | None = None) -> list[dict]:
+            model: str | None = None, by: tuple[str, ...] = ()) -> list[dict]:
     """Leaderboard rows for an experiment (see the module docstring for every definition)."""
-    return summarise(load_runs(uri, experiment, task, model))
+    runs = load_runs(uri, experiment, task, model)
+    if by and runs:
+        check_by(runs, by)
+    return summarise(runs, by)
 
 
 # -- rendering -----------------------------------------------------------------------------------------------------
@@ -299,7 +310,7 @@ def _pm(mean, std, fmt: str = ".3f") -> str:
 
 
 def _cells(row: dict) -> list[str]:
-    head = [row["task"], row["model"], row["preset"], row["config"], row["algo"]]
+    head = [row["task"], row["model"], row["preset"], row["config"], *row.get("by", {}).values(), row["algo"]]
     if row["status"] != FINISHED:
         return head + [f"{row['status']} ×{row['n']}", f"{row['n']} ({row['seeds']})"] + ["-"] * 6 + [
             str(row.get("collapses", "-"))] + ["-"] * 2
@@ -320,11 +331,13 @@ def rich_table(rows: list[dict], title: str | None = None):
     from rich.table import Table
 
     t = Table(title=title)
-    for col in COLUMNS:
-        t.add_column(col, justify="left" if col in COLUMNS[:7] else "right")
+    names = by_names(rows)
+    cols = with_by(COLUMNS, names)
+    for col in cols:
+        t.add_column(col, justify="left" if col in cols[:7 + len(names)] else "right")
     prev = None
     for row in rows:
-        group = (row["task"], row["model"], row["preset"], row["config"])
+        group = (row["task"], row["model"], row["preset"], row["config"], *row.get("by", {}).values())
         if prev is not None and group != prev:
             t.add_section()
         prev = group
@@ -337,12 +350,14 @@ def render(rows: list[dict], fmt: str = "md", title: str | None = None) -> str:
     leaderboard table alone (``paired_table.render_with_paired`` goes on with the paired differences)."""
     if fmt == "csv":
         buf = io.StringIO()
-        w = csv.DictWriter(buf, CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
+        fields = with_by(CSV_FIELDS, by_names(rows))  # with --by: the tags after config
+        w = csv.DictWriter(buf, fields, extrasaction="ignore", lineterminator="\n")
         w.writeheader()
-        w.writerows({k: ("" if row.get(k) is None else row.get(k)) for k in CSV_FIELDS} for row in rows)
+        w.writerows({k: ("" if row.get(k) is None else row.get(k)) for k in fields} for row in map(flat, rows))
         return buf.getvalue()
     if fmt == "md":
-        lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        cols = with_by(COLUMNS, by_names(rows))
+        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |" for r in rows]
         return "\n".join(lines) + "\n"
     if fmt == "table":

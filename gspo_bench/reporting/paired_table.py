@@ -10,7 +10,10 @@ MDE. Per group also the experiment's MDE for final pass@1: from the pooled sd
 sqrt(mean of the algorithms' variances of ``d_s``) and their common number of
 pairs (the smallest, when they differ). Several FINISHED runs of one
 algorithm and seed count as one: the mean of their values (steps to +10 pts:
-only when every one reached it).
+only when every one reached it). With ``by`` (``--by TAG[,TAG...]``, see
+``grouping.py``) a group is also split by those run tags' values, and seeds
+are paired within each split only (gspo under ``routing_replay=r3`` against
+grpo under ``r3``); the tags then show as columns after ``config``.
 
 ``paired_groups`` / ``paired_rows`` compute them from ``leaderboard.RunData``
 runs (``leaderboard.load_runs``); ``render_paired`` (``md``, ``table``,
@@ -28,6 +31,7 @@ import statistics
 from dataclasses import dataclass
 
 from gspo_bench.config import ConfigError
+from gspo_bench.reporting.grouping import by_title, flat, split_values, with_by
 from gspo_bench.reporting.leaderboard import (DEFAULT_BASELINE, FINISHED, RunData, _plain, _seed_key, render,
                                               rich_table, run_summary)
 from gspo_bench.reporting.paired import mde, paired_summary, pooled_sd
@@ -46,7 +50,7 @@ PAIRED_METRICS = (("final_pass1", "final", "final pass@1", "points", 100.0),
 class PairedGroup:
     """The paired differences of one group against ``baseline``; ``rows``: one per (algorithm, metric)."""
 
-    key: tuple[str, str, str, str]  # (task, model, preset, config)
+    key: tuple[str, ...]  # (task, model, preset, config), then the values of the ``by`` tags
     baseline: str
     rows: list[dict]
     mde: float | None = None  # experiment-level MDE of final pass@1 (pass@1 units)
@@ -54,13 +58,15 @@ class PairedGroup:
     mde_sd: float | None = None  # pooled sd of the final pass@1 differences
     mde_algos: int = 0  # algorithms pooled (those with >= 2 pairs)
     note: str | None = None  # set when the group has no pair at all: why (then no table is drawn)
+    by: tuple[str, ...] = ()  # the ``--by`` tags whose values end ``key``
 
 
-def group_title(key: tuple[str, str, str, str]) -> str:
-    """``task / model``, then preset and config when not ``default`` (the report's section titles)."""
-    task, model, preset, config = key
+def group_title(key: tuple[str, ...], by: tuple[str, ...] = ()) -> str:
+    """``task / model``, then preset and config when not ``default``, then ``tag=value`` per ``by`` tag (the
+    report's section titles)."""
+    task, model, preset, config, *vals = key
     return f"{task} / {model}" + (f" / {preset}" if preset != "default" else "") + (
-        f" / {config}" if config != "default" else "")
+        f" / {config}" if config != "default" else "") + by_title(by, tuple(vals))
 
 
 def _finite(x) -> bool:
@@ -109,17 +115,18 @@ def check_baseline(runs: list[RunData], baseline: str, strict: bool = True) -> s
 
 
 def paired_groups(runs: list[RunData], baseline: str = DEFAULT_BASELINE, alpha: float = ALPHA,
-                  power: float = POWER) -> list[PairedGroup]:
+                  power: float = POWER, by: tuple[str, ...] = ()) -> list[PairedGroup]:
     """Per group with a FINISHED run: each other algorithm's paired differences to ``baseline`` (see the
     module docstring), best mean final pass@1 difference first, plus the group's MDE for final pass@1.
 
     Only FINISHED runs with a seed tag are paired. Every non-baseline algorithm gets its three rows even with
-    no pair (n = 0); a group where no pair exists gets a ``note`` saying why.
+    no pair (n = 0); a group where no pair exists gets a ``note`` saying why. ``by``: run tags splitting the
+    groups further (``PairedGroup.key`` ends with their values; rows get ``row["by"] = {tag: value}``).
     """
     groups: dict[tuple, dict[str, list[RunData]]] = {}
     for r in runs:
         if r.status == FINISHED and r.seed != "?":
-            groups.setdefault(r.group, {}).setdefault(r.algo, []).append(r)
+            groups.setdefault((*r.group, *split_values(r.tags, by)), {}).setdefault(r.algo, []).append(r)
     out = []
     for key in sorted(groups):
         by_algo = groups[key]
@@ -138,8 +145,8 @@ def paired_groups(runs: list[RunData], baseline: str = DEFAULT_BASELINE, alpha: 
                              "n": st.n, "common": len(common), "seeds": ",".join(s for s, _ in pairs),
                              "mean_diff": st.mean, "sd_diff": st.sd, "ci_low": st.ci[0] if st.ci else None,
                              "ci_high": st.ci[1] if st.ci else None, "significant": st.significant, "mde": st.mde,
-                             "stat": st})
-        g = PairedGroup(key, baseline, rows)
+                             "stat": st, **({"by": dict(zip(by, key[4:]))} if by else {})})
+        g = PairedGroup(key, baseline, rows, by=by)
         if baseline not in by_algo:
             g.note = f"no FINISHED {baseline} run in this group"
         elif not rows:
@@ -162,11 +169,11 @@ def paired_groups(runs: list[RunData], baseline: str = DEFAULT_BASELINE, alpha: 
 
 
 def paired_rows(runs: list[RunData], baseline: str = DEFAULT_BASELINE, alpha: float = ALPHA,
-                power: float = POWER) -> list[dict]:
+                power: float = POWER, by: tuple[str, ...] = ()) -> list[dict]:
     """``paired_groups``' rows, all groups in one list: per group, per other algorithm, per metric, with
     ``n`` pairs of the ``common`` seeds, ``mean_diff``, ``sd_diff``, ``ci_low``/``ci_high``, ``significant``,
     ``mde`` (pass@1 units or steps) and the ``PairedStat`` as ``stat``."""
-    return [r for g in paired_groups(runs, baseline, alpha, power) for r in g.rows]
+    return [r for g in paired_groups(runs, baseline, alpha, power, by) for r in g.rows]
 
 
 # -- rendering: paired differences -----------------------------------------------------------------------------------
@@ -185,15 +192,15 @@ def _paired_cells(row: dict) -> list[str]:
 
     n = str(row["n"]) if row["n"] == row["common"] else f"{row['n']} of {row['common']}"
     has_ci = row["ci_low"] is not None
-    return [row["task"], row["model"], row["preset"], row["config"], row["algo"], row["baseline"],
-            f"{row['label']} ({row['unit']})", n, num(row["mean_diff"]),
+    return [row["task"], row["model"], row["preset"], row["config"], *row.get("by", {}).values(), row["algo"],
+            row["baseline"], f"{row['label']} ({row['unit']})", n, num(row["mean_diff"]),
             f"[{num(row['ci_low'])}, {num(row['ci_high'])}]" if has_ci else "-",
             ("yes" if row["significant"] else "no") if has_ci else "-", num(row["mde"], "")]
 
 
 def mde_line(g: PairedGroup, with_title: bool = True) -> str:
     """The group's one line: its experiment-level MDE for final pass@1, or why there is none."""
-    head = f"{group_title(g.key)}: " if with_title else ""
+    head = f"{group_title(g.key, g.by)}: " if with_title else ""
     if g.note:
         return f"{head}no paired differences vs {g.baseline}: {g.note}."
     if g.mde is None:
@@ -216,10 +223,11 @@ def render_paired(groups: list[PairedGroup], fmt: str = "md", baseline: str = DE
     printed instead, when the baseline has no FINISHED run at all."""
     if fmt == "csv":
         buf = io.StringIO()
-        w = csv.DictWriter(buf, PAIRED_CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
+        fields = with_by(PAIRED_CSV_FIELDS, groups[0].by if groups else ())  # with --by: the tags after config
+        w = csv.DictWriter(buf, fields, extrasaction="ignore", lineterminator="\n")
         w.writeheader()
-        for r in (r for g in groups for r in g.rows):
-            cells = {k: "" if r.get(k) is None else r[k] for k in PAIRED_CSV_FIELDS}
+        for r in (flat(r) for g in groups for r in g.rows):
+            cells = {k: "" if r.get(k) is None else r[k] for k in fields}
             # significant: true / false, empty without an interval (fewer than 2 pairs)
             cells["significant"] = "" if r["ci_low"] is None else str(r["significant"]).lower()
             w.writerow(cells)
@@ -233,7 +241,8 @@ def render_paired(groups: list[PairedGroup], fmt: str = "md", baseline: str = DE
     lines = [f"**{_paired_title(baseline)}.**", ""] if with_title else []
     shown = [r for g in groups if not g.note for r in g.rows]
     if shown:
-        lines += ["| " + " | ".join(PAIRED_COLUMNS) + " |", "|" + "---|" * len(PAIRED_COLUMNS)]
+        cols = with_by(PAIRED_COLUMNS, groups[0].by)
+        lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _paired_cells(r)) + " |" for r in shown]
         lines.append("")
     lines += [f"- {mde_line(g)}" for g in groups] or ["No finished run: no paired differences."]
@@ -251,8 +260,9 @@ def paired_rich(groups: list[PairedGroup], baseline: str = DEFAULT_BASELINE, not
     shown = [g for g in groups if not g.note]
     if shown:
         t = Table(title=_paired_title(baseline))
-        for col in PAIRED_COLUMNS:
-            t.add_column(col, justify="left" if col in PAIRED_COLUMNS[:7] else "right")
+        cols = with_by(PAIRED_COLUMNS, shown[0].by)
+        for col in cols:
+            t.add_column(col, justify="left" if col in cols[:7 + len(shown[0].by)] else "right")
         for i, g in enumerate(shown):
             if i:
                 t.add_section()

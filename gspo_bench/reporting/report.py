@@ -16,6 +16,11 @@ Missing data skips a figure with a sentence saying why. The files are logged
 as artifacts of a new run named ``report`` tagged ``kind=report``, which the
 leaderboard never reads.
 
+With ``by`` (``report --by TAG[,TAG...]``, see ``grouping.py``) each group
+is split further by those run tags' values: a section per split, its
+figure file names carrying the values (``eval_arith_tiny-dense_routing-replay-r3.png``),
+and the paired differences taken within the split.
+
 With ``storage`` (``report --storage URL [--study NAME ...]``) the report
 gains a section per Optuna study: its trial history and parameter
 importances (``reporting/study.py``).
@@ -32,6 +37,7 @@ from pathlib import Path
 
 from gspo_bench.reporting import figures
 from gspo_bench.config import ConfigError
+from gspo_bench.reporting.grouping import by_slug, check_by, split_values
 from gspo_bench.reporting.leaderboard import (DEFAULT_BASELINE, DEFAULT_EXPERIMENT, FINISHED, NOTES, RunData,
                                               experiment_id, load_runs, no_runs_message, render, slug, summarise)
 from gspo_bench.reporting.paired_table import PairedGroup, check_baseline, group_title, paired_groups, render_paired
@@ -151,11 +157,13 @@ def paired_section(paired: PairedGroup | None, baseline: str, note: str | None, 
 
 def group_section(client, key: tuple, runs: list[RunData], rows: list[dict], out: Path,
                   paired: PairedGroup | None = None, baseline: str = DEFAULT_BASELINE,
-                  paired_note: str | None = None) -> tuple[list[str], list[Path]]:
-    task, model, preset, config = key
-    title = group_title(key)
-    name = slug(task, model, *(p for p in (preset, config) if p != "default"))
-    md = [f"## {title}", "", f"Preset `{preset}`, config `{config}`; {len(runs)} finished runs "
+                  paired_note: str | None = None, by: tuple[str, ...] = ()) -> tuple[list[str], list[Path]]:
+    """The section of one group (``key`` = task, model, preset, config, then the values of the ``by`` tags)."""
+    task, model, preset, config, *vals = key
+    title = group_title(key, by)
+    name = slug(task, model, *(p for p in (preset, config) if p != "default"), *by_slug(by, tuple(vals)))
+    split = "".join(f", {n} `{v}`" for n, v in zip(by, vals))
+    md = [f"## {title}", "", f"Preset `{preset}`, config `{config}`{split}; {len(runs)} finished runs "
           f"({', '.join(f'{a} ×{len(v)}' for a, v in figures.by_algo(runs).items())}).", ""]
     figs = [figures.plot_eval(runs, out / f"eval_{name}.png", title),
             figures.plot_clip(runs, out / f"clip_{name}.png", title)]
@@ -203,13 +211,14 @@ def group_section(client, key: tuple, runs: list[RunData], rows: list[dict], out
 def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path | None = None,
                  task: str | None = None, model: str | None = None, command: str = "",
                  log_to_mlflow: bool = True, storage: str | None = None, studies: list[str] | None = None,
-                 baseline: str = DEFAULT_BASELINE, strict_baseline: bool = False) -> Report:
+                 baseline: str = DEFAULT_BASELINE, strict_baseline: bool = False, by: tuple[str, ...] = ()) -> Report:
     """Write ``out/report.md`` and its PNGs; log them to a ``kind=report`` MLflow run unless told not to.
 
     ``storage``: also a section per Optuna study in it (``studies``, default all); then an experiment
     holding only tuning trials is not an error. ``baseline``: of the paired differences; with
     ``strict_baseline`` (an explicit ``--baseline``) one without a FINISHED run is a ConfigError, else
-    the paired sections say they are skipped.
+    the paired sections say they are skipped. ``by``: run tags splitting every group further (a tag no run
+    has is a ConfigError).
     """
     import mlflow
 
@@ -218,7 +227,9 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
         raise ConfigError(no_runs_message(experiment, task, model))
     # before anything is written: a bad --baseline is a one-line error
     paired_note = check_baseline(runs, baseline, strict_baseline) if runs else None
-    paired = {g.key: g for g in paired_groups(runs, baseline)}
+    if by and runs:
+        check_by(runs, by)
+    paired = {g.key: g for g in paired_groups(runs, baseline, by=by)}
     client = mlflow.MlflowClient(uri)
     out = Path(out or Path("results") / experiment)
     out.mkdir(parents=True, exist_ok=True)
@@ -227,7 +238,7 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
         from gspo_bench.reporting.study import tuning_section
 
         tuning_md, tuning_figs = tuning_section(storage, studies, out)
-    rows = summarise(runs)
+    rows = summarise(runs, by)
     finished = [r for r in runs if r.status == FINISHED]
     commits = _distinct(runs, lambda r: r.tags.get("git.commit"))
     source = _distinct(runs, lambda r: r.tags.get("mlflow.source.git.commit"))
@@ -249,14 +260,13 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
         md += ["No benchmark run in this experiment (a study's trial runs are not benchmark runs).", ""]
     groups: dict[tuple, list[RunData]] = {}
     for r in finished:
-        groups.setdefault(r.group, []).append(r)
+        groups.setdefault((*r.group, *split_values(r.tags, by)), []).append(r)
     report = Report(out / "report.md")
     if runs and not groups:
         md += ["No finished run: no figures.", ""]
     for key in sorted(groups):
-        section, figs = group_section(client, key, groups[key], [r for r in rows if
-                                      (r["task"], r["model"], r["preset"], r["config"]) == key], out,
-                                      paired.get(key), baseline, paired_note)
+        mine = [r for r in rows if (r["task"], r["model"], r["preset"], r["config"], *r.get("by", {}).values()) == key]
+        section, figs = group_section(client, key, groups[key], mine, out, paired.get(key), baseline, paired_note, by)
         md += section
         report.figures += figs
     md += tuning_md

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from gspo_bench import advantages as adv
 from gspo_bench.config import RolloutConfig
 from gspo_bench.rollout.engine import Generation, generate, resolve_engine
+from gspo_bench.rollout.precision import SamplerWeights
 from gspo_bench.tasks import Task
 
 
@@ -36,9 +37,11 @@ class RolloutBatch:
     texts: list[str]
     answers: list[str]
     stats: dict[str, float] = field(default_factory=dict)
+    routes: torch.Tensor | None = None  # (layers, B, P+T, k) the sampler's experts (MoE), -1 = not recorded
 
     def to(self, device) -> "RolloutBatch":
-        for k in ("input_ids", "attention_mask", "response_mask", "rollout_logp", "scores", "rewards", "advantages"):
+        for k in ("input_ids", "attention_mask", "response_mask", "rollout_logp", "scores", "rewards", "advantages",
+                  "routes"):
             v = getattr(self, k)
             if v is not None:
                 setattr(self, k, v.to(device))
@@ -58,7 +61,7 @@ def merge_generations(gens: list[Generation], pad_id: int) -> Generation:
     def pad(x, left, right, value):
         return torch.nn.functional.pad(x, (left, right), value=value)
 
-    ids, attn, rmask, logp = [], [], [], []
+    ids, attn, rmask, logp, routes = [], [], [], [], []
     for g in gens:
         lp, rp = P - g.prompt_len, T - g.response_mask.shape[1]
         ids.append(pad(pad(g.input_ids, lp, 0, pad_id), 0, rp, pad_id))
@@ -66,14 +69,19 @@ def merge_generations(gens: list[Generation], pad_id: int) -> Generation:
         rmask.append(pad(g.response_mask, 0, rp, 0.0))
         if g.rollout_logp is not None:
             logp.append(pad(g.rollout_logp, 0, rp, 0.0))
+        if g.routes is not None:
+            # routes (L, B, W, k): the same columns as input_ids, -1 (not recorded) in the new padding
+            routes.append(pad(g.routes.transpose(2, 3), lp, rp, -1).transpose(2, 3))
     return Generation(torch.cat(ids), torch.cat(attn), P, torch.cat(rmask),
-                      torch.cat(logp) if len(logp) == len(gens) else None, sum((g.texts for g in gens), []))
+                      torch.cat(logp) if len(logp) == len(gens) else None, sum((g.texts for g in gens), []),
+                      torch.cat(routes, dim=1) if len(routes) == len(gens) else None)
 
 
 def select(g: Generation, idx: torch.Tensor) -> Generation:
     il = idx.tolist()
     return Generation(g.input_ids[idx], g.attention_mask[idx], g.prompt_len, g.response_mask[idx],
-                      None if g.rollout_logp is None else g.rollout_logp[idx], [g.texts[i] for i in il])
+                      None if g.rollout_logp is None else g.rollout_logp[idx], [g.texts[i] for i in il],
+                      None if g.routes is None else g.routes[:, idx])
 
 
 class _RolloutStream(IterableDataset):
@@ -98,12 +106,16 @@ class RolloutDataModule(L.LightningDataModule):
         self.steps, self.seed = steps, seed
         self.eval_rows = task.eval.select(range(min(eval_prompts, len(task.eval))))
         self.eval_samples, self.eval_batch = eval_samples, eval_batch
-        self.policy = None  # set by the module in setup(); the engine samples from it
+        self.policy = None  # set by the module in setup(); the engine samples from (a cast of) it
+        self.record_routes = False  # set by the module in setup(): keep the sampler's experts (MoE)
+        self.sampler = SamplerWeights(settings.dtype)
 
     def wants_rollout_logp(self) -> bool:
-        """Keep the sampler's log-probs when training uses them, or when the engine gives them for free
+        """Keep the sampler's log-probs when training uses them (old log-probs, a correction), when the
+        sampler's precision differs (the mismatch is the point), or when the engine gives them for free
         (the fast engine computes them anyway; ``generate`` would need every step's logits kept)."""
-        return self.s.old_logp_source == "rollout" or resolve_engine(self.s.engine, self.policy) == "fast"
+        return (self.s.old_logp_source == "rollout" or self.s.correction != "none" or self.s.dtype != "float32"
+                or resolve_engine(self.s.engine, self.policy) == "fast")
 
     # -- scoring (the only place the verifier is called) ------------------------------------
     def score(self, texts: list[str], answers: list[str]) -> torch.Tensor:
@@ -119,8 +131,11 @@ class RolloutDataModule(L.LightningDataModule):
         G = self.s.group_size
         prompts = [r["prompt"] for r in rows for _ in range(G)]
         answers = [r["answer"] for r in rows for _ in range(G)]
-        gen = generate(self.s.engine, self.policy, self.tokenizer, prompts, max_new_tokens=self.s.max_new_tokens,
-                       temperature=self.s.temperature, return_logp=self.wants_rollout_logp())
+        extra = {"record_routes": True} if self.record_routes else {}
+        # the sampler: the policy, or its cast to rollout.dtype refreshed now (after the last optimiser step)
+        gen = generate(self.s.engine, self.sampler(self.policy), self.tokenizer, prompts,
+                       max_new_tokens=self.s.max_new_tokens, temperature=self.s.temperature,
+                       return_logp=self.wants_rollout_logp(), **extra)
         return gen, answers
 
     def rollout(self, step: int) -> RolloutBatch:
@@ -190,7 +205,7 @@ class RolloutDataModule(L.LightningDataModule):
             stats.update({"dynamic/dropped_groups": float(dropped), "dynamic/gen_batches": float(rounds),
                           "dynamic/kept_groups": float(n_groups)})
         return RolloutBatch(gen.input_ids, gen.attention_mask, gen.prompt_len, gen.response_mask,
-                            gen.rollout_logp, scores, rewards, advantages, gen.texts, kept_answers, stats)
+                            gen.rollout_logp, scores, rewards, advantages, gen.texts, kept_answers, stats, gen.routes)
 
     # -- evaluation --------------------------------------------------------------------------
     @torch.no_grad()

@@ -13,10 +13,13 @@ positions the sampler saw.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from gspo_bench.rollout.routing import RouterHooks, empty_grid, routers
 
 ENGINES = ("auto", "fast", "hf", "vllm")
 
@@ -31,6 +34,7 @@ class Generation:
     response_mask: torch.Tensor  # (B, T) float
     rollout_logp: torch.Tensor | None  # (B, T) log-probs the sampler used, or None
     texts: list[str]  # decoded responses, without special tokens
+    routes: torch.Tensor | None = None  # (layers, B, P+T, k) experts the sampler chose (MoE), -1 = none
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -87,6 +91,16 @@ def forward_response(model, input_ids, attention_mask, prompt_len: int, temperat
     return logp, ent, hidden
 
 
+def uses_packed(model, forward: str = "auto") -> bool:
+    """Whether ``response_logp`` runs ``fastlm``'s packed forward (True) or the transformers module (False)."""
+    from gspo_bench.rollout import fastlm
+
+    if forward == "packed" and not fastlm.supports(model):
+        raise ValueError(f"train.forward=packed does not support this model ({fastlm.unsupported_reason(model)}); "
+                         "use train.forward=hf")
+    return forward == "packed" or (forward == "auto" and fastlm.supports(model))
+
+
 def response_logp(model, input_ids, attention_mask, prompt_len: int, temperature: float = 1.0,
                   with_entropy: bool = False, forward: str = "auto"):
     """(log-probs, entropy or None) of the response block, (B, T) each, zero where the mask is 0.
@@ -97,10 +111,7 @@ def response_logp(model, input_ids, attention_mask, prompt_len: int, temperature
     """
     from gspo_bench.rollout import fastlm
 
-    if forward == "packed" or (forward == "auto" and fastlm.supports(model)):
-        if forward == "packed" and not fastlm.supports(model):
-            raise ValueError(f"train.forward=packed does not support this model ({fastlm.unsupported_reason(model)}); "
-                             "use train.forward=hf")
+    if uses_packed(model, forward):
         logp, ent, _ = fastlm.packed_response_logp(model, input_ids, attention_mask, prompt_len, temperature,
                                                    with_entropy)
         return logp, ent
@@ -111,24 +122,42 @@ def response_logp(model, input_ids, attention_mask, prompt_len: int, temperature
 
 @torch.inference_mode()
 def hf_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
-                greedy: bool = False, return_logp: bool = True) -> Generation:
-    """Sample with transformers' ``generate`` (KV-cached), batch of already-repeated prompts."""
+                greedy: bool = False, return_logp: bool = True, record_routes: bool = False) -> Generation:
+    """Sample with transformers' ``generate`` (KV-cached), batch of already-repeated prompts.
+
+    ``record_routes`` (MoE): keep the experts the router chose for every token fed to the model."""
     enc, eos = _encode(model, tokenizer, prompts)
     kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-    out = model.generate(
-        **enc,
-        max_new_tokens=max_new_tokens,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=eos,
-        return_dict_in_generate=True,
-        output_logits=return_logp and not greedy,
-        **kwargs,
-    )
+    calls: list[torch.Tensor] = []
+    # every forward of generate routes the (B * P) prompt cells first, then one column of B cells per step
+    hooks = RouterHooks(model, on_forward=calls.append) if record_routes else contextlib.nullcontext()
+    with hooks:
+        out = model.generate(
+            **enc,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=eos,
+            return_dict_in_generate=True,
+            output_logits=return_logp and not greedy,
+            **kwargs,
+        )
     gen = _finish(tokenizer, enc, out.sequences[:, enc["input_ids"].shape[1]:], eos)
+    if calls:
+        B, P = enc["input_ids"].shape
+        grid = empty_grid(model, B, gen.input_ids.shape[1], device=gen.input_ids.device)
+        grid[:, :, :P] = calls[0].view(grid.shape[0], B, P, -1).to(grid.dtype)
+        for j, step in enumerate(calls[1:grid.shape[2] - P + 1]):
+            grid[:, :, P + j] = step.view(grid.shape[0], B, -1).to(grid.dtype)
+        gen.routes = _recorded_only(grid, gen.attention_mask)
     if return_logp and not greedy and out.logits:
         logits = torch.stack(out.logits, dim=1)  # (B, T, V) raw logits
         gen.rollout_logp = token_logp(logits, gen.input_ids[:, gen.prompt_len:], temperature) * gen.response_mask
     return gen
+
+
+def _recorded_only(grid: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    # routes of cells that are not real tokens of the final layout (padding, anything after eos) become -1
+    return torch.where(attention_mask.bool()[None, :, :, None], grid, torch.full_like(grid, -1))
 
 
 def _encode(model, tokenizer, prompts: list[str]):
@@ -153,14 +182,21 @@ def _finish(tokenizer, enc, resp: torch.Tensor, eos: list[int]) -> Generation:
 
 
 def fast_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
-                  greedy: bool = False, return_logp: bool = True, generator=None) -> Generation:
+                  greedy: bool = False, return_logp: bool = True, generator=None,
+                  record_routes: bool = False) -> Generation:
     """Sample with the fast engine (``fastgen``): same contract as ``hf_generate``."""
     from gspo_bench.rollout.fastgen import decode
 
     enc, eos = _encode(model, tokenizer, prompts)
+    routes = None
+    if record_routes and routers(model):
+        B, P = enc["input_ids"].shape
+        routes = empty_grid(model, B, P + max_new_tokens, device=enc["input_ids"].device)
     resp, logp = decode(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new_tokens,
-                        eos_ids=eos, temperature=temperature, greedy=greedy, generator=generator)
+                        eos_ids=eos, temperature=temperature, greedy=greedy, generator=generator, routes=routes)
     gen = _finish(tokenizer, enc, resp, eos)
+    if routes is not None:
+        gen.routes = _recorded_only(routes[:, :, :gen.input_ids.shape[1]], gen.attention_mask)
     if logp is not None and return_logp:
         gen.rollout_logp = logp * gen.response_mask
     return gen

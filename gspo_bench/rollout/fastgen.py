@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from gspo_bench.rollout import fastlm
+from gspo_bench.rollout.routing import RouterHooks
 
 
 # generation_config fields whose logits processors ``generate`` applies and this engine does not, with the
@@ -159,9 +160,22 @@ def sample(logits: torch.Tensor, temperature: float, greedy: bool, generator=Non
 
 @torch.inference_mode()
 def decode(model, ids: torch.Tensor, attn_mask: torch.Tensor, *, max_new_tokens: int, eos_ids: list[int],
-           temperature: float = 1.0, greedy: bool = False, generator=None, compact_frac: float = 0.125):
+           temperature: float = 1.0, greedy: bool = False, generator=None, compact_frac: float = 0.125,
+           routes: torch.Tensor | None = None):
     """Sample up to ``max_new_tokens`` per row. Returns (tokens (B, T'), log-probs (B, T') or None), T' <= T,
-    with whatever follows a row's first eos left for the caller to mask."""
+    with whatever follows a row's first eos left for the caller to mask.
+
+    ``routes``: a (layers, B, P + max_new_tokens, k) grid (``routing.empty_grid``) to fill with the experts
+    the router chose for every token fed to the model (MoE only; Rollout Routing Replay records them)."""
+    args = (model, ids, attn_mask, max_new_tokens, eos_ids, temperature, greedy, generator, compact_frac, routes)
+    if routes is None:
+        return _decode(*args, None)
+    with RouterHooks(model) as hooks:
+        return _decode(*args, hooks)
+
+
+def _decode(model, ids, attn_mask, max_new_tokens, eos_ids, temperature, greedy, generator, compact_frac,
+            routes, hooks):
     dec = FastDecoder(model)
     B, P = ids.shape
     dev, width = ids.device, P + max_new_tokens
@@ -178,6 +192,10 @@ def decode(model, ids: torch.Tensor, attn_mask: torch.Tensor, *, max_new_tokens:
     eos = torch.tensor(eos_ids, device=dev)
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     logits = dec.prefill(ids, attn_mask, cache, cos, sin)
+    if hooks is not None:
+        # prefill routed every prompt cell, row-major; padding cells stay -1 (never attended to)
+        prompt = hooks.take().view(routes.shape[0], B, P, -1)
+        routes[:, :, :P] = torch.where(attn_mask.bool()[None, :, :, None], prompt, -1).to(routes.dtype)
     steps = 0
     for s in range(max_new_tokens):
         tok, lp = sample(logits, temperature, greedy, generator)
@@ -197,4 +215,7 @@ def decode(model, ids: torch.Tensor, attn_mask: torch.Tensor, *, max_new_tokens:
         col = P + s
         # the token sampled at step s sits at column P + s, position P + s - (row's left padding)
         logits = dec.step(tok, col - n_pad, col, bias, cache, cos, sin)
+        if hooks is not None:
+            # the token at column col of each live row was just routed
+            routes[:, rows, col] = hooks.take().view(routes.shape[0], len(rows), -1).to(routes.dtype)
     return out_tok[:, :steps], (None if out_lp is None else out_lp[:, :steps])

@@ -83,11 +83,9 @@ def layer_refs(model) -> list[LayerRefs]:
 def moe_mlp(mlp, x: torch.Tensor) -> torch.Tensor:
     """Qwen3-MoE sparse block on flat tokens (N, H): route, group tokens by expert, one matmul pair each."""
     router, experts = mlp.gate, mlp.experts
-    # p = softmax(x W_r^T) in float32; keep the top-k experts; renormalise when norm_topk_prob
-    probs = F.softmax(F.linear(x, router.weight), dim=-1, dtype=torch.float)
-    top_p, top_e = torch.topk(probs, router.top_k, dim=-1)
-    if router.norm_topk_prob:
-        top_p = top_p / top_p.sum(dim=-1, keepdim=True)
+    # the router module itself: p = softmax(x W_r^T) in float32, top-k experts, renormalised when
+    # norm_topk_prob. Calling the module (not its weight) lets routing replay's hook see every path.
+    _, top_p, top_e = router(x)
     top_p = top_p.to(x.dtype)
     flat_e = top_e.flatten()
     order = torch.argsort(flat_e, stable=True)
