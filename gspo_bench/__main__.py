@@ -1,4 +1,5 @@
-"""Command line: ``python -m gspo_bench {run,tune,bench,list,leaderboard,report}`` (also installed as ``gspo-bench``).
+"""Command line: ``python -m gspo_bench {run,tune,bench,list,leaderboard,report,suite}``
+(also installed as ``gspo-bench``).
 
 Bad input prints one line naming the bad value and the allowed ones, and
 exits with code 2, before anything is written to MLflow.
@@ -142,7 +143,45 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--seeds", type=int, default=8, help="seeds 0..N-1 (default 8)")
     w.add_argument("--markdown", metavar="FILE", help="also write the tables as Markdown")
     w.add_argument("--no-progress", action="store_true", help="no progress bars")
-    sub.add_parser("list", help="show algorithms, tasks, models and presets")
+    from gspo_bench.suite import DEFAULT_OUT, DEFAULT_PREFIX, DEFAULT_SEEDS, SCENARIOS
+
+    s = sub.add_parser("suite", help="every scenario x algorithm x seed, resumable; a leaderboard and report per "
+                       "scenario and a summary ranking the algorithms across scenarios",
+                       description="Runs every scenario (a preset) x algorithm x seed, one cell (one MLflow run) "
+                       "at a time, into the experiment <prefix>-<scenario>. Resumable: a cell with a FINISHED run "
+                       "(tags algo, seed, preset) is skipped, FAILED/KILLED/RUNNING ones run again. Prints the plan "
+                       "and a rough ETA first. Then writes <out>/<scenario>/leaderboard.md and report.md, and "
+                       "<out>/summary.md and suite.json: per algorithm its rank per scenario (mean final eval "
+                       "pass@1), mean rank, scenarios where it is significantly best/worst (paired 95 % t interval "
+                       "vs the runner-up/second-worst excludes 0) and collapse events. Exit 0 when every cell is "
+                       "FINISHED, 1 otherwise, 2 on bad input.")
+    s.add_argument("--scenarios", type=_csv, default=list(SCENARIOS), metavar="NAME[,NAME...]",
+                   help=f"presets to run (default: {','.join(SCENARIOS)})")
+    s.add_argument("--algos", default="all", help="'all' (default) or a comma list, e.g. grpo,gspo")
+    sg = s.add_mutually_exclusive_group()
+    sg.add_argument("--seeds", type=int, help=f"run seeds 0..N-1 (default {DEFAULT_SEEDS})")
+    sg.add_argument("--seed", type=_seeds, help="comma list of seeds, e.g. 0,1,2")
+    s.add_argument("--experiment-prefix", default=DEFAULT_PREFIX,
+                   help=f"MLflow experiment of a scenario: <prefix>-<scenario> (default {DEFAULT_PREFIX})")
+    s.add_argument("--tracking-uri", help=f"MLflow URI (default $MLFLOW_TRACKING_URI or {DEFAULT_TRACKING_URI})")
+    s.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    s.add_argument("--set", action="append", default=[], dest="sets", metavar="[SECTION.]FIELD=VALUE",
+                   help="any config field over every scenario's preset, repeatable, e.g. --set train.steps=2 for "
+                   "a smoke check (use another --experiment-prefix for it: a cell FINISHED with other settings "
+                   "is an error, not skipped)")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar (one line per cell still printed)")
+    s.add_argument("--dry-run", action="store_true", help="print the plan and the ETA; run and write nothing")
+    sub.add_parser("list", help="show algorithms, tasks, models and presets (with one-line descriptions)")
+    cc = sub.add_parser("collapse-check", help="replay the collapse detector over recorded runs and list the events",
+                        description="Feeds the finished runs of --experiment (or a --histories file), step by step, "
+                        "to today's collapse detector (thresholds: the collapse section, --set collapse.X=...) and "
+                        "prints the events it opens per run, with eval pass@1 start -> end. Runs labelled "
+                        "collapsed/healthy (in a --histories file) are scored: caught / missed / false positive.")
+    cc.add_argument("--tracking-uri", help=f"MLflow URI (default $MLFLOW_TRACKING_URI or {DEFAULT_TRACKING_URI})")
+    cc.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help=f"MLflow experiment (default {DEFAULT_EXPERIMENT})")
+    cc.add_argument("--histories", help="replay a JSON file written by --export instead of MLflow runs")
+    cc.add_argument("--export", help="write the runs' detector inputs (and labels) to this JSON file")
+    _set_flag(cc)
     for name, text in (("leaderboard", "one row per algorithm per task/model/preset/config, from MLflow"),
                        ("report", "report.md + figures from MLflow, also logged as a kind=report run")):
         c = sub.add_parser(name, help=text, description=f"{text}. {NOTES}")
@@ -151,10 +190,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"MLflow experiment (default {DEFAULT_EXPERIMENT})")
         c.add_argument("--task", help="only runs of this task")
         c.add_argument("--model", help="only runs of this model")
-        c.add_argument("--baseline", metavar="ALGO",
+        c.add_argument("--baseline", metavar="ALGO|TAG=VALUE",
                        help=f"the algorithm the paired differences are taken against (default {DEFAULT_BASELINE}); "
                        "given, it must have a FINISHED run in the selection, else exit 2; left at the default, a "
-                       "selection without one only skips the paired table")
+                       "selection without one only skips the paired table. TAG=VALUE, with TAG one of the --by "
+                       "tags, compares splits instead of algorithms: per algorithm and seed, each split minus the "
+                       "split with TAG=VALUE and the other --by tags equal, e.g. --by routing_replay,correction "
+                       "--baseline routing_replay=none compares r3/tis with none/tis (same algorithm, same seed)"
+                       + ("; the report adds that table to each group's 'Splits compared' section, and its "
+                          f"per-split paired sections stay vs {DEFAULT_BASELINE}" if name == "report" else "")
+                       + "; a TAG not in --by, or a VALUE no run has, is an error (exit 2)")
         c.add_argument("--by", type=_csv, default=[], metavar="TAG[,TAG...]",
                        help="split every task/model/preset/config group further by the values of these run tags, "
                        "e.g. --by routing_replay,rollout_dtype: one row per algorithm and (routing_replay, "
@@ -285,25 +330,32 @@ def cmd_warmstart(args) -> int:
     return warmstart_command(args, console)
 
 
-def cmd_list(args) -> int:
-    from gspo_bench import algorithms
-    from gspo_bench.losses import LOSSES
-    from gspo_bench.models import BUILTIN_MODELS
-    from gspo_bench.tasks import builtin_tasks, resolve_task_spec
+def cmd_suite(args) -> int:
+    import shlex
 
-    t = Table(title="algorithms")
-    for col in ("name", "class", "ratio", "loss", "aggregation", "clip (eps_low / eps_high)", "recipe"):
-        t.add_column(col)
-    for name in algorithms.names():
-        s, cls = LOSSES[name], algorithms.get(name)
-        recipe = ", ".join(f"{k}={v}" for k, v in vars(cls.recipe).items() if v) or "-"
-        t.add_row(s.name, cls.__name__, s.ratio, s.loss, s.aggregation, f"{s.eps_low} / {s.eps_high}", recipe)
-    console.print(t)
-    console.print("tasks:   " + ", ".join(f"{n} ({resolve_task_spec(n).description})" for n in builtin_tasks()))
-    console.print("models:  " + ", ".join(f"{m.name} ({m.description})" for m in BUILTIN_MODELS.values())
-                  + ", or any local path / hub id of a causal LM")
-    console.print("presets: " + ", ".join(presets()))
-    return 0
+    from gspo_bench.suite import DEFAULT_SEEDS, SuiteRequest, run_suite
+
+    if args.seeds is not None and args.seeds < 1:
+        raise ConfigError(f"--seeds={args.seeds} must be >= 1")
+    seeds = args.seed if args.seed is not None else list(range(DEFAULT_SEEDS if args.seeds is None else args.seeds))
+    req = SuiteRequest(scenarios=tuple(args.scenarios), algos=None if args.algos == "all" else _csv(args.algos),
+                       seeds=seeds, prefix=args.experiment_prefix, tracking_uri=args.tracking_uri, out=args.out,
+                       sets=tuple(args.sets), progress=not args.no_progress, dry_run=args.dry_run,
+                       command="python -m gspo_bench " + shlex.join(args.argv))
+    return run_suite(req, log=lambda m: console.print(m, markup=False, highlight=False, soft_wrap=True),
+                     console=console)
+
+
+def cmd_list(args) -> int:
+    from gspo_bench.cli_info import list_command
+
+    return list_command(args, console)
+
+
+def cmd_collapse_check(args) -> int:
+    from gspo_bench.cli_info import collapse_check_command
+
+    return collapse_check_command(args, console)
 
 
 def cmd_leaderboard(args) -> int:
@@ -311,6 +363,8 @@ def cmd_leaderboard(args) -> int:
     from gspo_bench.reporting.leaderboard import load_runs, no_runs_message, read_uri, rich_table, summarise
     from gspo_bench.reporting.paired_table import (check_baseline, paired_groups, paired_rich, render_paired,
                                                    render_with_paired)
+    from gspo_bench.reporting.split_pairs import (check_split_value, parse_split_baseline, render_split_pairs,
+                                                  render_with_split_pairs, split_pair_groups, split_pairs_rich)
 
     runs = load_runs(read_uri(args.tracking_uri), args.experiment, args.task, args.model)
     by = tuple(dict.fromkeys(args.by))  # --by: the tags splitting the groups, in order, once each
@@ -319,6 +373,18 @@ def cmd_leaderboard(args) -> int:
         raise ConfigError(no_runs_message(args.experiment, args.task, args.model))
     if by:
         check_by(runs, by)
+    if split_base := parse_split_baseline(args.baseline, by):  # --baseline TAG=VALUE: splits vs a split
+        check_split_value(runs, *split_base)
+        sgroups = split_pair_groups(runs, *split_base, by)
+        fmt = args.format or ("table" if console.is_terminal else "md")
+        if fmt == "table":
+            board = [] if args.paired else [rich_table(rows, f"leaderboard: {args.experiment}")]
+            for part in board + split_pairs_rich(sgroups):
+                console.print(part)
+        else:
+            sys.stdout.write(render_split_pairs(sgroups, fmt) if args.paired else
+                             render_with_split_pairs(rows, fmt, sgroups))
+        return 0
     baseline = args.baseline or DEFAULT_BASELINE
     # an explicit --baseline (or --paired, which asks for nothing else) must have a FINISHED run
     note = check_baseline(runs, baseline, strict=args.baseline is not None or args.paired)
@@ -363,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         from gspo_bench import algorithms  # noqa: F401
     try:
         return {"run": cmd_run, "tune": cmd_tune, "list": cmd_list, "leaderboard": cmd_leaderboard,
-                "report": cmd_report, "bench": cmd_bench, "warmstart": cmd_warmstart}[args.cmd](args)
+                "report": cmd_report, "bench": cmd_bench, "warmstart": cmd_warmstart,
+                "suite": cmd_suite, "collapse-check": cmd_collapse_check}[args.cmd](args)
     except ConfigError as e:
         console.print(f"gspo-bench: error: {e}", style="red", soft_wrap=True)
         return 2

@@ -31,13 +31,14 @@ def kinds(events):
 
 
 def test_reward_drop_fires_once_and_rearms():
-    d = CollapseDetector(CollapseConfig(window=2, reward_drop=0.3))
+    # relative: fires when the running mean < (1 - 0.4) x its best; best 0.75 -> threshold 0.45
+    d = CollapseDetector(CollapseConfig(window=2, reward_drop=0.4))
     # (reward, running mean of the last 2, best running mean, fires?)
     script = [
         (0.5, None, None, False),  # window not full yet
         (0.5, 0.5, 0.5, False),
         (1.0, 0.75, 0.75, False),
-        (0.25, 0.625, 0.75, False),  # 0.625 >= 0.75 - 0.3
+        (0.25, 0.625, 0.75, False),  # 0.625 >= 0.6 x 0.75
         (0.0, 0.125, 0.75, True),  # 0.125 < 0.45: fires
         (0.0, 0.0, 0.75, False),  # still below, already active: no new event
         (1.0, 0.5, 0.75, False),  # back above 0.45: re-armed
@@ -54,7 +55,7 @@ def test_reward_drop_fires_once_and_rearms():
             (e,) = ev
             assert e.step == step
             assert e.value == pytest.approx(running)
-            assert e.threshold == pytest.approx(best - 0.3)
+            assert e.threshold == pytest.approx((1 - 0.4) * best)
             fired.append(step)
     assert fired == [4, 8]
 
@@ -66,7 +67,7 @@ def test_reward_drop_ignores_nonfinite_and_missing_rewards():
     assert d.update(2, {"reward/mean": float("nan")}) == []
     assert d.update(3, {}) == []
     assert list(d.rewards) == [1.0, 1.0]
-    # window [1.0, 0.0]: running 0.5 < best 1.0 - 0.3
+    # window [1.0, 0.0]: running 0.5 < (1 - 0.3) x best 1.0
     assert kinds(d.update(4, {"reward/mean": 0.0})) == ["reward_drop"]
     assert "reward_drop" in d.active
 
@@ -74,7 +75,7 @@ def test_reward_drop_ignores_nonfinite_and_missing_rewards():
 def test_reward_drop_small_dip_does_not_fire():
     d = CollapseDetector(CollapseConfig(window=3, reward_drop=0.3))
     for step, r in enumerate([0.6, 0.6, 0.6, 0.4, 0.4, 0.5]):
-        assert kinds(d.update(step, {"reward/mean": r})) == []  # lowest running mean 0.4667 > 0.3
+        assert kinds(d.update(step, {"reward/mean": r})) == []  # lowest running mean 0.4667 > 0.7 x 0.6
 
 
 # ----------------------------------------------------------------------------- the other kinds
@@ -251,3 +252,40 @@ def test_one_skipped_minibatch_fires_nonfinite():
     [event] = det.update(3, {"train/loss": 0.5, "train/grad_norm": 0.2, "train/nonfinite": 0.25,
                              "ratio/max": 1.1, "ratio/token_log_std": 0.1})
     assert event.kind == "nonfinite" and event.step == 3 and "25%" in event.detail
+
+
+# ----------------------------------------------------------------------------- relative criteria
+
+
+def test_reward_drop_is_relative_with_an_absolute_floor():
+    # a task whose whole reward is 0.2: a fall to 0.05 is a collapse (0.05 < 0.5 x 0.2, drop 0.15 >= 0.05) ...
+    d = CollapseDetector(CollapseConfig(window=2, reward_drop=0.5, min_drop=0.05))
+    for step, r in enumerate([0.2, 0.2, 0.05]):
+        ev = d.update(step, {"reward/mean": r})
+    # running means 0.2, then (0.2 + 0.05) / 2 = 0.125 >= 0.1: not yet
+    assert kinds(ev) == []
+    (e,) = d.update(3, {"reward/mean": 0.05})  # running 0.05 < 0.1
+    assert e.kind == "reward_drop" and e.value == pytest.approx(0.05) and e.threshold == pytest.approx(0.1)
+    # ... but noise near zero is not: 0.04 -> 0.0 is below half its best, yet only 0.04 in absolute terms
+    d = CollapseDetector(CollapseConfig(window=1, reward_drop=0.5, min_drop=0.05))
+    assert d.update(0, {"reward/mean": 0.04}) == [] and d.update(1, {"reward/mean": 0.0}) == []
+
+
+def test_eval_drop_against_the_best_eval_including_the_warm_start():
+    d = CollapseDetector(CollapseConfig(eval_drop=0.5, min_drop=0.05))
+    assert d.update_eval(0, 0.43) == []  # the warm start
+    assert d.update_eval(10, 0.231) == []  # 0.231 >= 0.5 x 0.43 = 0.215
+    (e,) = d.update_eval(20, 0.212)
+    assert (e.kind, e.step, e.value) == ("eval_drop", 20, 0.212) and e.threshold == pytest.approx(0.215)
+    assert d.update_eval(30, 0.146) == []  # still down: one event
+    assert d.update_eval(40, float("nan")) == []
+
+
+def test_kl_spike_is_relative_to_the_runs_median():
+    d = CollapseDetector(CollapseConfig(kl_factor=10.0, kl_floor=0.5))
+    for step, kl in enumerate([0.02, 0.03, 0.04]):
+        assert d.update(step, {"kl/old": kl, "ratio/max": 2.0, "ratio/token_log_std": 0.2}) == []
+    # median of earlier steps 0.03: limit max(0.5, 0.3) = 0.5; 0.45 is under it, 60 is far out
+    assert d.update(3, {"kl/old": 0.45, "ratio/max": 2.0, "ratio/token_log_std": 0.2}) == []
+    (e,) = d.update(4, {"kl/old": 60.0, "ratio/max": 2.0, "ratio/token_log_std": 0.2})
+    assert e.kind == "ratio_explosion" and e.value == 60.0 and e.threshold == pytest.approx(0.5)

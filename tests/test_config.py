@@ -272,3 +272,24 @@ def test_parse_sets_type_checks_every_field():
         for name, tp in _field_types(cls).items():
             if tp not in sections:
                 assert not _type_ok(object(), tp), f"{cls.__name__}.{name}: {tp} is not type-checked by --set"
+
+
+SCENARIO_CHANGES = {  # issue 13's stress presets: the default preset plus exactly one stress
+    "long": {"task": "arith_scratchpad"},
+    "offpolicy": {"train.minibatches": 16},
+    "stale": {"rollout.staleness": 2, "rollout.old_logp_source": "rollout"},
+    "moe-bf16": {"model.name": "tiny-moe", "rollout.dtype": "bfloat16"},
+    "hot": {"train.lr": 0.001},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIO_CHANGES))
+def test_stress_presets_are_the_default_plus_one_stress(name):
+    from gspo_bench.config import flatten, to_dict
+
+    base = flatten(to_dict(load_config("default")))
+    cfg = flatten(to_dict(load_config(name)))
+    changed = {k: v for k, v in cfg.items() if base.get(k) != v and k != "preset"}
+    assert changed == SCENARIO_CHANGES[name]
+    first = (Path(__file__).resolve().parents[1] / "gspo_bench" / "presets" / f"{name}.yaml").read_text().splitlines()[0]
+    assert first.startswith("# Stress: ")  # the one-line description `list` shows

@@ -208,7 +208,8 @@ def test_report_by_writes_distinct_figures_per_split(store, tmp_path):
     names = {p.name for p in out.glob("*.png")}
     splits = ("routing-replay-none", "routing-replay-r3", "no-routing-replay")
     assert names == {f"{kind}_arith_tiny-dense_{s}.png" for kind in ("eval", "clip") for s in splits} | {
-        f"paired_arith_tiny-dense_{s}.png" for s in splits[:2]}  # the untagged split has grpo alone: no pairs
+        f"paired_arith_tiny-dense_{s}.png" for s in splits[:2]} | {  # the untagged split has grpo alone: no pairs
+        "splits_arith_tiny-dense.png"}  # and one figure comparing the splits
     md = (out / "report.md").read_text()
     assert "| task | model | preset | config | routing_replay | algo |" in md
     r3 = md[md.index("## arith / tiny-dense / routing_replay=r3\n"):]
@@ -221,3 +222,11 @@ def test_report_by_writes_distinct_figures_per_split(store, tmp_path):
     assert main(["report", "--tracking-uri", store, "--experiment", EXP, "--out", str(plain)]) == 0
     assert {p.name for p in plain.glob("*.png")} == {"eval_arith_tiny-dense.png", "clip_arith_tiny-dense.png",
                                                        "paired_arith_tiny-dense.png"}
+
+
+def test_reserved_columns_are_the_leaderboard_and_paired_csv_columns():
+    from gspo_bench.reporting.grouping import RESERVED_COLUMNS
+    from gspo_bench.reporting.leaderboard import CSV_FIELDS
+    from gspo_bench.reporting.paired_table import PAIRED_CSV_FIELDS
+
+    assert RESERVED_COLUMNS == {*CSV_FIELDS, *PAIRED_CSV_FIELDS, "tuning", "by"}

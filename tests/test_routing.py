@@ -207,3 +207,18 @@ def test_dense_model_warns_and_ignores_replay(mixed_task, tracking_uri):
     # nothing changed: same parameters after the same steps
     for a, b in zip(base.module.policy.parameters(), replayed.module.policy.parameters()):
         assert torch.equal(a, b)
+
+
+def test_stale_sampler_is_the_policy_k_rollouts_ago():
+    model, _ = build_builtin("tiny-dense", 0)
+    sampler = SamplerWeights("float32", staleness=2)
+    seen = []
+    for step in range(4):
+        with torch.no_grad():
+            model.lm_head.weight.fill_(float(step))  # the policy after `step` updates
+        seen.append(float(sampler(model).lm_head.weight[0, 0]))
+    # rollouts 0 and 1 use the oldest policy there is, then always the one 2 rollouts back
+    assert seen == [0.0, 0.0, 0.0, 1.0]
+    assert sampler(model) is sampler.copy and sampler.copy is not model
+    with pytest.raises(ValueError, match="staleness must be an int >= 0"):
+        SamplerWeights("float32", staleness=-1)

@@ -123,6 +123,7 @@ class PolicyModule(L.LightningModule):
         self.trace: StepTrace | None = None
         self.eval_history: list[tuple[int, float]] = []  # (rl_step, eval pass@1)
         self.eval_log: list[tuple[int, dict[str, float]]] = []  # (rl_step, every eval/* metric)
+        self.eval_listeners: list = []  # fn(rl_step, eval metrics), e.g. the collapse detector
         self._eval: dict[str, MeanMetric] = {}
         self._eval_seen: set[str] = set()
 
@@ -340,6 +341,8 @@ class PolicyModule(L.LightningModule):
             self.logger.log_metrics(metrics, step=self.rl_step)
         self.eval_history.append((self.rl_step, metrics["eval/pass1"]))
         self.eval_log.append((self.rl_step, metrics))
+        for listener in self.eval_listeners:
+            listener(self.rl_step, metrics)
 
     @torch.no_grad()
     def evaluate_now(self) -> None:

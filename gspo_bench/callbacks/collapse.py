@@ -15,7 +15,7 @@ import lightning as L
 
 from gspo_bench.config import CollapseConfig
 
-COLLAPSE_KINDS = ("reward_drop", "entropy_collapse", "length_blowup", "ratio_explosion", "nonfinite")
+COLLAPSE_KINDS = ("reward_drop", "eval_drop", "entropy_collapse", "length_blowup", "ratio_explosion", "nonfinite")
 # step metrics whose NaN/Inf is a ``nonfinite`` event: losses, gradient norms, ratio and KL statistics
 NONFINITE_WATCHED = ("train/", "loss/", "ratio/", "clip/", "kl/", "critic/grad_norm", "critic/value_loss")
 
@@ -34,15 +34,27 @@ class CollapseDetector:
     """Pure detection logic: feed it one step's metrics, get the events that step opens.
 
     An event fires when its condition turns true and re-arms once it turns
-    false, so a run stuck in one collapse logs it once, not every step.
+    false, so a run stuck in one collapse logs it once, not every step. The
+    reward and eval criteria are relative to the run's own scale (its best
+    running reward, its best eval pass@1, the warm start's included), so a
+    task whose whole reward is 0.3 collapses as visibly as one at 0.9.
+    ``update`` takes the training step's metrics, ``update_eval`` one held-out
+    evaluation.
     """
 
     def __init__(self, cfg: CollapseConfig):
         self.cfg = cfg
         self.rewards: deque[float] = deque(maxlen=cfg.window)
         self.best_running = -math.inf
+        self.best_eval = -math.inf
+        self.kl_history: list[float] = []
         self.first_length: float | None = None
         self.active: set[str] = set()
+
+    def _drop(self, value: float, best: float, frac: float) -> tuple[bool, float]:
+        # fires when value < (1 - frac) * best and best - value >= min_drop
+        threshold = (1.0 - frac) * best
+        return value < threshold and best - value >= self.cfg.min_drop, threshold
 
     def conditions(self, m: dict[str, float]) -> dict[str, tuple[bool, float, float, str]]:
         c = self.cfg
@@ -52,8 +64,8 @@ class CollapseDetector:
         if len(self.rewards) == c.window:
             running = sum(self.rewards) / c.window
             self.best_running = max(self.best_running, running)
-            out["reward_drop"] = (running < self.best_running - c.reward_drop, running,
-                                  self.best_running - c.reward_drop,
+            hit, threshold = self._drop(running, self.best_running, c.reward_drop)
+            out["reward_drop"] = (hit, running, threshold,
                                   f"running mean {running:.3f} vs best {self.best_running:.3f}")
         if "policy/entropy" in m:
             out["entropy_collapse"] = (m["policy/entropy"] < c.entropy_floor, m["policy/entropy"], c.entropy_floor,
@@ -64,25 +76,50 @@ class CollapseDetector:
             limit = c.length_factor * self.first_length
             out["length_blowup"] = (m["response/length_mean"] > limit, m["response/length_mean"], limit,
                                     f"mean length vs {c.length_factor}x the first step's")
-        rmax, dstd = m.get("ratio/max", 1.0), m.get("ratio/token_log_std", 0.0)
-        # a NaN/Inf ratio statistic is an explosion too (a comparison with NaN is always False)
-        ratio_hit = not (rmax <= c.ratio_max)
-        out["ratio_explosion"] = (ratio_hit or not (dstd <= c.delta_std_max), max(rmax, dstd),
-                                  c.ratio_max if ratio_hit else c.delta_std_max,
-                                  f"ratio max {rmax:.3g}, log-ratio std {dstd:.3g}")
+        if any(k in m for k in ("ratio/max", "ratio/token_log_std", "kl/old")):
+            out["ratio_explosion"] = self._ratio(m)
         bad = sorted(k for k, v in m.items() if k.startswith(NONFINITE_WATCHED) and not math.isfinite(v))
         if m.get("train/nonfinite", 0.0) > 0:
             bad.append(f"skipped updates ({m['train/nonfinite']:.0%} of minibatches)")
         out["nonfinite"] = (bool(bad), float(len(bad)), 0.0, "non-finite: " + ", ".join(bad))
         return out
 
-    def update(self, step: int, metrics: dict[str, float]) -> list[CollapseEvent]:
+    def _ratio(self, m: dict[str, float]) -> tuple[bool, float, float, str]:
+        c = self.cfg
+        rmax, dstd = m.get("ratio/max", 1.0), m.get("ratio/token_log_std", 0.0)
+        kl = m.get("kl/old", 0.0)
+        # kl spike: kl/old > max(kl_floor, kl_factor * median of the earlier steps' kl/old)
+        earlier = sorted(self.kl_history)
+        kl_limit = max(c.kl_floor, c.kl_factor * earlier[len(earlier) // 2]) if earlier else math.inf
+        if math.isfinite(kl):
+            self.kl_history.append(kl)
+        # a NaN/Inf statistic is an explosion too (a comparison with NaN is always False)
+        checks = [(not (rmax <= c.ratio_max), rmax, c.ratio_max), (not (dstd <= c.delta_std_max), dstd, c.delta_std_max),
+                  (not (kl <= kl_limit), kl, kl_limit)]
+        hit = next((chk for chk in checks if chk[0]), None)
+        value, threshold = (hit[1], hit[2]) if hit else (max(rmax, dstd), c.ratio_max)
+        return (hit is not None, value, threshold,
+                f"ratio max {rmax:.3g}, log-ratio std {dstd:.3g}, kl/old {kl:.3g} (spike limit {kl_limit:.3g})")
+
+    def _events(self, step: int, conds: dict) -> list[CollapseEvent]:
         events = []
-        for kind, (hit, value, threshold, detail) in self.conditions(metrics).items():
+        for kind, (hit, value, threshold, detail) in conds.items():
             if hit and kind not in self.active:
                 events.append(CollapseEvent(kind, step, time.time(), float(value), float(threshold), detail))
             (self.active.add if hit else self.active.discard)(kind)
         return events
+
+    def update(self, step: int, metrics: dict[str, float]) -> list[CollapseEvent]:
+        return self._events(step, self.conditions(metrics))
+
+    def update_eval(self, step: int, pass1: float) -> list[CollapseEvent]:
+        """One held-out evaluation (greedy pass@1): ``eval_drop`` against the best so far."""
+        if not math.isfinite(pass1):
+            return []
+        self.best_eval = max(self.best_eval, pass1)
+        hit, threshold = self._drop(pass1, self.best_eval, self.cfg.eval_drop)
+        return self._events(step, {"eval_drop": (hit, pass1, threshold,
+                                                 f"eval pass@1 {pass1:.3f} vs best {self.best_eval:.3f}")})
 
 
 class CollapseCallback(L.Callback):
@@ -93,8 +130,17 @@ class CollapseCallback(L.Callback):
         self.detector = CollapseDetector(cfg)
         self.events: list[CollapseEvent] = []
 
+    def setup(self, trainer, pl_module, stage):
+        # evaluations reach the detector as they are recorded (the last one runs after every callback hook)
+        listeners = getattr(pl_module, "eval_listeners", None)
+        if listeners is not None:
+            listeners.append(lambda step, metrics: self._emit(
+                trainer, pl_module, self.detector.update_eval(step, metrics["eval/pass1"])))
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        new = self.detector.update(pl_module.rl_step, pl_module.last_metrics)
+        self._emit(trainer, pl_module, self.detector.update(pl_module.rl_step, pl_module.last_metrics))
+
+    def _emit(self, trainer, pl_module, new: list[CollapseEvent]) -> None:
         if not new:
             return
         self.events += new
@@ -105,8 +151,8 @@ class CollapseCallback(L.Callback):
                 logger.log_metrics({f"collapse/{e.kind}": 1.0, "collapse/events": float(len(self.events))},
                                    step=e.step)
                 logger.experiment.set_tag(logger.run_id, f"collapse.{e.kind}", str(e.step))
-        if logger is not None:
-            logger.experiment.set_tag(logger.run_id, "collapse.count", str(len(self.events)))
+        # the JSON artifact and count, now: the final evaluation runs after on_train_end's dump
+        self._dump(pl_module)
         if self.cfg.on_collapse == "stop":
             trainer.should_stop = True
 

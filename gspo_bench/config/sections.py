@@ -20,12 +20,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from gspo_bench.losses import KL_ESTIMATORS, LOSSES
+from gspo_bench.losses import CORRECTIONS, KL_ESTIMATORS, LOSSES
 from gspo_bench.rollout.engine import ENGINES
 from gspo_bench.rollout.routing import REPLAY_MODES
 
 ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
-CORRECTIONS = ("none", "tis", "mis")
 
 AUTO = "auto"
 
@@ -137,6 +136,8 @@ class RolloutConfig:
     whose weight leaves [1/cap, cap]); the weight is taken at the algorithm's ratio unit."""
     correction_cap: float = 2.0
     """C, the cap of tis / the band [1/C, C] of mis."""
+    staleness: int = 0
+    """k: sample from the policy as it was k rollouts ago (asynchronous trainers); 0 = the current policy."""
 
     def __post_init__(self):
         _numbers("rollout", self, "prompts_per_step", "group_size", "temperature", "max_gen_batches",
@@ -158,6 +159,8 @@ class RolloutConfig:
         _choice("rollout.correction", self.correction, CORRECTIONS)
         _numbers("rollout", self, "correction_cap")
         _check(self.correction_cap > 1, f"rollout.correction_cap={self.correction_cap} must be > 1")
+        _check(isinstance(self.staleness, int) and not isinstance(self.staleness, bool) and self.staleness >= 0,
+               f"rollout.staleness={self.staleness!r} must be an int >= 0")
 
 
 @dataclass
@@ -247,8 +250,14 @@ class CollapseConfig:
     """What a collapse event does: continue (log it) | stop (end this algorithm's run)."""
     window: int = 5
     """Steps in the running reward mean."""
-    reward_drop: float = 0.3
-    """reward_drop fires when the running mean is this far (absolute) below its best."""
+    reward_drop: float = 0.5
+    """reward_drop fires when the running mean falls below (1 - reward_drop) x its best so far (relative to the
+    run's own scale: a task whose whole reward is 0.3 collapses as visibly as one at 0.9) ..."""
+    min_drop: float = 0.05
+    """... and at least this far in absolute terms (reward and pass@1 units), so noise near 0 never fires."""
+    eval_drop: float = 0.5
+    """eval_drop fires when held-out greedy pass@1 falls below (1 - eval_drop) x its best so far (the warm
+    start's included), by at least ``min_drop``."""
     entropy_floor: float = 0.005
     """entropy_collapse fires when mean token entropy falls under this (nats)."""
     length_factor: float = 3.0
@@ -256,16 +265,23 @@ class CollapseConfig:
     ratio_max: float = 100.0
     """ratio_explosion fires when the max token ratio exceeds this ..."""
     delta_std_max: float = 2.0
-    """... or when the std of the token log-ratio exceeds this."""
+    """... or when the std of the token log-ratio exceeds this ..."""
+    kl_factor: float = 10.0
+    """... or when kl/old exceeds this times the median kl/old of the run's earlier steps (and ``kl_floor``)."""
+    kl_floor: float = 0.5
+    """The smallest kl/old that counts as a spike, whatever the run's median."""
 
     def __post_init__(self):
         _choice("collapse.on_collapse", self.on_collapse, ("continue", "stop"))
-        _numbers("collapse", self, "window", "reward_drop", "entropy_floor", "length_factor", "ratio_max",
-                 "delta_std_max")
+        _numbers("collapse", self, "window", "reward_drop", "min_drop", "eval_drop", "entropy_floor",
+                 "length_factor", "ratio_max", "delta_std_max", "kl_factor", "kl_floor")
         _check(self.window >= 1, f"collapse.window={self.window} must be >= 1")
-        _check(self.reward_drop >= 0 and self.entropy_floor >= 0, "collapse.reward_drop and entropy_floor must be >= 0")
-        _check(self.length_factor > 1 and self.ratio_max > 1 and self.delta_std_max > 0,
-               "collapse.length_factor and ratio_max must be > 1, delta_std_max > 0")
+        _check(0 < self.reward_drop < 1 and 0 < self.eval_drop < 1,
+               "collapse.reward_drop and eval_drop are fractions of the best level, in (0, 1)")
+        _check(self.min_drop >= 0 and self.entropy_floor >= 0, "collapse.min_drop and entropy_floor must be >= 0")
+        _check(self.length_factor > 1 and self.ratio_max > 1 and self.delta_std_max > 0 and self.kl_factor > 1
+               and self.kl_floor > 0,
+               "collapse.length_factor, ratio_max and kl_factor must be > 1, delta_std_max and kl_floor > 0")
 
 
 @dataclass

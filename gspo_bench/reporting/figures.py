@@ -52,12 +52,13 @@ def _style(i: int) -> dict:
     return {"color": f"C{i % 10}", "linestyle": STYLES[i % len(STYLES)], "linewidth": max(2.8 - 0.35 * i, 1.0)}
 
 
-def curve(runs: list[RunData], key: str):
-    """(steps, mean, min, max) over the runs' histories of ``key``; None when no run has it."""
+def curve(runs: list[RunData], key: str, positive: bool = False):
+    """(steps, mean, min, max) over the runs' histories of ``key``; None when no run has it.
+    ``positive``: values <= 0 are left out (for a log axis)."""
     per_step: dict[int, list[float]] = {}
     for r in runs:
         for s, v in r.history.get(key, []):
-            if math.isfinite(v):
+            if math.isfinite(v) and (v > 0 or not positive):
                 per_step.setdefault(s, []).append(v)
     if not per_step:
         return None
@@ -240,4 +241,55 @@ def plot_paired(group, path: Path, title: str) -> Path:
         ax.legend(fontsize=8, loc="best")
     ax.set_title(f"{title}: final pass@1, paired difference vs {group.baseline}\n"
                  "per seed; mean and 95 % t interval, * = interval excludes 0", fontsize=10)
+    return _save(fig, path)
+
+
+# (g): the rows of the splits figure, in order: (metric, y label, log axis, percent axis)
+SPLIT_METRICS = (("eval/pass1", "eval pass@1", False, False), ("mismatch/kl", "mismatch/kl (log)", True, False),
+                 ("moe/routing_mismatch", "routing mismatch", False, True),
+                 ("moe/expert_flip_rate", "expert flip rate", False, True))
+
+
+def plot_splits(splits: dict[str, list[RunData]], metrics: list[str], path: Path, title: str) -> Path:
+    """(g): the ``--by`` splits of one group side by side: a row per metric in ``metrics`` (those of
+    ``SPLIT_METRICS`` some run logged), a column per algorithm, a line per split (``splits``: label -> its
+    runs) = the mean over its seeds per step, band = min–max over them; one legend for all panels.
+
+    A split keeps its colour in every panel. ``mismatch/kl`` is on a log axis: its values <= 0 are left out.
+    """
+    algos = list(by_algo([r for rs in splits.values() for r in rs]))
+    rows = [m for m in SPLIT_METRICS if m[0] in metrics]
+    fig = Figure(figsize=(3.8 * len(algos) + 0.6, 2.7 * len(rows) + 0.9), layout="constrained")
+    # one y range per row, so the algorithms' panels compare at a glance
+    axes = np.array(fig.subplots(len(rows), len(algos), sharex=True, sharey="row", squeeze=False))
+    handles = {}
+    for (key, label, log, pct), row in zip(rows, axes):
+        for algo, ax in zip(algos, row):
+            drawn = False
+            for j, (name, runs) in enumerate(splits.items()):
+                mine = [r for r in runs if r.algo == algo]
+                c = curve(mine, key, positive=log)
+                if c is None:
+                    continue
+                steps, mean, lo, hi = c
+                (line,) = ax.plot(steps, mean, marker="o" if len(steps) <= 12 else None, markersize=3, **_style(j))
+                handles.setdefault(name, line)
+                if len(mine) > 1:  # the band: min..max over the split's seeds at each step
+                    ax.fill_between(steps, lo, hi, color=_style(j)["color"], alpha=0.15, linewidth=0)
+                drawn = True
+            if not drawn:
+                ax.text(0.5, 0.5, "not logged", transform=ax.transAxes, ha="center", va="center", color="grey")
+            elif log:
+                ax.set_yscale("log")
+            if pct:
+                ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+            ax.grid(alpha=0.3, which="both" if log else "major")
+        row[0].set_ylabel(label)
+    for algo, ax in zip(algos, axes[0]):
+        ax.set_title(algo)
+    for ax in axes[-1]:
+        ax.set_xlabel("RL step")
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=min(len(handles), 3),
+               fontsize=8)
+    fig.suptitle(f"{title}: splits compared (mean over seeds, band = min–max)")
     return _save(fig, path)

@@ -12,6 +12,10 @@ tag (so such runs form a split of their own, never merged into another).
 - ``paired_table.paired_groups(runs, baseline, by=by)`` pairs seeds within
   each split: under ``--by routing_replay`` gspo with r3 is compared with
   grpo with r3, never with grpo with none.
+- ``--baseline TAG=VALUE`` (TAG one of ``by``) compares splits instead:
+  ``split_pairs.split_pair_groups`` pairs each algorithm's split with its
+  split having TAG=VALUE and the other ``by`` values equal, seed by seed
+  (gspo under r3/tis vs gspo under none/tis).
 - ``report.write_report(..., by=by)`` writes a section per split; its figure
   names carry ``by_slug`` so splits never overwrite each other's files.
 
@@ -59,13 +63,19 @@ def by_slug(names: tuple[str, ...], values: tuple[str, ...]) -> list[str]:
     return [f"no-{n}" if v == MISSING else f"{n}-{v}" for n, v in zip(names, values)]
 
 
+# the leaderboard's and paired table's CSV columns, and the tag behind "config": no --by tag may take these names
+# (spelled out here, not imported, so grouping stays below leaderboard in the import graph; a test keeps them equal)
+RESERVED_COLUMNS = frozenset((
+    "algo", "auc_pass1", "auc_pass1_std", "baseline", "best_pass1", "best_pass1_std", "by", "ci_high", "ci_low",
+    "clip_frac", "collapses", "common", "completions_per_s", "config", "final_pass1", "final_pass1_std",
+    "group_mde_final_pass1", "group_mde_pairs", "mde", "mean_diff", "metric", "model", "n", "preset", "reached_10",
+    "sd_diff", "seeds", "significant", "status", "steps_to_10", "task", "tuning", "wall_s", "warm_pass1"))
+
+
 def check_by(runs: list, by: tuple[str, ...]) -> None:
     """ConfigError (one line) when a ``by`` tag is a leaderboard column already, or no run in ``runs`` has it;
     the message lists the tags the runs do have."""
-    from gspo_bench.reporting.leaderboard import CSV_FIELDS
-    from gspo_bench.reporting.paired_table import PAIRED_CSV_FIELDS
-
-    taken = [t for t in by if t in {*CSV_FIELDS, *PAIRED_CSV_FIELDS, "tuning", "by"}]
+    taken = [t for t in by if t in RESERVED_COLUMNS]
     if taken:
         raise ConfigError(f"--by {', '.join(map(repr, taken))}: already a leaderboard column (task, model, "
                           "preset, config = tag tuning, algo, ...); --by takes other run tags, e.g. "

@@ -15,6 +15,13 @@ only when every one reached it). With ``by`` (``--by TAG[,TAG...]``, see
 are paired within each split only (gspo under ``routing_replay=r3`` against
 grpo under ``r3``); the tags then show as columns after ``config``.
 
+``--baseline`` names an algorithm here. Its other form, ``--baseline
+TAG=VALUE`` with TAG one of the ``--by`` tags (``--by
+routing_replay,correction --baseline routing_replay=none``), pairs splits
+of one algorithm instead: per seed, each split minus the split with
+TAG=VALUE and the other tags equal; that table is ``split_pairs.py``, built
+from this module's ``PAIRED_METRICS`` and per-seed values.
+
 ``paired_groups`` / ``paired_rows`` compute them from ``leaderboard.RunData``
 runs (``leaderboard.load_runs``); ``render_paired`` (``md``, ``table``,
 ``csv``) and ``paired_rich`` draw them; ``render_with_paired`` is the

@@ -10,7 +10,13 @@ Per leaderboard group (task, model, preset, config) of FINISHED runs:
 (d) the MoE expert flip rate, for groups with ``moe=true`` runs;
 (f) the paired differences vs the baseline (``--baseline``, default grpo):
     the leaderboard's paired table and MDE line for the group, and a figure
-    of each algorithm's mean final pass@1 difference with its 95 % interval.
+    of each algorithm's mean final pass@1 difference with its 95 % interval;
+(g) with ``by`` only, once per group after its splits' sections ("Splits
+    compared", ``splits_<group>.png``): eval pass@1, mismatch/kl,
+    moe/routing_mismatch and moe/expert_flip_rate (those logged) vs step, a
+    panel per metric and algorithm, a line per split (mean over seeds,
+    min–max band), and a table of each split's seeds, final pass@1 and mean
+    mismatch.
 
 Missing data skips a figure with a sentence saying why. The files are logged
 as artifacts of a new run named ``report`` tagged ``kind=report``, which the
@@ -19,7 +25,12 @@ leaderboard never reads.
 With ``by`` (``report --by TAG[,TAG...]``, see ``grouping.py``) each group
 is split further by those run tags' values: a section per split, its
 figure file names carrying the values (``eval_arith_tiny-dense_routing-replay-r3.png``),
-and the paired differences taken within the split.
+and the paired differences taken within the split; then (g) compares the
+group's splits with each other. With ``--baseline TAG=VALUE`` (TAG one of the
+``by`` tags; ``split_pairs.py``) (g) also holds the paired differences of
+each algorithm's splits vs its split with TAG=VALUE (the other tags equal),
+same seed against same seed; the per-split (f) sections then stay against
+the default baseline algorithm.
 
 With ``storage`` (``report --storage URL [--study NAME ...]``) the report
 gains a section per Optuna study: its trial history and parameter
@@ -29,7 +40,9 @@ importances (``reporting/study.py``).
 from __future__ import annotations
 
 import json
+import math
 import re
+import statistics
 import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -37,12 +50,16 @@ from pathlib import Path
 
 from gspo_bench.reporting import figures
 from gspo_bench.config import ConfigError
-from gspo_bench.reporting.grouping import by_slug, check_by, split_values
+from gspo_bench.reporting.grouping import MISSING, by_slug, check_by, split_values
 from gspo_bench.reporting.leaderboard import (DEFAULT_BASELINE, DEFAULT_EXPERIMENT, FINISHED, NOTES, RunData,
-                                              experiment_id, load_runs, no_runs_message, render, slug, summarise)
+                                              _seed_key, experiment_id, load_runs, no_runs_message, render, slug,
+                                              summarise)
 from gspo_bench.reporting.paired_table import PairedGroup, check_baseline, group_title, paired_groups, render_paired
+from gspo_bench.reporting.split_pairs import (check_split_value, parse_split_baseline, split_pair_groups,
+                                              split_pairs_section)
 
-REPORT_METRICS = ("eval/pass1", "eval/reward_mean", "clip/frac", "reward/mean", "moe/expert_flip_rate")
+REPORT_METRICS = ("eval/pass1", "eval/reward_mean", "clip/frac", "reward/mean", "moe/expert_flip_rate",
+                  "mismatch/kl", "moe/routing_mismatch")
 RATIO_ALGOS = ("gspo", "gspo_token")  # whose ratios/step_*.json figure (c) draws, in order of preference
 # the settings every run of a comparison should share: (label, param keys tried in order)
 CONFIG_KEYS = (
@@ -208,6 +225,67 @@ def group_section(client, key: tuple, runs: list[RunData], rows: list[dict], out
     return md + pmd, figs + pfigs
 
 
+def _cell(xs: list[float], fmt: str) -> str:
+    return f"{statistics.fmean(xs):{fmt}}" if xs else "-"
+
+
+def _run_mean(history: list[tuple[int, float]]) -> float | None:
+    """A run's mean of a metric over the steps it logged (finite values only); None when there are none."""
+    xs = [v for _, v in history if math.isfinite(v)]
+    return statistics.fmean(xs) if xs else None
+
+
+def splits_section(key: tuple, splits: dict[tuple, list[RunData]], by: tuple[str, ...],
+                   out: Path) -> tuple[list[str], list[Path]]:
+    """(g): the splits of the group ``key`` (task, model, preset, config) compared: ``splits`` maps each
+    split's ``by`` values to its FINISHED runs."""
+    title = group_title(key, ())
+    task, model, preset, config = key
+    name = slug(task, model, *(p for p in (preset, config) if p != "default"))
+    md = [f"## Splits compared: {title}", ""]
+    label = lambda vals: ", ".join(f"{t}={v}" for t, v in zip(by, vals))  # noqa: E731
+    runs = [r for rs in splits.values() for r in rs]
+    metrics = [m for m, *_ in figures.SPLIT_METRICS if any(r.history.get(m) for r in runs)]  # logged by some run
+    figs = []
+    if not metrics:
+        md += [f"No figure: no run of the group logged {', '.join(f'`{m}`' for m, *_ in figures.SPLIT_METRICS)}.",
+               ""]
+    else:
+        figs.append(figures.plot_splits({label(v): rs for v, rs in splits.items()}, metrics,
+                                        out / f"splits_{name}.png", title))
+        ns = sorted({len(rs) for algo_rs in splits.values() for rs in figures.by_algo(algo_rs).values()})
+        n = (f"{ns[0]}" if len(ns) == 1 else f"{ns[0]} to {ns[-1]}") + " seeds per line" + (
+            "" if len(ns) == 1 else " (each line's n: the seeds column below)")
+        absent = [f"`{m}`" for m, *_ in figures.SPLIT_METRICS if m not in metrics]
+        md += [f"![splits compared, {title}]({figs[0].name})", "",
+               f"A row per metric ({', '.join(f'`{m}`' for m in metrics)}), a column per algorithm, a line per "
+               f"split ({', '.join(by)}): the mean over the split's seeds at each step, shaded band = min..max over "
+               f"those seeds; n = {n}. `mismatch/kl` on a log axis, values <= 0 left out."
+               + (f" Not logged by any run of the group: {', '.join(absent)}." if absent else ""), ""]
+    md += [f"| algo | {' | '.join(by)} | seeds | final pass@1 | mean mismatch/kl | mean routing mismatch |",
+           "|---" * (len(by) + 5) + "|"]
+    for algo in figures.by_algo(runs):
+        for vals, rs in splits.items():
+            mine = [r for r in rs if r.algo == algo]
+            if not mine:
+                continue
+            seeds = sorted({r.seed for r in mine}, key=_seed_key)
+            # final pass@1 of a run = its last eval/pass1 value; mean ± sample sd over the split's seeds
+            final = [h[-1][1] for r in mine if (h := r.history.get("eval/pass1"))]
+            pass1 = "-" if not final else f"{statistics.fmean(final):.3f}" + (
+                f" ± {statistics.stdev(final):.3f}" if len(final) > 1 else "")
+            # mismatch: each run's mean over its steps, then the mean over the seeds that logged it
+            mean = {m: [x for r in mine if (x := _run_mean(r.history.get(m, []))) is not None]
+                    for m in ("mismatch/kl", "moe/routing_mismatch")}
+            md.append(f"| {algo} | {' | '.join(vals)} | {len(seeds)} ({','.join(seeds)}) | {pass1} | "
+                      f"{_cell(mean['mismatch/kl'], '.3g')} | {_cell(mean['moe/routing_mismatch'], '.3g')} |")
+    md += ["", f"final pass@1 = the last eval/pass1 of each seed, mean ± sd over seeds; the two mismatch columns: "
+           "mean over steps per seed, then over seeds (`-`: not logged)"
+           + (f"; `{MISSING}` as a split value: runs without the tag." if any(MISSING in v for v in splits) else "."),
+           ""]
+    return md, figs
+
+
 def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path | None = None,
                  task: str | None = None, model: str | None = None, command: str = "",
                  log_to_mlflow: bool = True, storage: str | None = None, studies: list[str] | None = None,
@@ -218,7 +296,9 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
     holding only tuning trials is not an error. ``baseline``: of the paired differences; with
     ``strict_baseline`` (an explicit ``--baseline``) one without a FINISHED run is a ConfigError, else
     the paired sections say they are skipped. ``by``: run tags splitting every group further (a tag no run
-    has is a ConfigError).
+    has is a ConfigError). ``baseline`` may also be ``TAG=VALUE`` with TAG in ``by`` (``split_pairs.py``):
+    then (g) also gets the paired differences of each split vs its TAG=VALUE split, and (f) stays vs the
+    default baseline algorithm, not strict.
     """
     import mlflow
 
@@ -226,10 +306,16 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
     if not runs and storage is None:
         raise ConfigError(no_runs_message(experiment, task, model))
     # before anything is written: a bad --baseline is a one-line error
+    split_base = parse_split_baseline(baseline, by)  # TAG=VALUE: splits vs a split, in (g); (f) vs the default
+    if split_base:
+        baseline, strict_baseline = DEFAULT_BASELINE, False
     paired_note = check_baseline(runs, baseline, strict_baseline) if runs else None
     if by and runs:
         check_by(runs, by)
+    if split_base and runs:
+        check_split_value(runs, *split_base)
     paired = {g.key: g for g in paired_groups(runs, baseline, by=by)}
+    split_pairs = {g.key: g for g in split_pair_groups(runs, *split_base, by)} if split_base else {}
     client = mlflow.MlflowClient(uri)
     out = Path(out or Path("results") / experiment)
     out.mkdir(parents=True, exist_ok=True)
@@ -264,11 +350,16 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
     report = Report(out / "report.md")
     if runs and not groups:
         md += ["No finished run: no figures.", ""]
-    for key in sorted(groups):
+    keys = sorted(groups)
+    for n, key in enumerate(keys):
         mine = [r for r in rows if (r["task"], r["model"], r["preset"], r["config"], *r.get("by", {}).values()) == key]
         section, figs = group_section(client, key, groups[key], mine, out, paired.get(key), baseline, paired_note, by)
         md += section
         report.figures += figs
+        if by and (n + 1 == len(keys) or keys[n + 1][:4] != key[:4]):  # (g) after the group's last split
+            section, figs = splits_section(key[:4], {k[4:]: groups[k] for k in keys if k[:4] == key[:4]}, by, out)
+            md += section + split_pairs_section(split_pairs.get(key[:4]))
+            report.figures += figs
     md += tuning_md
     report.figures += tuning_figs
     report.path.write_text("\n".join(md))

@@ -108,14 +108,14 @@ class RolloutDataModule(L.LightningDataModule):
         self.eval_samples, self.eval_batch = eval_samples, eval_batch
         self.policy = None  # set by the module in setup(); the engine samples from (a cast of) it
         self.record_routes = False  # set by the module in setup(): keep the sampler's experts (MoE)
-        self.sampler = SamplerWeights(settings.dtype)
+        self.sampler = SamplerWeights(settings.dtype, settings.staleness)
 
     def wants_rollout_logp(self) -> bool:
         """Keep the sampler's log-probs when training uses them (old log-probs, a correction), when the
         sampler's precision differs (the mismatch is the point), or when the engine gives them for free
         (the fast engine computes them anyway; ``generate`` would need every step's logits kept)."""
         return (self.s.old_logp_source == "rollout" or self.s.correction != "none" or self.s.dtype != "float32"
-                or resolve_engine(self.s.engine, self.policy) == "fast")
+                or self.s.staleness > 0 or resolve_engine(self.s.engine, self.policy) == "fast")
 
     # -- scoring (the only place the verifier is called) ------------------------------------
     def score(self, texts: list[str], answers: list[str]) -> torch.Tensor:

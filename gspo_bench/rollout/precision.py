@@ -15,6 +15,7 @@ rounding.
 from __future__ import annotations
 
 import copy
+from collections import deque
 
 import torch
 
@@ -22,27 +23,45 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 class SamplerWeights:
-    """``sampler(policy)`` -> the model the engine should sample from, in ``dtype``."""
+    """``sampler(policy)`` -> the model the engine should sample from, in ``dtype``, ``staleness`` rollouts old.
 
-    def __init__(self, dtype: str = "float32"):
+    ``staleness = k > 0`` (``rollout.staleness``) samples from the policy as it
+    was ``k`` rollouts ago, as an asynchronous trainer's inference engine
+    does: a queue keeps the last ``k + 1`` casts of the policy (so ``k + 1``
+    extra copies of the weights), and the sampler loads the oldest. The first
+    ``k`` rollouts use the oldest policy there is (the warm start).
+    """
+
+    def __init__(self, dtype: str = "float32", staleness: int = 0):
         if dtype not in DTYPES:
             raise ValueError(f"rollout dtype {dtype!r} is not allowed (allowed: {', '.join(DTYPES)})")
+        if not (isinstance(staleness, int) and staleness >= 0):
+            raise ValueError(f"rollout staleness must be an int >= 0, got {staleness!r}")
         self.dtype = DTYPES[dtype]
+        self.staleness = staleness
         self.copy: torch.nn.Module | None = None
         self._source: torch.nn.Module | None = None
+        self._queue: deque[list[torch.Tensor]] = deque()
         self.refreshes = 0
 
     @torch.no_grad()
     def __call__(self, policy: torch.nn.Module) -> torch.nn.Module:
-        if next(policy.parameters()).dtype == self.dtype:
+        if next(policy.parameters()).dtype == self.dtype and self.staleness == 0:
             return policy
         if self.copy is None or self._source is not policy:
             # one copy for the run: same modules and config, parameters and buffers cast to the sampler dtype
             self.copy = copy.deepcopy(policy).to(self.dtype).eval().requires_grad_(False)
-            self._source = policy
+            self._source, self._queue = policy, deque()
+        if self.staleness == 0:
+            source = list(policy.parameters())
         else:
-            # refresh: theta_sampler = cast(theta_policy), in place, for every parameter
-            for dst, src in zip(self.copy.parameters(), policy.parameters()):
-                dst.copy_(src)
+            # queue of the last k + 1 casts; the sampler is the oldest, theta_sampler(t) = cast(theta(t - k))
+            self._queue.append([p.detach().to(self.dtype, copy=True) for p in policy.parameters()])
+            while len(self._queue) > self.staleness + 1:
+                self._queue.popleft()
+            source = self._queue[0]
+        # refresh: theta_sampler = cast(source), in place, for every parameter
+        for dst, src in zip(self.copy.parameters(), source):
+            dst.copy_(src)
         self.refreshes += 1
         return self.copy

@@ -1,0 +1,284 @@
+"""``--baseline TAG=VALUE``: paired differences between splits of one algorithm (a stabiliser grid).
+
+Every split of a group (task, model, preset, config; see ``grouping.py``)
+trains from the same warm start and sees the same prompt order for a given
+seed, so comparing two *splits* of one algorithm seed by seed is a paired
+design just as comparing two algorithms is ("does GRPO gain from routing
+replay r3 vs none?"). ``leaderboard --by routing_replay,correction
+--baseline routing_replay=none`` (and ``report`` the same) asks for it:
+
+- TAG must be one of the ``--by`` tags, and some run of the selection must
+  have VALUE for it (``-``: the runs without the tag); else a one-line
+  ``ConfigError`` (``parse_split_baseline``, ``check_split_value``).
+- The baseline split of a split S is the split with S's values for every
+  ``--by`` tag except TAG, which is VALUE: with ``--by
+  routing_replay,correction`` r3/tis is compared with none/tis, r3/none with
+  none/none. Splits whose TAG value is VALUE are baselines, not compared.
+- Per group, algorithm A and split S with TAG != VALUE: ``d_s = metric(A, S,
+  s) - metric(A, baseline split, s)`` over the seeds where both have a
+  FINISHED run, for ``paired_table.PAIRED_METRICS`` (final pass@1, AUC, steps
+  to +10 pts; there only seeds where both reached it), with the same mean, 95 %
+  t interval, significance (interval excludes 0, no multiple-comparison
+  correction) and MDE as the algorithm table (``paired.paired_summary``);
+  several FINISHED runs of one seed count as their mean. When A has no
+  FINISHED run in the baseline split the pair (A, S) gets one note row
+  saying so (``row["note"]``, no metric) instead of its three rows.
+- Per group also an MDE line for final pass@1 (pooled sd over the (A, S)
+  comparisons with >= 2 pairs, their smallest n), as in the algorithm table.
+
+``split_pair_groups`` computes them from ``leaderboard.RunData`` runs;
+``render_split_pairs`` (``md``, ``table``, ``csv``) and ``split_pairs_rich``
+draw them; ``render_with_split_pairs`` is the leaderboard followed by them
+(the CLI's ``leaderboard`` without ``--paired``); ``split_pairs_section`` is
+the report's markdown for one group (in its "Splits compared" section).
+With a plain algorithm name ``--baseline`` keeps its meaning
+(``paired_table.py``) and nothing here is used.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+
+from gspo_bench.config import ConfigError
+from gspo_bench.reporting.grouping import MISSING, flat, split_values, with_by
+from gspo_bench.reporting.leaderboard import FINISHED, RunData, _plain, _seed_key, render, rich_table
+from gspo_bench.reporting.paired import mde, paired_summary, pooled_sd
+from gspo_bench.reporting.paired_table import (ALPHA, PAIRED_METRICS, POWER, _finite, _seed_values,
+                                               group_title)
+
+
+def parse_split_baseline(baseline: str | None, by: tuple[str, ...]) -> tuple[str, str] | None:
+    """``(TAG, VALUE)`` for a ``--baseline TAG=VALUE``, None for an algorithm name (or None). A TAG that is not a
+    ``--by`` tag is a ConfigError."""
+    if baseline is None or "=" not in baseline:
+        return None
+    tag, value = (x.strip() for x in baseline.split("=", 1))
+    if tag not in by:
+        have = f"--by is {','.join(by)}" if by else "no --by given"
+        raise ConfigError(f"--baseline {baseline!r}: {tag!r} is not a --by tag ({have}); TAG=VALUE compares the "
+                          f"splits of a --by tag, e.g. --by {tag or 'routing_replay'} --baseline "
+                          f"{tag or 'routing_replay'}={value or 'none'}")
+    return tag, value
+
+
+def check_split_value(runs: list[RunData], tag: str, value: str) -> None:
+    """ConfigError (one line) when no run in ``runs`` has ``value`` for ``tag``; it lists the values they have."""
+    have = sorted({split_values(r.tags, (tag,))[0] for r in runs})
+    if value not in have:
+        shown = ", ".join(have) + (f" ({MISSING}: runs without the tag)" if MISSING in have else "")
+        raise ConfigError(f"--baseline {tag}={value}: no run in the selection has {tag}={value!r} "
+                          f"(its values: {shown})")
+
+
+@dataclass
+class SplitGroup:
+    """The split-vs-baseline-split differences of one group (task, model, preset, config); ``rows``: one per
+    (algorithm, compared split, metric), or one note row per (algorithm, split) without a baseline split."""
+
+    key: tuple[str, ...]  # (task, model, preset, config)
+    tag: str
+    value: str
+    by: tuple[str, ...]
+    rows: list[dict]
+    mde: float | None = None  # experiment-level MDE of final pass@1 (pass@1 units)
+    mde_n: int = 0
+    mde_sd: float | None = None
+    mde_pairs: int = 0  # (algorithm, split) comparisons pooled (those with >= 2 pairs)
+    note: str | None = None  # set when the group has no compared split with a pair: why
+
+    @property
+    def baseline(self) -> str:
+        return f"{self.tag}={self.value}"
+
+
+def _label(by: tuple[str, ...], vals: tuple[str, ...]) -> str:
+    return ", ".join(f"{t}={v}" for t, v in zip(by, vals))
+
+
+def split_pair_groups(runs: list[RunData], tag: str, value: str, by: tuple[str, ...], alpha: float = ALPHA,
+                      power: float = POWER) -> list[SplitGroup]:
+    """Per group with a FINISHED run: per algorithm and split whose ``tag`` value is not ``value``, the paired
+    differences to the same algorithm's baseline split (see the module docstring). Rows are ordered by
+    algorithm, then split values, then metric; they carry ``row["by"]`` = the compared split's {tag: value}."""
+    i = by.index(tag)
+    groups: dict[tuple, dict[str, dict[tuple, list[RunData]]]] = {}
+    for r in runs:
+        if r.status == FINISHED and r.seed != "?":
+            groups.setdefault(r.group, {}).setdefault(r.algo, {}).setdefault(split_values(r.tags, by), []).append(r)
+    out = []
+    for key in sorted(groups):
+        task, model, preset, config = key
+        rows, finals, compared = [], [], 0
+        for algo in sorted(groups[key]):
+            splits = groups[key][algo]
+            for vals in sorted(v for v in splits if v[i] != value):
+                base_vals = (*vals[:i], value, *vals[i + 1:])
+                head = {"task": task, "model": model, "preset": preset, "config": config, "algo": algo,
+                        "baseline": f"{tag}={value}", "baseline_split": _label(by, base_vals),
+                        "by": dict(zip(by, vals)), "note": None}
+                if base_vals not in splits:
+                    rows.append({**head, "metric": "", "label": "", "unit": "", "scale": 1.0, "n": 0, "common": 0,
+                                 "seeds": "", "mean_diff": None, "sd_diff": None, "ci_low": None, "ci_high": None,
+                                 "significant": False, "mde": None, "stat": None,
+                                 "note": f"no baseline split: no FINISHED {algo} run with {_label(by, base_vals)}"})
+                    continue
+                compared += 1
+                mine, base = _seed_values(splits[vals]), _seed_values(splits[base_vals])
+                common = sorted(set(mine) & set(base), key=_seed_key)
+                for name, k, label, unit, scale in PAIRED_METRICS:
+                    # d_s = metric(algo, S, s) - metric(algo, baseline split of S, s)
+                    pairs = [(s, mine[s][k] - base[s][k]) for s in common
+                             if _finite(mine[s][k]) and _finite(base[s][k])]
+                    st = paired_summary([d for _, d in pairs], alpha, power)
+                    if name == "final_pass1":
+                        finals.append(st)
+                    rows.append({**head, "metric": name, "label": label, "unit": unit, "scale": scale, "n": st.n,
+                                 "common": len(common), "seeds": ",".join(s for s, _ in pairs), "mean_diff": st.mean,
+                                 "sd_diff": st.sd, "ci_low": st.ci[0] if st.ci else None,
+                                 "ci_high": st.ci[1] if st.ci else None, "significant": st.significant,
+                                 "mde": st.mde, "stat": st})
+        g = SplitGroup(key, tag, value, by, rows)
+        if not rows:
+            g.note = f"every split has {tag}={value}, nothing to compare with it"
+        elif not compared:
+            g.note = f"no algorithm has runs both in a split and in its {tag}={value} split"
+        elif not any(r["common"] for r in rows):
+            g.note = f"no seed has FINISHED runs of one algorithm in both a split and its {tag}={value} split"
+        pooled = [st for st in finals if st.sd is not None]
+        if pooled:
+            # experiment MDE = mde(pooled sd, common n); pooled sd = sqrt(mean sd^2), common n = min n
+            g.mde_n, g.mde_pairs = min(st.n for st in pooled), len(pooled)
+            g.mde_sd = pooled_sd([st.sd for st in pooled])
+            g.mde = mde(g.mde_sd, g.mde_n, alpha, power)
+        out.append(g)
+    return out
+
+
+# -- rendering ---------------------------------------------------------------------------------------------------
+SPLIT_COLUMNS = ("task", "model", "preset", "config", "algo", "vs", "metric", "pairs (n)", "mean diff", "95 % CI",
+                 "significant", "MDE")
+SPLIT_CSV_FIELDS = ("task", "model", "preset", "config", "algo", "baseline", "baseline_split", "metric", "n",
+                    "common", "seeds", "mean_diff", "sd_diff", "ci_low", "ci_high", "significant", "mde", "note")
+
+
+def split_pairs_title(tag: str, value: str) -> str:
+    return (f"Paired differences vs {tag}={value} (same algorithm, same seed): per seed, metric(algo, split) - "
+            f"metric(algo, the split with {tag}={value} and the other --by tags equal); mean, 95 % t interval, "
+            "significant = interval excludes 0 (no multiple-comparison correction)")
+
+
+def _cells(row: dict, skip: int = 0) -> list[str]:
+    """A row's cells; ``skip`` leaves out the first four (task, model, preset, config) in the report."""
+    vals = list(row["by"].values())
+    if row["note"]:
+        cells = [row["task"], row["model"], row["preset"], row["config"], row["algo"], *vals,
+                 row["baseline_split"], row["note"], "0", "-", "-", "-", "-"]
+        return cells[skip:]
+    scale = row["scale"]
+
+    def num(x, sign="+"):
+        return "-" if x is None else f"{scale * x:{sign}.1f}"
+
+    n = str(row["n"]) if row["n"] == row["common"] else f"{row['n']} of {row['common']}"
+    has_ci = row["ci_low"] is not None
+    cells = [row["task"], row["model"], row["preset"], row["config"], row["algo"], *vals, row["baseline_split"],
+             f"{row['label']} ({row['unit']})", n, num(row["mean_diff"]),
+             f"[{num(row['ci_low'])}, {num(row['ci_high'])}]" if has_ci else "-",
+             ("yes" if row["significant"] else "no") if has_ci else "-", num(row["mde"], "")]
+    return cells[skip:]
+
+
+def split_mde_line(g: SplitGroup, with_title: bool = True) -> str:
+    """The group's one line: its MDE for final pass@1 over the split comparisons, or why there is none."""
+    head = f"{group_title(g.key)}: " if with_title else ""
+    if g.note:
+        return f"{head}no paired differences vs {g.baseline}: {g.note}."
+    if g.mde is None:
+        return f"{head}MDE (final pass@1): not available, no split has 2 or more seeds paired with {g.baseline}."
+    return (f"{head}MDE (final pass@1, {g.mde_n} seeds, 95 % / 80 % power): {100 * g.mde:.1f} points "
+            f"(pooled sd of the paired differences {100 * g.mde_sd:.1f} points over {g.mde_pairs} algorithm x "
+            f"split comparison{'s' if g.mde_pairs != 1 else ''})")
+
+
+def _md_table(rows: list[dict], by: tuple[str, ...], skip: int = 0) -> list[str]:
+    cols = with_by(SPLIT_COLUMNS, by, after="algo")[skip:]
+    return (["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+            + ["| " + " | ".join(c.replace("|", "\\|") for c in _cells(r, skip)) + " |" for r in rows])
+
+
+def render_split_pairs(groups: list[SplitGroup], fmt: str = "md", with_title: bool = True) -> str:
+    """``groups`` in ``md`` (title, one table over the groups with rows, one MDE line per group), ``table``
+    (Rich) or ``csv`` (raw: pass@1 units and steps, every row, note rows with an empty metric)."""
+    by = groups[0].by if groups else ()
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, with_by(SPLIT_CSV_FIELDS, by, after="algo"), extrasaction="ignore",
+                           lineterminator="\n")
+        w.writeheader()
+        for r in (flat(r) for g in groups for r in g.rows):
+            cells = {k: "" if v is None else v for k, v in r.items()}
+            # significant: true / false, empty without an interval (fewer than 2 pairs, or a note row)
+            cells["significant"] = "" if r["ci_low"] is None else str(r["significant"]).lower()
+            w.writerow(cells)
+        return buf.getvalue()
+    if fmt == "table":
+        return _plain(*split_pairs_rich(groups))
+    if fmt != "md":
+        raise ConfigError(f"format {fmt!r} is not one of: table, md, csv")
+    lines = [f"**{split_pairs_title(groups[0].tag, groups[0].value)}.**", ""] if with_title and groups else []
+    shown = [r for g in groups for r in g.rows]
+    if shown:
+        lines += _md_table(shown, by) + [""]
+    lines += [f"- {split_mde_line(g)}" for g in groups] or ["No finished run: no paired differences."]
+    return "\n".join(lines) + "\n"
+
+
+def split_pairs_rich(groups: list[SplitGroup]) -> list:
+    """Rich renderables: the table (a section per group with rows), then one MDE line per group."""
+    from rich.table import Table
+    from rich.text import Text
+
+    out = []
+    shown = [g for g in groups if g.rows]
+    if shown:
+        by = shown[0].by
+        t = Table(title=split_pairs_title(shown[0].tag, shown[0].value))
+        cols = with_by(SPLIT_COLUMNS, by, after="algo")
+        for col in cols:
+            t.add_column(col, justify="left" if col in cols[:7 + len(by)] else "right")
+        for n, g in enumerate(shown):
+            if n:
+                t.add_section()
+            for r in g.rows:
+                t.add_row(*_cells(r), style="bold" if r["significant"] else ("dim" if r["note"] else None))
+        out.append(t)
+    out += [Text(split_mde_line(g)) for g in groups] or [Text("No finished run: no paired differences.")]
+    return out
+
+
+def render_with_split_pairs(rows: list[dict], fmt: str, groups: list[SplitGroup], title: str | None = None) -> str:
+    """The leaderboard ``rows``, then in ``table`` and ``md`` the split differences; ``csv``: the leaderboard
+    alone (``--paired`` prints the split CSV instead)."""
+    if fmt == "md":
+        return render(rows, "md") + "\n" + render_split_pairs(groups, "md")
+    if fmt == "table":
+        return _plain(rich_table(rows, title), *split_pairs_rich(groups))
+    return render(rows, fmt, title)
+
+
+def split_pairs_section(g: SplitGroup | None) -> list[str]:
+    """The report's markdown for one group (inside "Splits compared"): the table without the group columns and
+    the MDE line."""
+    if g is None:
+        return []
+    md = [f"### Paired differences vs {g.baseline} (same algorithm, same seed)", "",
+          f"Per algorithm and split with {g.tag} other than `{g.value}`: d_s = metric(algo, split, s) - "
+          f"metric(algo, baseline split, s), the baseline split having {g.tag}={g.value} and the other --by tags "
+          "equal, over the seeds where both finished (same warm start and prompt order); steps to +10 pts only "
+          "over the seeds where both reached it. Mean, 95 % t interval; significant = the interval excludes 0, "
+          "with no correction for the number of comparisons. pass@1 differences in points.", ""]
+    if g.rows:
+        md += _md_table(g.rows, g.by, skip=4) + [""]
+    return md + [split_mde_line(g, with_title=False) + ("" if g.note else "."), ""]

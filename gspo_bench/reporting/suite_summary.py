@@ -1,0 +1,232 @@
+"""``suite``'s outputs: each scenario's ``leaderboard.md``, and the cross-scenario ranking of ``summary.md``
+and ``suite.json``.
+
+Ranking (``rank_scenario``, pure): within one scenario each algorithm's
+score is its mean final eval pass@1 (``eval/pass1`` at the last eval step)
+over its FINISHED seeds, a seed run twice counting once with the mean of its
+runs. Rank 1 = the highest mean; ties share the average of their places
+(two algorithms tied for first both get 1.5). An algorithm with no FINISHED
+seed gets no rank in that scenario.
+
+Significantly best / worst: the top algorithm is *significantly best* when
+its per-seed paired difference in final pass@1 to the runner-up (rank 2),
+over the seeds where both FINISHED, has a 95 % t interval (n - 1 df,
+``paired.paired_summary``, the same statistic as ``paired_table``) entirely
+above 0; the bottom one is *significantly worst* when its paired difference
+to the second-worst has an interval entirely below 0. Fewer than 2 pairs: no
+interval, never significant. Beating the runner-up is enough to beat every
+lower-ranked algorithm on the means, but it is one test, not one per rival.
+
+Across scenarios (``rank_suite``, pure): per algorithm its rank in each
+scenario, the mean of its ranks over the scenarios where it has one, the
+number of scenarios where it was significantly best and worst, and its
+collapse events (all its cell runs, every status). Rows are ordered by mean
+rank (unranked last).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from gspo_bench.reporting.leaderboard import FINISHED, NOTES, RunData, _seed_key, run_summary
+from gspo_bench.reporting.paired import paired_summary
+from gspo_bench.reporting.paired_table import check_baseline, paired_groups, render_with_paired
+
+ALPHA = 0.05
+
+
+# -- pure ranking ------------------------------------------------------------------------------------------------
+def _mean(xs) -> float | None:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    return statistics.fmean(xs) if xs else None
+
+
+def _versus(finals: dict[str, dict[str, float]], a: str, b: str, alpha: float) -> dict:
+    """Paired ``a - b`` over their common seeds: n, mean, 95 % interval, significant (interval excludes 0)."""
+    common = sorted(set(finals[a]) & set(finals[b]), key=_seed_key)
+    st = paired_summary([finals[a][s] - finals[b][s] for s in common], alpha)
+    return {"algo": a, "vs": b, "n": st.n, "seeds": common, "mean_diff": st.mean,
+            "ci": list(st.ci) if st.ci else None, "significant": st.significant}
+
+
+def rank_scenario(finals: dict[str, dict[str, float]], alpha: float = ALPHA) -> dict:
+    """Ranks and the best / worst tests of one scenario (see the module docstring).
+
+    ``finals[algo][seed]`` = final pass@1 of that algorithm's FINISHED run(s) on that seed; an algorithm
+    mapped to ``{}`` is listed, unranked. Returns ``means``, ``n`` (seeds per algorithm), ``ranks`` (None:
+    unranked), ``order`` (ranked algorithms best first), ``best`` and ``worst`` (``_versus`` dicts with the
+    result as ``significant``; None with fewer than two ranked algorithms).
+    """
+    finals = {a: {str(s): float(v) for s, v in d.items() if v is not None and math.isfinite(v)}
+              for a, d in finals.items()}
+    means = {a: _mean(d.values()) for a, d in finals.items()}
+    order = sorted((a for a in finals if means[a] is not None), key=lambda a: (-means[a], a))
+    ranks: dict[str, float | None] = {a: None for a in finals}
+    i = 0
+    while i < len(order):  # ties share the average of their places
+        j = i
+        while j + 1 < len(order) and means[order[j + 1]] == means[order[i]]:
+            j += 1
+        for a in order[i:j + 1]:
+            ranks[a] = (i + j) / 2 + 1
+        i = j + 1
+    best = worst = None
+    if len(order) >= 2:
+        best = _versus(finals, order[0], order[1], alpha)
+        best["significant"] = bool(best["significant"] and best["ci"][0] > 0)
+        worst = _versus(finals, order[-1], order[-2], alpha)
+        worst["significant"] = bool(worst["significant"] and worst["ci"][1] < 0)
+    return {"means": means, "n": {a: len(d) for a, d in finals.items()}, "ranks": ranks, "order": order,
+            "best": best, "worst": worst}
+
+
+def rank_suite(per_scenario: dict[str, dict[str, dict[str, float]]], collapses: dict[str, int] | None = None,
+               alpha: float = ALPHA) -> dict:
+    """``per_scenario[scenario][algo][seed]`` = final pass@1 -> ``{"scenarios": {name: rank_scenario(...)},
+    "algorithms": [row, ...]}``, one row per algorithm (any algorithm in any scenario) with ``ranks``
+    ({scenario: rank or None}), ``means``, ``mean_rank`` (over its ranked scenarios; None if none),
+    ``ranked_in``, ``significantly_best``, ``significantly_worst`` and ``collapse_events``."""
+    collapses = collapses or {}
+    scen = {name: rank_scenario(f, alpha) for name, f in per_scenario.items()}
+    algos = list(dict.fromkeys([a for f in per_scenario.values() for a in f] + list(collapses)))
+    rows = []
+    for a in algos:
+        ranks = {name: s["ranks"].get(a) for name, s in scen.items()}
+        got = [r for r in ranks.values() if r is not None]
+        rows.append({
+            "algo": a, "ranks": ranks, "means": {name: s["means"].get(a) for name, s in scen.items()},
+            "mean_rank": statistics.fmean(got) if got else None, "ranked_in": len(got),
+            "significantly_best": sum(bool(s["best"] and s["best"]["significant"] and s["best"]["algo"] == a)
+                                      for s in scen.values()),
+            "significantly_worst": sum(bool(s["worst"] and s["worst"]["significant"] and s["worst"]["algo"] == a)
+                                       for s in scen.values()),
+            "collapse_events": int(collapses.get(a, 0)),
+        })
+    rows.sort(key=lambda r: (r["mean_rank"] is None, r["mean_rank"] or 0.0, r["algo"]))
+    return {"scenarios": scen, "algorithms": rows}
+
+
+# -- from MLflow runs --------------------------------------------------------------------------------------------
+def finals_of(runs: list[RunData], algos: list[str]) -> dict[str, dict[str, float]]:
+    """{algo: {seed: final pass@1}} from FINISHED runs (a seed run twice: the mean); every ``algos`` listed."""
+    got: dict[str, dict[str, list[float]]] = {a: {} for a in algos}
+    for r in runs:
+        if r.status == FINISHED and r.algo in got:
+            final = run_summary(r)["final"]
+            if final is not None:
+                got[r.algo].setdefault(r.seed, []).append(final)
+    return {a: {s: statistics.fmean(v) for s, v in d.items()} for a, d in got.items()}
+
+
+def collapses_of(runs: list[RunData]) -> dict[str, int]:
+    """Collapse events per algorithm over all ``runs`` (FINISHED: as the leaderboard counts; others: their tag)."""
+    out: dict[str, int] = {}
+    for r in runs:
+        if r.status == FINISHED:
+            n = run_summary(r)["collapses"]
+        else:
+            t = r.tags.get("collapse.count", "")
+            n = int(t) if t.isdigit() else 0
+        out[r.algo] = out.get(r.algo, 0) + n
+    return out
+
+
+def leaderboard_md(runs: list[RunData], scenario: str, experiment: str, baseline: str) -> str:
+    """The scenario's leaderboard page: the leaderboard and the paired table vs ``baseline`` (as
+    ``leaderboard --format md`` prints them), then the definitions."""
+    from gspo_bench.reporting.leaderboard import summarise
+
+    rows = summarise(runs)
+    head = [f"# Leaderboard: scenario `{scenario}`", "", f"MLflow experiment `{experiment}`, the suite's cells only "
+            f"(preset `{scenario}`, the suite's algorithms and seeds).", ""]
+    if not rows:
+        return "\n".join(head + ["No run.", ""])
+    note = check_baseline(runs, baseline, strict=False)
+    body = render_with_paired(rows, "md", paired_groups(runs, baseline), baseline, note)
+    return "\n".join(head) + "\n" + body + "\n" + NOTES + "\n"
+
+
+# -- the summary page --------------------------------------------------------------------------------------------
+def _rank_cell(row: dict, name: str, n_seeds: int, ranking: dict) -> str:
+    r, m, n = row["ranks"].get(name), row["means"].get(name), ranking["n"].get(row["algo"], 0)
+    if r is None:
+        return "-"
+    cell = f"{r:g} ({m:.3f})"
+    return cell + (f", {n}/{n_seeds} seeds" if n != n_seeds else "")
+
+
+def _test_cell(t: dict | None, sign: str) -> str:
+    if t is None:
+        return "-"
+    diff = "-" if t["mean_diff"] is None else f"{100 * t['mean_diff']:+.1f}"
+    ci = f"[{100 * t['ci'][0]:+.1f}, {100 * t['ci'][1]:+.1f}]" if t["ci"] else "no interval"
+    return f"`{t['algo']}` vs `{t['vs']}`: {diff} pts {ci}, n={t['n']}" + (f" **{sign}**" if t["significant"] else "")
+
+
+def limits_text(n_seeds: int, n_scenarios: int) -> list[str]:
+    """What the ranks can and cannot support, for ``n_seeds`` seeds and ``n_scenarios`` scenarios."""
+    if n_seeds < 2:
+        power = f"With {n_seeds} seed there is no paired interval at all: nothing below is significant."
+    else:
+        from gspo_bench.reporting.paired import t_quantile
+
+        t = t_quantile(1 - ALPHA / 2, n_seeds - 1)
+        power = (f"With n = {n_seeds} seeds a paired 95 % interval is mean ± {t:.2f} × sd / √{n_seeds} "
+                 f"(t with {n_seeds - 1} df), so only differences several times the seed-to-seed spread are marked; "
+                 "each scenario's `leaderboard.md` states its MDE, the smallest difference its seeds detect with "
+                 "80 % power.")
+    return [
+        "## What these ranks can and cannot support", "",
+        f"- A rank orders means over at most {n_seeds} seed(s); it ignores how far apart the means are. Neighbouring "
+        "ranks are usually within seed noise: only the significance columns test a difference.", f"- {power}",
+        "- *Significantly best* is one paired t test between the top two, chosen by the same numbers it tests "
+        "(picking the winner first biases the difference upwards), with no correction over the "
+        f"{2 * n_scenarios} best/worst tests of this page. Read the marks as a screen, not as findings.",
+        f"- The mean rank describes these {n_scenarios} scenario(s) only: they are chosen stress settings, not a "
+        "sample of tasks, and share the tiny models and tasks, so it says nothing about other tasks, models or "
+        "scales, and one rank position in one scenario weighs as much as in any other.",
+        "- Collapse events count detector firings (thresholds in `CollapseConfig`), over every cell run including "
+        "failed ones; they are not weighed into the ranks.", ""]
+
+
+def summary_markdown(result: dict, meta: dict) -> str:
+    """``summary.md`` from ``rank_suite``'s ``result`` and ``meta`` (command, commit, machine, times, plan)."""
+    names = list(result["scenarios"])
+    n_seeds = len(meta["seeds"])
+    md = [f"# gspo_bench suite `{meta['prefix']}`", "",
+          f"- command: `{meta['command']}`", f"- commit: `{meta['commit']}`", f"- machine: {meta['machine']}",
+          f"- tracking URI: `{meta['tracking_uri']}`; experiments `{meta['prefix']}-<scenario>`",
+          f"- scenarios: {', '.join(f'`{s}`' for s in names)}; algorithms: "
+          f"{', '.join(f'`{a}`' for a in meta['algos'])}; seeds: {', '.join(map(str, meta['seeds']))}",
+          f"- cells: {meta['cells']} ({meta['finished']} FINISHED; {meta['ran']} run by this invocation, "
+          f"{meta['skipped']} already done)",
+          f"- wall time of this invocation: {meta['wall_s']:.0f} s; training time of all FINISHED cells "
+          f"(sum of `time/wall_s`): {meta['cell_s']:.0f} s", "",
+          "## Ranking across scenarios", "",
+          "Cell: rank in that scenario by mean final eval pass@1 over seeds (1 = best, ties share the average "
+          "place), the mean in brackets. Significantly best / worst: scenarios where its paired final-pass@1 "
+          "difference to the runner-up / second-worst has a 95 % t interval excluding 0 (see below).", ""]
+    cols = ["algo", *names, "mean rank", "significantly best", "significantly worst", "collapse events"]
+    md += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in result["algorithms"]:
+        mr = "-" if row["mean_rank"] is None else f"{row['mean_rank']:.2f}"
+        if row["mean_rank"] is not None and row["ranked_in"] != len(names):
+            mr += f" (over {row['ranked_in']})"
+        cells = [f"`{row['algo']}`", *(_rank_cell(row, s, n_seeds, result["scenarios"][s]) for s in names), mr,
+                 str(row["significantly_best"]), str(row["significantly_worst"]), str(row["collapse_events"])]
+        md.append("| " + " | ".join(cells) + " |")
+    md += ["", "## Per scenario", "",
+           "Paired differences in final pass@1 points (100 × pass@1), mean and 95 % t interval over the seeds "
+           "where both FINISHED.", "",
+           "| scenario | task / model | cells FINISHED | best vs runner-up | worst vs second-worst | outputs |",
+           "|---|---|---|---|---|---|"]
+    for s in names:
+        info = meta["scenario_info"][s]
+        sc = result["scenarios"][s]
+        md.append(f"| `{s}` | {info['task']} / {info['model']} | {info['finished']}/{info['cells']} | "
+                  f"{_test_cell(sc['best'], 'significantly best')} | "
+                  f"{_test_cell(sc['worst'], 'significantly worst')} | {info['outputs']} |")
+    md += ["", *limits_text(n_seeds, len(names))]
+    return "\n".join(md)
+

@@ -1,0 +1,400 @@
+"""``suite``: every scenario x algorithm x seed, resumable, then a leaderboard and report per scenario and one
+summary ranking the algorithms across scenarios.
+
+A scenario is a preset (``gspo_bench/presets/<name>.yaml``); ``SCENARIOS`` is the default list. Every
+scenario's config is ``load_config(scenario, (), overrides)`` with the ``--set`` items, the suite's
+algorithms and seeds, its tracking URI and the experiment ``<prefix>-<scenario>``. A *cell* is one
+(scenario, algorithm, seed): one ``runner.run`` with that algorithm and seed alone, so a failed cell is a
+FAILED run and the suite goes on. Warm starts are cached by the harness per (task, model, seed, warm-start
+config), so running cell by cell builds each one once.
+
+Resume: a cell is done when the experiment holds a FINISHED run tagged with its ``algo``, ``seed`` and
+``preset`` (= the scenario) that is not a report, study or tuning-trial run; done cells are skipped and
+counted, FAILED / KILLED / RUNNING (or deleted) ones run again, so re-running a command runs only what is
+missing. A done cell's logged params must match this invocation's config (every field except algos, seeds,
+tracking and train.progress): a FINISHED run made with other settings (say a ``--set train.steps=2``
+smoke check under the same prefix) is a ConfigError naming the fields, before anything runs, rather than a
+silently mixed leaderboard; use another ``--experiment-prefix``.
+
+ETA, rough: per cell, the mean ``time/wall_s`` of the scenario's FINISHED cells of that algorithm (else of
+any algorithm) when the experiment has some; else the cost model ``cell_seconds``:
+
+    CELL_OVERHEAD_S + S_PER_COMPLETION x completions x max(1, max_new_tokens / 8) x ALGO_COST x MOE_COST
+
+with completions = steps x prompts_per_step x group_size (training) + evals x eval prompts x
+(1 + eval_samples) (evaluation; evals = at step 0, every eval_every steps and at the end). The constants
+were measured on this project's 2-core CPU (torch 2.13 CPU): S_PER_COMPLETION from grpo under the default
+preset (81 s for 20,480 training + 25,600 eval completions of arith, max 8 new tokens;
+``results/arith-default``), ALGO_COST from the other algorithms' wall times in the same runs, the length
+factor and MOE_COST from ``results/bench.md`` (RL step at 64 new tokens: 1.43 s measured for 128
+completions per step, 1.69 s predicted; tiny-moe 1.1-1.5x tiny-dense), CELL_OVERHEAD_S from the test's
+2-step cells (7-18 s each on a busy 2-core machine). A warm start still to build adds WARMSTART_S (the
+default preset's ~100 s). Expect the model to be off by 2x on other machines, tasks or settings; the ETA
+printed after each cell rescales it by the cells measured so far.
+
+Outputs (after the cells; nothing with ``dry_run``): ``<out>/<scenario>/leaderboard.md`` (the suite's cells:
+the leaderboard and the paired table vs grpo, as ``leaderboard --format md``), ``<out>/<scenario>/report.md``
+with figures (``write_report`` over the whole experiment; logged to MLflow only when this invocation ran
+cells of the scenario), and ``<out>/summary.md`` / ``<out>/suite.json``: the cross-scenario ranking
+(``reporting/suite_summary.py``).
+``run_suite`` returns 0 when every cell has a FINISHED run, else 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+from gspo_bench.config import ConfigError, RunConfig, flatten, load_config, parse_sets, to_dict
+from gspo_bench.config.loading import deep_merge
+from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE, FINISHED, HIDDEN_KINDS
+
+SCENARIOS = ("long", "offpolicy", "stale", "moe-bf16", "hot")
+DEFAULT_PREFIX = "suite"
+DEFAULT_OUT = "results/suite"
+DEFAULT_SEEDS = 3
+# the cost model (see the module docstring); seconds on a 2-core CPU
+CELL_OVERHEAD_S = 10.0
+S_PER_COMPLETION = 1.65e-3
+ALGO_COST = {"grpo": 1.0, "gspo": 1.1, "dapo": 1.25, "gspo_token": 1.4, "cispo": 1.5, "ppo": 2.4}
+MOE_COST = 1.2
+WARMSTART_S = 100.0
+# config fields a cell may differ in from an earlier FINISHED run of it
+NOT_COMPARED = ("algos", "seeds", "tracking.", "train.progress")
+
+
+@dataclass
+class SuiteRequest:
+    scenarios: tuple[str, ...] = SCENARIOS
+    algos: list[str] | None = None  # None: every registered algorithm
+    seeds: list[int] = field(default_factory=lambda: list(range(DEFAULT_SEEDS)))
+    prefix: str = DEFAULT_PREFIX
+    tracking_uri: str | None = None
+    out: str = DEFAULT_OUT
+    sets: tuple[str, ...] = ()
+    progress: bool = True
+    dry_run: bool = False
+    command: str = "python -m gspo_bench suite"
+
+
+@dataclass
+class ScenarioPlan:
+    name: str
+    cfg: RunConfig
+    uri: str
+    done: dict[tuple[str, int], str]  # (algo, seed) -> a FINISHED run id
+    todo: list[tuple[str, int]]  # (algo, seed), seed-major like ``run``
+    per_cell: dict[str, tuple[float, str]]  # algo -> (estimated seconds, where the estimate comes from)
+    warmstart_s: dict[int, float]  # seed -> seconds of a warm start still to build (0: cached or disabled)
+
+    @property
+    def experiment(self) -> str:
+        return self.cfg.tracking.experiment
+
+    def estimates(self) -> list[float]:
+        """Seconds per ``todo`` cell; the first cell of a seed carries its warm start."""
+        seen, out = set(), []
+        for algo, seed in self.todo:
+            out.append(self.per_cell[algo][0] + (0.0 if seed in seen else self.warmstart_s.get(seed, 0.0)))
+            seen.add(seed)
+        return out
+
+
+@dataclass
+class Plan:
+    scenarios: list[ScenarioPlan]
+    algos: list[str]
+    seeds: list[int]
+
+    cells = property(lambda self: len(self.scenarios) * len(self.algos) * len(self.seeds))
+    done = property(lambda self: sum(len(s.done) for s in self.scenarios))  # cells FINISHED before this run
+    eta_s = property(lambda self: sum(sum(s.estimates()) for s in self.scenarios))
+
+
+def fmt_s(s: float) -> str:
+    s = max(0.0, s)
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    return f"{int(s // 3600)} h {round(s % 3600 / 60):02d} min"
+
+
+# -- config, MLflow look-up, estimates --------------------------------------------------------------------------
+def scenario_config(name: str, req: SuiteRequest, algos: list[str]) -> RunConfig:
+    over = {"algos": algos, "seeds": list(req.seeds), "tracking": {"experiment": f"{req.prefix}-{name}"},
+            "train": {"progress": False}}  # the suite's bar is over cells; Lightning's would fight it
+    if req.tracking_uri:
+        over["tracking"]["tracking_uri"] = req.tracking_uri
+    return load_config(name, (), deep_merge(parse_sets(list(req.sets)), over))
+
+
+def cell_runs(uri: str, experiment: str) -> list:
+    """The experiment's MLflow runs that can be cells (no report, study or trial run); none, without creating
+    anything, when the sqlite file or the experiment does not exist."""
+    import mlflow
+
+    from gspo_bench.reporting.leaderboard import _quiet_mlflow
+
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).expanduser().is_file():
+        return []
+    _quiet_mlflow()
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    page = client.search_runs([exp.experiment_id], max_results=1000)
+    runs = list(page)
+    while page.token:
+        page = client.search_runs([exp.experiment_id], max_results=1000, page_token=page.token)
+        runs += page
+    return [r for r in runs if r.data.tags.get("kind") not in HIDDEN_KINDS and r.data.tags.get("tuning") != "trial"]
+
+
+def _param_text(v) -> str:  # as runner.make_logger + Lightning's MLFlowLogger store a param
+    return str("null" if v is None else v)[:250]
+
+
+def config_differences(cfg: RunConfig, params: dict[str, str]) -> list[str]:
+    """``field: run value != this value`` for every compared config field the run logged differently."""
+    mine = {k: _param_text(v) for k, v in flatten(to_dict(cfg)).items() if not k.startswith(NOT_COMPARED)}
+    return [f"{k}: {params[k]} != {v}" for k, v in sorted(mine.items()) if k in params and params[k] != v]
+
+
+def cell_seconds(cfg: RunConfig, algo: str) -> float:
+    """The cost model's seconds for one cell (module docstring); rough."""
+    from gspo_bench.tasks import resolve_task_spec
+
+    spec = resolve_task_spec(cfg.task)
+    r, t = cfg.rollout, cfg.train
+    tokens = spec.max_new_tokens if r.max_new_tokens == "auto" else r.max_new_tokens
+    n_eval = spec.params.get("n_eval")
+    prompts = min(t.eval_prompts, n_eval) if isinstance(n_eval, int) else t.eval_prompts
+    evals = 1 + t.steps // t.eval_every + (1 if t.steps % t.eval_every else 0)
+    completions = t.steps * r.prompts_per_step * r.group_size + evals * prompts * (1 + t.eval_samples)
+    moe = MOE_COST if "moe" in cfg.model.name.lower() else 1.0
+    return CELL_OVERHEAD_S + (S_PER_COMPLETION * completions * max(1.0, tokens / 8)
+                              * ALGO_COST.get(algo, 1.0) * moe)
+
+
+def warmstart_key(cfg: RunConfig, seed: int) -> str | None:
+    """The warm-start cache key of a scenario's seed; None when that checkpoint is cached already."""
+    from gspo_bench.paths import cache_dir
+    from gspo_bench.tasks import resolve_task_spec
+    from gspo_bench.warmstart import cache_key
+
+    spec = resolve_task_spec(cfg.task)  # cache_key reads the task's name and spec only
+    key = cache_key(SimpleNamespace(name=spec.name, spec=spec), cfg.model, cfg.warmstart, seed)
+    return None if (cache_dir() / "warmstart" / key / "warmstart.json").is_file() else key
+
+
+def plan_scenario(name: str, req: SuiteRequest, algos: list[str]) -> ScenarioPlan:
+    from gspo_bench.runner import validate
+
+    cfg = scenario_config(name, req, algos)
+    uri = validate(cfg)
+    done: dict[tuple[str, int], str] = {}
+    walls: dict[str, list[float]] = {}
+    cells = {(a, str(s)): (a, s) for a in algos for s in req.seeds}
+    for r in cell_runs(uri, cfg.tracking.experiment):
+        tags = r.data.tags
+        cell = cells.get((tags.get("algo"), tags.get("seed")))
+        if r.info.status != FINISHED or tags.get("preset") != name or cell is None:
+            continue
+        diff = config_differences(cfg, dict(r.data.params))
+        if diff:
+            raise ConfigError(f"experiment {cfg.tracking.experiment!r} holds a FINISHED run of cell {name}/"
+                              f"{cell[0]}/seed {cell[1]} (run {r.info.run_id}) with other settings ("
+                              f"{'; '.join(diff[:3])}{'; ...' if len(diff) > 3 else ''}); use another "
+                              "--experiment-prefix, or the same settings to resume")
+        done.setdefault(cell, r.info.run_id)
+        if "time/wall_s" in r.data.metrics:
+            walls.setdefault(cell[0], []).append(r.data.metrics["time/wall_s"])
+    every = [w for ws in walls.values() for w in ws]
+    per_cell = {}
+    for a in algos:
+        if walls.get(a):
+            per_cell[a] = (sum(walls[a]) / len(walls[a]), f"measured, {len(walls[a])} finished {a} run(s)")
+        elif every:
+            per_cell[a] = (sum(every) / len(every), f"measured, {len(every)} finished run(s) of other algorithms")
+        else:
+            per_cell[a] = (cell_seconds(cfg, a), "cost model")
+    todo = [(a, s) for s in req.seeds for a in algos if (a, s) not in done]
+    return ScenarioPlan(name, cfg, uri, done, todo, per_cell, {})
+
+
+def make_plan(req: SuiteRequest) -> Plan:
+    """Every scenario's config (checked like ``run`` checks it) and its done / to-do cells; ConfigError first."""
+    from gspo_bench import algorithms
+
+    if not req.scenarios:
+        raise ConfigError("--scenarios names no scenario")
+    if not req.seeds or any(s < 0 for s in req.seeds):
+        raise ConfigError(f"seeds {req.seeds} must be one or more non-negative integers")
+    from gspo_bench.config import presets
+
+    unknown = [n for n in dict.fromkeys(req.scenarios) if n not in presets()]
+    if unknown:
+        raise ConfigError(f"--scenarios: {', '.join(map(repr, unknown))} not a preset (presets: "
+                          f"{', '.join(presets())})")
+    algos = list(dict.fromkeys(req.algos or algorithms.names()))
+    plan = Plan([plan_scenario(n, req, algos) for n in dict.fromkeys(req.scenarios)], algos,
+                list(dict.fromkeys(req.seeds)))
+    charged: set[str] = set()  # scenarios sharing task, model and warm-start config share the checkpoint
+    for sp in plan.scenarios:
+        for seed in dict.fromkeys(seed for _, seed in sp.todo):
+            key = warmstart_key(sp.cfg, seed) if sp.cfg.warmstart.enabled else None
+            sp.warmstart_s[seed] = WARMSTART_S if key and key not in charged else 0.0
+            charged.add(key or "")
+    return plan
+
+
+def plan_lines(plan: Plan) -> list[str]:
+    p = plan
+    lines = [f"suite: {len(p.scenarios)} scenario(s) x {len(p.algos)} algorithm(s) x {len(p.seeds)} seed(s) = "
+             f"{p.cells} cells: {p.done} already done, {p.cells - p.done} to run",
+             f"algorithms: {', '.join(p.algos)}; seeds: {', '.join(map(str, p.seeds))}"]
+    for s in p.scenarios:
+        c, t = s.cfg, s.cfg.train
+        sources = sorted({s.per_cell[a][1] for a, _ in s.todo})
+        per = sum(s.per_cell[a][0] for a, _ in s.todo) / len(s.todo) if s.todo else 0.0
+        builds = sum(v > 0 for v in s.warmstart_s.values())
+        lines.append(f"  {s.name} (experiment {s.experiment}): {c.task} / {c.model.name}, {t.steps} steps x "
+                     f"{c.rollout.prompts_per_step} prompts x {c.rollout.group_size}; {len(s.done)} done, "
+                     f"{len(s.todo)} to run" + (f", ~{fmt_s(per)} per cell ({'; '.join(sources)})"
+                                                + (f" + {builds} warm start(s) to build (~{fmt_s(WARMSTART_S)} each)"
+                                                   if builds else "") + f" -> ~{fmt_s(sum(s.estimates()))}"
+                                                if s.todo else ""))
+    lines.append(f"ETA: ~{fmt_s(p.eta_s)} (rough: measured cells where the experiments have some, else the cost "
+                 "model of gspo_bench/suite.py)")
+    return lines
+
+
+# -- running -----------------------------------------------------------------------------------------------------
+def run_cells(plan: Plan, log, progress: bool, console=None) -> dict[str, int]:
+    """Run every to-do cell, one ``runner.run`` each, under one bar; returns {scenario: cells run}. Never
+    raises for a failed cell."""
+    from gspo_bench import runner
+
+    todo = [(s, a, seed, est) for s in plan.scenarios for (a, seed), est in zip(s.todo, s.estimates())]
+    for s in plan.scenarios:
+        for (a, seed), run_id in sorted(s.done.items(), key=lambda x: (x[0][1], x[0][0])):
+            log(f"skip {s.name} / {a} / seed {seed}: already FINISHED (run {run_id})")
+    ran = {s.name: 0 for s in plan.scenarios}
+    if not todo:
+        return ran
+    bar = contextlib.nullcontext()
+    if progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       TextColumn("ETA {task.fields[eta]}"), console=console, transient=False)
+    spent = planned = 0.0
+    with bar:
+        task = bar.add_task("suite cells", total=len(todo), eta=f"~{fmt_s(plan.eta_s)}") if progress else None
+        for k, (s, algo, seed, est) in enumerate(todo, 1):
+            if progress:
+                bar.update(task, description=f"{s.name} / {algo} / seed {seed}")
+            cfg = dataclasses.replace(s.cfg, algos=[algo], seeds=[seed])
+            t0 = time.perf_counter()
+            try:
+                res = runner.run(cfg, log=log)[0]
+                status, final = res.status, res.eval_end
+            except Exception as e:  # e.g. a warm start that raised: this cell fails, the suite goes on
+                status, final = "FAILED", None
+                log(f"[error] {s.name} / {algo} / seed {seed}: {type(e).__name__}: {e}")
+            took = time.perf_counter() - t0
+            ran[s.name] += 1
+            spent, planned = spent + took, planned + est
+            left = sum(e for *_, e in todo[k:]) * (spent / planned if planned > 0 else 1.0)
+            log(f"[{k}/{len(todo)}] {s.name} / {algo} / seed {seed}: {status} in {fmt_s(took)}"
+                + (f", final pass@1 {final:.3f}" if final is not None else "")
+                + (f"; ETA ~{fmt_s(left)}" if k < len(todo) else ""))
+            if progress:
+                bar.update(task, advance=1, eta=f"~{fmt_s(left)}")
+    return ran
+
+
+# -- outputs -----------------------------------------------------------------------------------------------------
+def scenario_runs(s: ScenarioPlan, algos: list[str], seeds: list[int]) -> list:
+    """The scenario's cell runs as ``leaderboard.RunData`` (FINISHED ones with their histories)."""
+    from gspo_bench.reporting.leaderboard import load_runs
+
+    if not cell_runs(s.uri, s.experiment):
+        return []
+    keep = {str(x) for x in seeds}
+    return [r for r in load_runs(s.uri, s.experiment)
+            if r.tags.get("preset") == s.name and r.algo in algos and r.seed in keep]
+
+
+def write_outputs(plan: Plan, req: SuiteRequest, ran: dict[str, int], wall_s: float, log) -> tuple[dict, int]:
+    """Per scenario ``leaderboard.md`` and the report, then ``summary.md`` and ``suite.json``; returns the
+    summary dict and the exit code (0: every cell FINISHED)."""
+    from gspo_bench.reporting.report import write_report
+    from gspo_bench.reporting.suite_summary import (collapses_of, finals_of, leaderboard_md, rank_suite,
+                                                    summary_markdown)
+    from gspo_bench.runner import git_commit, machine
+
+    out = Path(req.out)
+    per_scenario, collapses, info = {}, {}, {}
+    finished_cells, cell_s = 0, 0.0
+    for s in plan.scenarios:
+        runs = scenario_runs(s, plan.algos, plan.seeds)
+        folder = out / s.name
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "leaderboard.md").write_text(leaderboard_md(runs, s.name, s.experiment, DEFAULT_BASELINE))
+        outputs = f"`{s.name}/leaderboard.md`"
+        if not runs:
+            outputs += ", no report (no run)"
+        else:
+            try:
+                write_report(s.uri, s.experiment, folder, command=req.command,
+                             log_to_mlflow=ran.get(s.name, 0) > 0)
+                outputs += f", `{s.name}/report.md`"
+            except Exception as e:  # the cells are tracked already; a report problem must not hide the summary
+                log(f"[warning] report for {s.name} not written: {type(e).__name__}: {e}")
+                outputs += f", no report ({type(e).__name__})"
+        per_scenario[s.name] = finals_of(runs, plan.algos)
+        for a, n in collapses_of(runs).items():
+            collapses[a] = collapses.get(a, 0) + n
+        done = {(r.algo, r.seed) for r in runs if r.status == FINISHED}
+        finished_cells += len(done)
+        cell_s += sum(r.metrics.get("time/wall_s", 0.0) for r in runs if r.status == FINISHED)
+        info[s.name] = {"experiment": s.experiment, "task": s.cfg.task, "model": s.cfg.model.name,
+                        "cells": len(plan.algos) * len(plan.seeds), "finished": len(done), "ran": ran.get(s.name, 0),
+                        "outputs": outputs}
+    result = rank_suite(per_scenario, {a: collapses.get(a, 0) for a in plan.algos})
+    meta = {"prefix": req.prefix, "command": req.command, "commit": git_commit(), "machine": machine(),
+            "tracking_uri": plan.scenarios[0].uri, "algos": plan.algos, "seeds": plan.seeds, "cells": plan.cells,
+            "finished": finished_cells, "ran": sum(ran.values()), "skipped": plan.done, "wall_s": wall_s,
+            "cell_s": cell_s, "scenario_info": info}
+    code = 0 if finished_cells == plan.cells else 1
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.md").write_text(summary_markdown(result, meta) + "\n")
+    doc = {**meta, "exit_code": code, "scenarios": list(result["scenarios"]), "ranking": result}
+    (out / "suite.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    return doc, code
+
+
+def run_suite(req: SuiteRequest, log=print, console=None) -> int:
+    """Plan (ConfigError on bad input, before anything runs), print it, run the missing cells, write the outputs."""
+    from gspo_bench.runner import quiet
+
+    t0 = time.perf_counter()
+    quiet()
+    plan = make_plan(req)
+    for line in plan_lines(plan):
+        log(line)
+    if req.dry_run:
+        log("dry run: nothing run, nothing written")
+        return 0
+    ran = run_cells(plan, log, req.progress, console)
+    doc, code = write_outputs(plan, req, ran, time.perf_counter() - t0, log)
+    log(f"suite: {doc['finished']}/{doc['cells']} cells FINISHED ({doc['ran']} run now, {doc['skipped']} already "
+        f"done) in {fmt_s(doc['wall_s'])}; wrote {Path(req.out) / 'summary.md'} and {Path(req.out) / 'suite.json'}")
+    return code

@@ -1,0 +1,245 @@
+"""`suite`: the cross-scenario ranking (pure), and the command end to end on the smoke preset with tiny settings:
+every cell FINISHED, outputs written, resume skips done cells and re-runs only removed or FAILED ones, dry run,
+bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import mlflow
+import pytest
+
+from gspo_bench.__main__ import main
+from gspo_bench.reporting.suite_summary import rank_scenario, rank_suite
+from gspo_bench.suite import SCENARIOS, SuiteRequest, cell_seconds, scenario_config
+
+ALGOS = ("grpo", "gspo")
+SEEDS = ("0", "1")
+EXP = "suite-smoke"
+
+
+# -- the ranking, on hand-made numbers --------------------------------------------------------------------------
+def test_rank_scenario_orders_by_mean_and_ties_share_the_average_place():
+    r = rank_scenario({"a": {"0": 0.5, "1": 0.75}, "b": {"0": 0.875, "1": 0.875}, "c": {"0": 0.625, "1": 0.625},
+                       "d": {"0": 0.25, "1": 1.0}, "e": {}})
+    assert r["means"]["a"] == 0.625 and r["means"]["e"] is None
+    # b first; a, c, d all 0.625 share places 2-4; e has no finished seed: unranked
+    assert r["ranks"] == {"b": 1.0, "a": 3.0, "c": 3.0, "d": 3.0, "e": None}
+    assert r["order"][0] == "b" and "e" not in r["order"] and r["n"] == {"a": 2, "b": 2, "c": 2, "d": 2, "e": 0}
+
+
+def test_significantly_best_and_worst_are_paired_intervals_against_the_neighbour():
+    finals = {"top": {"0": 0.80, "1": 0.82, "2": 0.81},   # +0.20, +0.19, +0.20 over mid: interval well above 0
+              "mid": {"0": 0.60, "1": 0.63, "2": 0.61},
+              "low": {"0": 0.50, "1": 0.70, "2": 0.58}}   # -0.10, +0.07, -0.03 vs mid: interval spans 0
+    r = rank_scenario(finals)
+    assert r["order"] == ["top", "mid", "low"]
+    best, worst = r["best"], r["worst"]
+    assert (best["algo"], best["vs"], best["n"]) == ("top", "mid", 3)
+    assert best["mean_diff"] == pytest.approx((0.20 + 0.19 + 0.20) / 3)
+    assert best["ci"][0] > 0 and best["significant"]
+    assert (worst["algo"], worst["vs"]) == ("low", "mid")
+    assert worst["ci"][0] < 0 < worst["ci"][1] and not worst["significant"]
+    # a consistently worse bottom algorithm is significantly worst
+    finals["low"] = {"0": 0.50, "1": 0.52, "2": 0.52}
+    assert rank_scenario(finals)["worst"]["significant"]
+
+
+def test_pairs_use_only_common_seeds_and_one_pair_is_never_significant():
+    r = rank_scenario({"a": {"0": 0.9, "1": 0.9}, "b": {"0": 0.1}})
+    assert r["best"]["n"] == 1 and r["best"]["ci"] is None and not r["best"]["significant"]
+    assert r["best"]["seeds"] == ["0"]
+    # tied at the top: difference 0, never significant, even with a zero-width interval
+    tie = rank_scenario({"a": {"0": 0.5, "1": 0.6}, "b": {"0": 0.5, "1": 0.6}})
+    assert tie["ranks"] == {"a": 1.5, "b": 1.5} and not tie["best"]["significant"]
+    assert rank_scenario({"a": {"0": 0.5}, "b": {}})["best"] is None  # one ranked algorithm: no test
+
+
+def test_rank_suite_mean_rank_significance_counts_and_collapses():
+    up = {"0": 0.8, "1": 0.81, "2": 0.8}
+    down = {"0": 0.4, "1": 0.42, "2": 0.41}
+    per = {"s1": {"x": up, "y": down, "z": {"0": 0.6, "1": 0.62, "2": 0.61}},
+           "s2": {"x": down, "y": up, "z": {}},  # z has no finished seed in s2
+           "s3": {"x": up, "y": {"0": 0.5, "1": 0.9, "2": 0.1}, "z": {"0": 0.5, "1": 0.1, "2": 0.9}}}
+    res = rank_suite(per, {"x": 1, "y": 0, "z": 3})
+    rows = {r["algo"]: r for r in res["algorithms"]}
+    assert rows["x"]["ranks"] == {"s1": 1.0, "s2": 2.0, "s3": 1.0} and rows["x"]["mean_rank"] == pytest.approx(4 / 3)
+    assert rows["z"]["ranks"]["s2"] is None and rows["z"]["ranked_in"] == 2
+    assert rows["z"]["mean_rank"] == pytest.approx((2 + 2.5) / 2)  # y and z tie at 0.5 in s3
+    # s1: x clearly above z, y clearly below z; s2: y clearly above x; s3: x first, y and z tied behind it
+    assert res["scenarios"]["s1"]["best"]["significant"] and res["scenarios"]["s1"]["worst"]["significant"]
+    assert not res["scenarios"]["s3"]["best"]["significant"]  # x - y = +0.3, -0.1, +0.7: interval spans 0
+    assert (rows["x"]["significantly_best"], rows["y"]["significantly_best"]) == (1, 1)
+    assert (rows["x"]["significantly_worst"], rows["y"]["significantly_worst"]) == (1, 1)  # s2: x; s1: y
+    assert [r["algo"] for r in res["algorithms"]] == ["x", "y", "z"]  # by mean rank
+    assert (rows["x"]["collapse_events"], rows["z"]["collapse_events"]) == (1, 3)
+
+
+def test_cost_model_grows_with_the_work_and_the_default_scenarios_are_named():
+    assert SCENARIOS == ("long", "offpolicy", "stale", "moe-bf16", "hot")
+    small = scenario_config("smoke", SuiteRequest(sets=("train.steps=2",)), ["grpo"])
+    big = scenario_config("smoke", SuiteRequest(sets=("train.steps=20",)), ["grpo"])
+    assert small.tracking.experiment == "suite-smoke" and small.train.progress is False
+    assert cell_seconds(big, "grpo") > cell_seconds(small, "grpo") > 0
+    assert cell_seconds(small, "ppo") > cell_seconds(small, "grpo")
+
+
+# -- the command, end to end -------------------------------------------------------------------------------------
+def _argv(root: Path, task: str, *extra: str, progress: bool = False) -> list[str]:
+    sets = ["warmstart.enabled=false", "rollout.prompts_per_step=4", "rollout.group_size=4", "train.steps=2",
+            "train.eval_prompts=8", "train.eval_every=1", "train.eval_samples=2", "train.minibatches=2",
+            "train.lr=0.001", f"task={task}"]
+    return ["suite", "--scenarios", "smoke", "--algos", ",".join(ALGOS), "--seeds", "2",
+            *([] if progress else ["--no-progress"]), "--tracking-uri", f"sqlite:///{root / 'mlflow.db'}",
+            "--out", str(root / "out"),
+            *[x for s in sets for x in ("--set", s)], *extra]
+
+
+def _cell_runs(uri: str) -> list:
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name(EXP)
+    return [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("kind") != "report"]
+
+
+def _all_runs(uri: str) -> list:
+    client = mlflow.MlflowClient(uri)
+    return [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory, mixed_task):
+    """One suite: smoke x (grpo, gspo) x seeds 0, 1 with tiny settings, in its own folder and MLflow store."""
+    root = tmp_path_factory.mktemp("suite")
+    s = SimpleNamespace(root=root, task=mixed_task, uri=f"sqlite:///{root / 'mlflow.db'}", out=root / "out")
+    with pytest.MonkeyPatch.context() as mp:  # module scope: set what conftest's autouse fixtures would
+        mp.setenv("GSPO_BENCH_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        mp.chdir(root)  # MLflow's ./mlruns artifacts
+        s.code = main(_argv(root, mixed_task))
+    return s
+
+
+@pytest.fixture
+def in_root(suite, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(suite.root)
+    return suite
+
+
+def test_every_cell_finished_in_mlflow(suite):
+    assert suite.code == 0
+    runs = _cell_runs(suite.uri)
+    cells = {(r.data.tags["algo"], r.data.tags["seed"]) for r in runs if r.info.status == "FINISHED"}
+    assert cells == {(a, s) for a in ALGOS for s in SEEDS}
+    assert all(r.data.tags["preset"] == "smoke" and r.data.tags["task"] == "mixed" for r in runs)
+
+
+def test_outputs_name_every_algorithm_with_consistent_ranks(suite):
+    board = (suite.out / "smoke" / "leaderboard.md").read_text()
+    for a in ALGOS:
+        assert f"| mixed | tiny-dense | smoke | default | {a} | finished | 2 (0,1) |" in board
+    assert "Paired differences vs grpo" in board and "MDE" in board
+    assert "suite-smoke" in (suite.out / "smoke" / "report.md").read_text()
+    doc = json.loads((suite.out / "suite.json").read_text())
+    assert (doc["cells"], doc["finished"], doc["exit_code"], doc["scenarios"]) == (4, 4, 0, ["smoke"])
+    assert doc["commit"] and doc["machine"] and doc["wall_s"] > 0
+    sc = doc["ranking"]["scenarios"]["smoke"]
+    means, ranks = sc["means"], sc["ranks"]
+    assert set(ranks) == set(ALGOS) and sorted(ranks.values()) in ([1.0, 2.0], [1.5, 1.5])
+    hi, lo = sorted(ALGOS, key=lambda a: -means[a])
+    assert (ranks[hi] < ranks[lo]) == (means[hi] > means[lo])
+    summary = (suite.out / "summary.md").read_text()
+    for row in doc["ranking"]["algorithms"]:
+        a = row["algo"]
+        assert f"| `{a}` | {ranks[a]:g} ({means[a]:.3f}) | {row['mean_rank']:.2f} |" in summary
+    assert "What these ranks can and cannot support" in summary and "n = 2 seeds" in summary
+    assert doc["commit"] in summary and "wall time of this invocation" in summary
+
+
+def test_dry_run_plans_with_measured_times_and_runs_nothing(in_root, capsys):
+    before = len(_all_runs(in_root.uri))
+    assert main(_argv(in_root.root, in_root.task, "--seeds", "3", "--dry-run")) == 0
+    text = capsys.readouterr().out
+    assert "6 cells: 4 already done, 2 to run" in text and "ETA: ~" in text and "measured" in text
+    assert len(_all_runs(in_root.uri)) == before
+
+
+def test_dry_run_on_an_empty_store_uses_the_cost_model_and_creates_nothing(tmp_path, monkeypatch, capsys,
+                                                                           mixed_task):
+    monkeypatch.chdir(tmp_path)
+    assert main(_argv(tmp_path, mixed_task, "--dry-run")) == 0
+    text = capsys.readouterr().out
+    assert "4 cells: 0 already done, 4 to run" in text and "cost model" in text and "ETA: ~" in text
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "out").exists()
+
+
+def test_second_invocation_runs_nothing(in_root, capsys):
+    before = sorted(r.info.run_id for r in _all_runs(in_root.uri))
+    assert main(_argv(in_root.root, in_root.task)) == 0
+    text = capsys.readouterr().out
+    assert "4 already done, 0 to run" in text and text.count("already FINISHED") == 4
+    assert sorted(r.info.run_id for r in _all_runs(in_root.uri)) == before
+
+
+def test_removed_or_failed_cells_and_only_those_run_again(in_root, capsys):
+    client = mlflow.MlflowClient(in_root.uri)
+
+    def finished() -> dict:
+        return {(r.data.tags["algo"], r.data.tags["seed"]): r.info.run_id
+                for r in _cell_runs(in_root.uri) if r.info.status == "FINISHED"}
+
+    start = finished()
+    client.delete_run(start[("gspo", "1")])
+    client.set_terminated(start[("grpo", "0")], "FAILED")
+    assert main(_argv(in_root.root, in_root.task)) == 0
+    text = capsys.readouterr().out
+    assert "2 already done, 2 to run" in text
+    ran = [line for line in text.splitlines() if line.startswith("[")]
+    assert [line.split(":")[0] for line in ran if "/2]" in line] == ["[1/2] smoke / grpo / seed 0",
+                                                                      "[2/2] smoke / gspo / seed 1"]
+    now = finished()
+    assert set(now) == {(a, s) for a in ALGOS for s in SEEDS}
+    assert now[("gspo", "0")] == start[("gspo", "0")] and now[("grpo", "1")] == start[("grpo", "1")]
+    assert now[("gspo", "1")] != start[("gspo", "1")] and now[("grpo", "0")] != start[("grpo", "0")]
+    doc = json.loads((in_root.out / "suite.json").read_text())
+    assert (doc["ran"], doc["skipped"], doc["finished"]) == (2, 2, 4)
+
+
+def test_a_finished_cell_with_other_settings_is_an_error(in_root, capsys):
+    assert main(_argv(in_root.root, in_root.task, "--set", "train.steps=3", "--dry-run")) == 2
+    text = capsys.readouterr().out.strip()
+    assert "train.steps: 2 != 3" in text and "--experiment-prefix" in text and len(text.splitlines()) == 1
+
+
+def test_failing_cells_do_not_stop_the_suite_and_exit_1(tmp_path, monkeypatch, capsys, mixed_task):
+    import gspo_bench.runner
+
+    calls = []
+
+    def boom(cfg, log=print):
+        calls.append((cfg.algos, cfg.seeds))
+        raise RuntimeError("no luck")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(gspo_bench.runner, "run", boom)
+    assert main(_argv(tmp_path, mixed_task, progress=True)) == 1  # with the bar over cells
+    assert calls == [(["grpo"], [0]), (["gspo"], [0]), (["grpo"], [1]), (["gspo"], [1])]
+    text = capsys.readouterr().out
+    assert text.count(": FAILED in") == 4
+    doc = json.loads((tmp_path / "out" / "suite.json").read_text())
+    assert (doc["finished"], doc["exit_code"]) == (0, 1)
+    assert doc["ranking"]["algorithms"][0]["mean_rank"] is None
+
+
+@pytest.mark.parametrize("extra, needle", [(["--scenarios", "smoke,nope"], "'nope'"),
+                                          (["--algos", "grpo,nope"], "nope"),
+                                          (["--seeds", "0"], "--seeds"),
+                                          (["--set", "train.nope=1"], "train.nope")])
+def test_bad_input_is_one_line_exit_2(extra, needle, tmp_path, monkeypatch, capsys, mixed_task):
+    monkeypatch.chdir(tmp_path)
+    assert main([*_argv(tmp_path, mixed_task), *extra]) == 2
+    text = capsys.readouterr().out.strip()
+    assert needle in text and "error" in text and len(text.splitlines()) == 1, text
+    assert not (tmp_path / "mlflow.db").exists()
