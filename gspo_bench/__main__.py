@@ -359,46 +359,9 @@ def cmd_collapse_check(args) -> int:
 
 
 def cmd_leaderboard(args) -> int:
-    from gspo_bench.reporting.grouping import check_by
-    from gspo_bench.reporting.leaderboard import load_runs, no_runs_message, read_uri, rich_table, summarise
-    from gspo_bench.reporting.paired_table import (check_baseline, paired_groups, paired_rich, render_paired,
-                                                   render_with_paired)
-    from gspo_bench.reporting.split_pairs import (check_split_value, parse_split_baseline, render_split_pairs,
-                                                  render_with_split_pairs, split_pair_groups, split_pairs_rich)
+    from gspo_bench.cli_info import leaderboard_command
 
-    runs = load_runs(read_uri(args.tracking_uri), args.experiment, args.task, args.model)
-    by = tuple(dict.fromkeys(args.by))  # --by: the tags splitting the groups, in order, once each
-    rows = summarise(runs, by)
-    if not rows:  # an empty leaderboard is a mistake (wrong experiment or filter), not a result
-        raise ConfigError(no_runs_message(args.experiment, args.task, args.model))
-    if by:
-        check_by(runs, by)
-    if split_base := parse_split_baseline(args.baseline, by):  # --baseline TAG=VALUE: splits vs a split
-        check_split_value(runs, *split_base)
-        sgroups = split_pair_groups(runs, *split_base, by)
-        fmt = args.format or ("table" if console.is_terminal else "md")
-        if fmt == "table":
-            board = [] if args.paired else [rich_table(rows, f"leaderboard: {args.experiment}")]
-            for part in board + split_pairs_rich(sgroups):
-                console.print(part)
-        else:
-            sys.stdout.write(render_split_pairs(sgroups, fmt) if args.paired else
-                             render_with_split_pairs(rows, fmt, sgroups))
-        return 0
-    baseline = args.baseline or DEFAULT_BASELINE
-    # an explicit --baseline (or --paired, which asks for nothing else) must have a FINISHED run
-    note = check_baseline(runs, baseline, strict=args.baseline is not None or args.paired)
-    groups = paired_groups(runs, baseline, by=by)
-    fmt = args.format or ("table" if console.is_terminal else "md")
-    if fmt == "table":
-        parts = [] if args.paired else [rich_table(rows, f"leaderboard: {args.experiment}")]
-        for part in parts + paired_rich(groups, baseline, note):
-            console.print(part)
-    elif args.paired:
-        sys.stdout.write(render_paired(groups, fmt, baseline, note))
-    else:
-        sys.stdout.write(render_with_paired(rows, fmt, groups, baseline, note))
-    return 0
+    return leaderboard_command(args, console)
 
 
 def cmd_report(args) -> int:
