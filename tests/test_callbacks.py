@@ -91,7 +91,7 @@ def test_normal_metrics_fire_nothing():
 @pytest.mark.parametrize("bad,kind", [
     ({"policy/entropy": 0.001}, "entropy_collapse"),
     ({"response/length_mean": 12.5}, "length_blowup"),  # > 3 x 4.0 (the first step's)
-    ({"ratio/max": 150.0}, "ratio_explosion"),
+    ({"ratio/max": 1500.0}, "ratio_explosion"),  # > ratio_max 1000
     ({"ratio/token_log_std": 2.5}, "ratio_explosion"),
     ({"train/loss": float("nan")}, "nonfinite"),
     ({"train/grad_norm": float("inf")}, "nonfinite"),

@@ -262,8 +262,9 @@ class CollapseConfig:
     """entropy_collapse fires when mean token entropy falls under this (nats)."""
     length_factor: float = 3.0
     """length_blowup fires when mean response length exceeds this times the first step's."""
-    ratio_max: float = 100.0
-    """ratio_explosion fires when the max token ratio exceeds this ..."""
+    ratio_max: float = 1000.0
+    """ratio_explosion fires when the max token ratio exceeds this (single tokens reach 300-500 in healthy
+    tiny-moe runs: results/collapse-detector.md) ..."""
     delta_std_max: float = 2.0
     """... or when the std of the token log-ratio exceeds this ..."""
     kl_factor: float = 10.0

@@ -19,6 +19,7 @@ from pathlib import Path
 from gspo_bench.callbacks.collapse import CollapseDetector, CollapseEvent
 from gspo_bench.config import CollapseConfig
 
+STABILISER_TAGS = ("routing_replay", "correction")
 # what the detector reads (CollapseDetector.conditions / update_eval)
 DETECTOR_METRICS = ("reward/mean", "policy/entropy", "response/length_mean", "ratio/max", "ratio/token_log_std",
                     "kl/old", "train/loss", "train/grad_norm", "train/nonfinite", "eval/pass1")
@@ -69,9 +70,12 @@ def from_mlflow(uri: str, experiment: str) -> list[History]:
                 continue
             for step, value in curve:
                 steps.setdefault(step, {})[key] = value
-        keep = {k: run.tags[k] for k in ("algo", "seed", "model", "preset") if k in run.tags}
+        keep = {k: run.tags[k] for k in ("algo", "seed", "model", "preset", *STABILISER_TAGS) if k in run.tags}
         keep.update({"lr": run.params.get("train.lr", "?"), "experiment": experiment})
-        out.append(History(f"{experiment}/{run.algo}/s{run.seed}", steps, run.history.get("eval/pass1", []), keep))
+        # a stabiliser that is on names the run too, so a grid's cells stay apart
+        on = [f"{k}={run.tags[k]}" for k in STABILISER_TAGS if run.tags.get(k, "none") != "none"]
+        name = "/".join([experiment, run.algo, f"s{run.seed}", *on])
+        out.append(History(name, steps, run.history.get("eval/pass1", []), keep))
     return sorted(out, key=lambda h: h.name)
 
 
