@@ -26,15 +26,14 @@ from __future__ import annotations
 import csv
 import io
 import math
-import time
 
 import mlflow
 import pytest
-from mlflow.entities import Metric, Param
 
 from gspo_bench.__main__ import main
 from gspo_bench.reporting.leaderboard import COLUMNS, CSV_FIELDS, collect, load_runs, render, summarise
 from gspo_bench.reporting.paired_table import PAIRED_CSV_FIELDS, paired_groups, render_paired
+from tests.mlflow_fakes import log_run
 
 EXP = "split"
 EVAL_STEPS = (0, 10, 20)
@@ -48,17 +47,9 @@ CURVES = {
 
 
 def _run(client, exp_id, algo, seed, eval_, tags):
-    run = client.create_run(exp_id, run_name=f"{algo}-s{seed}",
-                            tags={"algo": algo, "task": "arith", "model": "tiny-dense", "seed": str(seed),
-                                  "preset": "default", "collapse.count": "0", **tags})
-    rid, now = run.info.run_id, int(time.time() * 1000)
-    metrics = [Metric("eval/pass1", v, now, s) for s, v in zip(EVAL_STEPS, eval_)]
-    metrics += [Metric("eval/reward_mean", v / 2, now, s) for s, v in zip(EVAL_STEPS, eval_)]
-    metrics += [Metric("clip/frac", 0.01, now, s) for s in range(1, 5)]
-    metrics += [Metric("reward/mean", 0.5, now, s) for s in range(1, 21)] + [Metric("time/wall_s", 10.0, now, 20)]
-    params = [Param("rollout.prompts_per_step", "4"), Param("rollout.group_size", "2"), Param("train.steps", "20")]
-    client.log_batch(rid, metrics=metrics, params=params)
-    client.set_terminated(rid, "FINISHED")
+    log_run(client, exp_id, algo=algo, seed=seed, evals=list(zip(EVAL_STEPS, eval_)), tags=tags,
+            metrics=[("time/wall_s", 20, 10.0)],
+            params={"rollout.prompts_per_step": "4", "rollout.group_size": "2", "train.steps": "20"})
 
 
 @pytest.fixture(scope="module")

@@ -20,16 +20,15 @@ is KL * (s + 1) and the mean over seeds 0, 1, 2 is 2 * KL. moe/routing_mismatch:
 from __future__ import annotations
 
 import struct
-import time
 
 import mlflow
 import pytest
-from mlflow.entities import Metric
 
 from gspo_bench.__main__ import main
 from gspo_bench.reporting import figures
 from gspo_bench.reporting.leaderboard import RunData
 from gspo_bench.reporting.report import write_report
+from tests.mlflow_fakes import log_run
 
 EXP = "splits"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -41,23 +40,15 @@ RM = {("grpo", "none"): 0.15, ("gspo", "none"): 0.11, ("grpo", "r3"): 0.04, ("gs
 
 
 def _run(client, exp_id, model, algo, replay, seed, kl: bool):
-    run = client.create_run(exp_id, run_name=f"{algo}-{replay}-s{seed}",
-                            tags={"algo": algo, "task": "arith", "model": model, "seed": str(seed),
-                                  "preset": "default", "collapse.count": "0", "routing_replay": replay,
-                                  "correction": "none"})
-    rid, now, key = run.info.run_id, int(time.time() * 1000), (algo, replay)
+    key = (algo, replay)
     final = FINALS[key][seed]
-    metrics = [Metric("eval/pass1", 0.40 + (final - 0.40) * i / 4, now, s) for i, s in enumerate(EVAL_STEPS)]
-    metrics += [Metric("eval/reward_mean", 0.3, now, s) for s in EVAL_STEPS]
-    metrics += [Metric("clip/frac", 0.01, now, s) for s in range(1, 41)]
-    metrics += [Metric("reward/mean", 0.5, now, s) for s in range(1, 41)]
-    metrics += [Metric("moe/routing_mismatch", RM[key] + 0.01 * seed + (0.005 if s % 2 else -0.005), now, s)
-                for s in range(1, 41)]
+    extra = [("moe/routing_mismatch", s, RM[key] + 0.01 * seed + (0.005 if s % 2 else -0.005)) for s in range(1, 41)]
     if kl:
-        metrics += [Metric("mismatch/kl", KL[key] * (seed + 1) * (0.5 if s % 2 else 1.5), now, s)
-                    for s in range(1, 41)]
-    client.log_batch(rid, metrics=metrics)
-    client.set_terminated(rid, "FINISHED")
+        extra += [("mismatch/kl", s, KL[key] * (seed + 1) * (0.5 if s % 2 else 1.5)) for s in range(1, 41)]
+    log_run(client, exp_id, algo=algo, seed=seed, model=model, run_name=f"{algo}-{replay}-s{seed}",
+            evals=[(s, 0.40 + (final - 0.40) * i / 4) for i, s in enumerate(EVAL_STEPS)],
+            tags={"routing_replay": replay, "correction": "none"}, eval_reward=0.3, steps=40, clip_steps=40,
+            metrics=extra)
 
 
 @pytest.fixture(scope="module")

@@ -27,11 +27,9 @@ from __future__ import annotations
 import csv
 import io
 import math
-import time
 
 import mlflow
 import pytest
-from mlflow.entities import Metric
 
 from gspo_bench.__main__ import main
 from gspo_bench.reporting.leaderboard import load_runs, summarise
@@ -39,6 +37,7 @@ from gspo_bench.reporting.paired_table import paired_groups, render_paired, rend
 from gspo_bench.reporting.split_pairs import (check_split_value, parse_split_baseline, render_split_pairs,
                                               split_pair_groups)
 from gspo_bench.config import ConfigError
+from tests.mlflow_fakes import log_run
 
 T_975_2 = 4.3027  # t(0.975, 2 df), from a t table
 HALF = T_975_2 * 0.05 / math.sqrt(3)
@@ -48,17 +47,8 @@ TIS = {("grpo", "none"): (0.50, 0.60, 0.55), ("grpo", "r3"): (0.30, 0.40, 0.35),
 
 
 def _run(client, exp_id, algo, seed, final, tags):
-    run = client.create_run(exp_id, run_name=f"{algo}-s{seed}",
-                            tags={"algo": algo, "task": "arith", "model": "tiny-dense", "seed": str(seed),
-                                  "preset": "default", "collapse.count": "0", **tags})
-    rid, now = run.info.run_id, int(time.time() * 1000)
     curve = (0.40, (0.40 + final) / 2, final)
-    metrics = [Metric("eval/pass1", v, now, s) for s, v in zip((0, 10, 20), curve)]
-    metrics += [Metric("eval/reward_mean", v / 2, now, s) for s, v in zip((0, 10, 20), curve)]
-    metrics += [Metric("clip/frac", 0.01, now, s) for s in range(1, 5)]
-    metrics += [Metric("reward/mean", 0.5, now, s) for s in range(1, 21)]
-    client.log_batch(rid, metrics=metrics)
-    client.set_terminated(rid, "FINISHED")
+    log_run(client, exp_id, algo=algo, seed=seed, evals=list(zip((0, 10, 20), curve)), tags=tags)
 
 
 @pytest.fixture(scope="module")

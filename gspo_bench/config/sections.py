@@ -22,6 +22,7 @@ from typing import Any, Union
 
 from gspo_bench.losses import CORRECTIONS, KL_ESTIMATORS, LOSSES
 from gspo_bench.rollout.engine import ENGINES
+from gspo_bench.config.resolved import LossSettings, Recipe, Resolved
 from gspo_bench.rollout.routing import REPLAY_MODES
 
 ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
@@ -372,39 +373,3 @@ class RunConfig:
         dynamic = recipe.dynamic_sampling if r.dynamic_sampling == AUTO else r.dynamic_sampling
         rollout = dataclasses.replace(r, max_new_tokens=max_new, overlong_buffer=buffer, dynamic_sampling=dynamic)
         return Resolved(loss, rollout)
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """An algorithm's own defaults for the fields a config leaves at ``auto`` (the clip range is its loss's)."""
-
-    kl_coef: float = 0.0
-    """KL-to-reference weight (PPO folds it into the reward, the others into the loss)."""
-    dynamic_sampling: bool = False
-    """DAPO's dynamic sampling: drop groups whose rewards all agree and resample."""
-    overlong_shaping: bool = False
-    """DAPO's overlong shaping, with buffer max_new_tokens // 4."""
-
-
-@dataclass(frozen=True)
-class LossSettings:
-    """The loss hyper-parameters of one algorithm, every ``auto`` resolved."""
-
-    eps_low: float | None
-    eps_high: float
-    dual_clip_c: float | None
-    kl_coef: float
-    kl_estimator: str
-
-    def hparams(self) -> dict:
-        """Keyword arguments of ``losses.policy_loss`` (the KL weight goes in only with a reference model)."""
-        return {"eps_low": self.eps_low, "eps_high": self.eps_high, "dual_clip_c": self.dual_clip_c,
-                "kl_estimator": self.kl_estimator}
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """What one algorithm runs with: ``RunConfig.resolve``'s answer."""
-
-    loss: LossSettings
-    rollout: RolloutConfig  # every auto replaced by a value
