@@ -346,22 +346,18 @@ def cmd_suite(args) -> int:
                      console=console)
 
 
-def cmd_list(args) -> int:
-    from gspo_bench.cli_info import list_command
+def _cli_info(name: str):
+    """``list``, ``collapse-check``, ``leaderboard``: ``cli_info.<name>(args, console)``, imported on use."""
+    def command(args) -> int:
+        from gspo_bench import cli_info
 
-    return list_command(args, console)
+        return getattr(cli_info, name)(args, console)
 
-
-def cmd_collapse_check(args) -> int:
-    from gspo_bench.cli_info import collapse_check_command
-
-    return collapse_check_command(args, console)
+    return command
 
 
-def cmd_leaderboard(args) -> int:
-    from gspo_bench.cli_info import leaderboard_command
-
-    return leaderboard_command(args, console)
+cmd_list, cmd_collapse_check = _cli_info("list_command"), _cli_info("collapse_check_command")
+cmd_leaderboard = _cli_info("leaderboard_command")
 
 
 def cmd_report(args) -> int:
