@@ -25,3 +25,23 @@ def log_run(client, exp_id: str, *, algo: str, seed: int, evals, tags: dict | No
     client.log_batch(rid, metrics=ms, params=[Param(k, v) for k, v in (params or {}).items()])
     client.set_terminated(rid, "FINISHED")
     return rid
+
+
+def new_store(tmp_path_factory, name: str, *experiments: str):
+    """A fresh sqlite MLflow store: (uri, client, {experiment: id}), each experiment with its own artifact folder."""
+    import mlflow
+
+    root = tmp_path_factory.mktemp(name)
+    uri = f"sqlite:///{root}/m.db"
+    client = mlflow.MlflowClient(uri)
+    ids = {e: client.create_experiment(e, artifact_location=str(root / f"artifacts-{i}"))
+           for i, e in enumerate(experiments)}
+    return uri, client, ids
+
+
+def one_line(capsys) -> str:
+    """What a CLI call printed (stdout + stderr), asserted to be exactly one line."""
+    out = capsys.readouterr()
+    text = (out.out + out.err).strip()
+    assert len(text.splitlines()) == 1, text
+    return text

@@ -27,13 +27,12 @@ import csv
 import io
 import math
 
-import mlflow
 import pytest
 
 from gspo_bench.__main__ import main
 from gspo_bench.reporting.leaderboard import COLUMNS, CSV_FIELDS, collect, load_runs, render, summarise
 from gspo_bench.reporting.paired_table import PAIRED_CSV_FIELDS, paired_groups, render_paired
-from tests.mlflow_fakes import log_run
+from tests.mlflow_fakes import log_run, new_store, one_line as _one_line
 
 EXP = "split"
 EVAL_STEPS = (0, 10, 20)
@@ -54,10 +53,8 @@ def _run(client, exp_id, algo, seed, eval_, tags):
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("by")
-    uri = f"sqlite:///{root}/m.db"
-    client = mlflow.MlflowClient(uri)
-    exp = client.create_experiment(EXP, artifact_location=str(root / "artifacts"))
+    uri, client, ids = new_store(tmp_path_factory, "by", EXP)
+    exp = ids[EXP]
     for (algo, replay), curves in CURVES.items():
         for seed, curve in enumerate(curves):
             _run(client, exp, algo, seed, curve, {"routing_replay": replay, "rollout_dtype": "bfloat16"})
@@ -79,13 +76,6 @@ def _final(groups, replay):
     (g,) = [g for g in groups if g.key[4:] == (replay,)]
     (row,) = [r for r in g.rows if r["metric"] == "final_pass1"] or [None]
     return g, row
-
-
-def _one_line(capsys) -> str:
-    out = capsys.readouterr()
-    text = (out.out + out.err).strip()
-    assert len(text.splitlines()) == 1, text
-    return text
 
 
 def test_by_splits_rows_with_hand_computed_means(store):

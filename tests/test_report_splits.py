@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import struct
 
-import mlflow
 import pytest
 
 from gspo_bench.__main__ import main
 from gspo_bench.reporting import figures
 from gspo_bench.reporting.leaderboard import RunData
 from gspo_bench.reporting.report import write_report
-from tests.mlflow_fakes import log_run
+from tests.mlflow_fakes import log_run, new_store
 
 EXP = "splits"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -53,10 +52,8 @@ def _run(client, exp_id, model, algo, replay, seed, kl: bool):
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("splits")
-    uri = f"sqlite:///{root}/m.db"
-    client = mlflow.MlflowClient(uri)
-    exp = client.create_experiment(EXP, artifact_location=str(root / "artifacts"))
+    uri, client, ids = new_store(tmp_path_factory, "splits", EXP)
+    exp = ids[EXP]
     for algo, replay in FINALS:
         for seed in range(3):
             _run(client, exp, "tiny-moe", algo, replay, seed, kl=True)

@@ -28,7 +28,6 @@ import csv
 import io
 import math
 
-import mlflow
 import pytest
 
 from gspo_bench.__main__ import main
@@ -37,7 +36,7 @@ from gspo_bench.reporting.paired_table import paired_groups, render_paired, rend
 from gspo_bench.reporting.split_pairs import (check_split_value, parse_split_baseline, render_split_pairs,
                                               split_pair_groups)
 from gspo_bench.config import ConfigError
-from tests.mlflow_fakes import log_run
+from tests.mlflow_fakes import log_run, new_store, one_line as _one_line
 
 T_975_2 = 4.3027  # t(0.975, 2 df), from a t table
 HALF = T_975_2 * 0.05 / math.sqrt(3)
@@ -53,11 +52,8 @@ def _run(client, exp_id, algo, seed, final, tags):
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("splitpairs")
-    uri = f"sqlite:///{root}/m.db"
-    client = mlflow.MlflowClient(uri)
-    grid = client.create_experiment("grid", artifact_location=str(root / "a1"))
-    grid2 = client.create_experiment("grid2", artifact_location=str(root / "a2"))
+    uri, client, ids = new_store(tmp_path_factory, "splitpairs", "grid", "grid2")
+    grid, grid2 = ids["grid"], ids["grid2"]
     for (algo, replay), finals in FINALS.items():
         for seed, final in enumerate(finals):
             _run(client, grid, algo, seed, final, {"routing_replay": replay})
@@ -75,13 +71,6 @@ def _rows(groups, metric="final_pass1"):
 
 def _cli(store, *args, exp="grid"):
     return main(["leaderboard", "--tracking-uri", store, "--experiment", exp, *args])
-
-
-def _one_line(capsys) -> str:
-    out = capsys.readouterr()
-    text = (out.out + out.err).strip()
-    assert len(text.splitlines()) == 1, text
-    return text
 
 
 def test_r3_vs_none_matches_the_hand_computation(store):
