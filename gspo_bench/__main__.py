@@ -171,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "is an error, not skipped)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar (one line per cell still printed)")
     s.add_argument("--dry-run", action="store_true", help="print the plan and the ETA; run and write nothing")
+    from gspo_bench.cli_info import add_claims_parser
+
+    add_claims_parser(sub, DEFAULT_TRACKING_URI)
     sub.add_parser("list", help="show algorithms, tasks, models and presets (with one-line descriptions)")
     cc = sub.add_parser("collapse-check", help="replay the collapse detector over recorded runs and list the events",
                         description="Feeds the finished runs of --experiment (or a --histories file), step by step, "
@@ -347,7 +350,7 @@ def cmd_suite(args) -> int:
 
 
 def _cli_info(name: str):
-    """``list``, ``collapse-check``, ``leaderboard``: ``cli_info.<name>(args, console)``, imported on use."""
+    """``list``, ``collapse-check``, ``leaderboard``, ``claims``: ``cli_info.<name>(args, console)``, on use."""
     def command(args) -> int:
         from gspo_bench import cli_info
 
@@ -357,7 +360,7 @@ def _cli_info(name: str):
 
 
 cmd_list, cmd_collapse_check = _cli_info("list_command"), _cli_info("collapse_check_command")
-cmd_leaderboard = _cli_info("leaderboard_command")
+cmd_leaderboard, cmd_claims = _cli_info("leaderboard_command"), _cli_info("claims_command")
 
 
 def cmd_report(args) -> int:
@@ -389,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"run": cmd_run, "tune": cmd_tune, "list": cmd_list, "leaderboard": cmd_leaderboard,
                 "report": cmd_report, "bench": cmd_bench, "warmstart": cmd_warmstart,
-                "suite": cmd_suite, "collapse-check": cmd_collapse_check}[args.cmd](args)
+                "suite": cmd_suite, "collapse-check": cmd_collapse_check, "claims": cmd_claims}[args.cmd](args)
     except ConfigError as e:
         console.print(f"gspo-bench: error: {e}", style="red", soft_wrap=True)
         return 2

@@ -7,6 +7,7 @@ do the work and print with the console they are given.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from rich.table import Table
@@ -121,4 +122,77 @@ def leaderboard_command(args, console) -> int:
         sys.stdout.write(render_paired(groups, fmt, baseline, note))
     else:
         sys.stdout.write(render_with_paired(rows, fmt, groups, baseline, note))
+    return 0
+
+
+def add_claims_parser(sub, default_uri: str) -> None:
+    """The ``claims`` subcommand's flags (here, not in ``__main__``, which is at its size limit)."""
+    from gspo_bench.reporting.claim_specs import DEFAULT_MARGIN, EXPERIMENTS
+
+    c = sub.add_parser("claims", help="a verdict per claim of the sources (reproduced / refuted / not decided), "
+                       "from the runs of the experiments that check them",
+                       description="Reads the experiments " + ", ".join(EXPERIMENTS) + " (each from --tracking-uri "
+                       "unless --source names another store), takes each claim's per-seed paired differences, their "
+                       "95 %% t interval and MDE, and writes a Markdown page with one figure per claim: reproduced "
+                       "when the interval lies inside the region the claim predicts, refuted when outside, not "
+                       "decided otherwise. An experiment that is missing leaves its claims 'not run'.")
+    c.add_argument("--tracking-uri", help=f"MLflow URI (default $MLFLOW_TRACKING_URI or {default_uri})")
+    c.add_argument("--source", action="append", default=[], metavar="EXPERIMENT=URI",
+                   help="read this experiment from another MLflow store (repeatable)")
+    c.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+                   help=f"points of pass@1 treated as 'as well' / 'equal' (default {DEFAULT_MARGIN:g})")
+    c.add_argument("--out", default="results/claims.md", help="the page to write; figures go beside it in "
+                   "<stem>/ (default results/claims.md)")
+
+
+def claims_command(args, console) -> int:
+    """``claims``: evaluate every claim of ``claim_specs`` and write the page and its figures."""
+    import platform
+    import shlex
+    import subprocess
+
+    from gspo_bench.config import ConfigError
+    from gspo_bench.reporting import claims as cl
+    from gspo_bench.reporting.claim_specs import EXPERIMENTS, claims
+    from gspo_bench.reporting.leaderboard import read_uri
+
+    if not args.margin > 0:
+        raise ConfigError(f"--margin must be > 0, got {args.margin}")
+    uris = {}
+    for item in args.source:
+        name, sep, uri = item.partition("=")
+        if not sep or name not in EXPERIMENTS:
+            raise ConfigError(f"--source {item!r}: expected EXPERIMENT=URI with EXPERIMENT one of "
+                              f"{', '.join(EXPERIMENTS)}")
+        uris[name] = read_uri(uri)
+    default = None
+    for name in EXPERIMENTS:
+        if name not in uris:
+            default = default or read_uri(args.tracking_uri)
+            uris[name] = default
+    out = Path(args.out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out {args.out!r}: {e.strerror}") from None
+    specs = claims(args.margin)
+    runs, missing = cl.load(uris, {e for c in specs for e in c.experiments})
+    results = cl.evaluate(specs, runs)
+    fig_dir = out.parent / out.stem
+    figures = {}
+    for r in results:
+        if any(p.stat.n for p in r.parts):
+            path = cl.plot_claim(r, runs, fig_dir / f"claim-{r.claim.key}.png")
+            figures[r.claim.key] = str(path.relative_to(out.parent))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                check=False).stdout.strip() or "unknown"
+    except OSError:
+        commit = "unknown"
+    meta = {"command": "python -m gspo_bench " + shlex.join(args.argv), "commit": commit, "margin": args.margin,
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "missing": missing}
+    out.write_text(cl.markdown(results, meta, figures))
+    for i, r in enumerate(results, 1):
+        console.print(f"{i}. {r.claim.text} -> {r.verdict}{cl._n_and_mde(r)}", soft_wrap=True, markup=False)
+    console.print(f"wrote {out} and {len(figures)} figures in {fig_dir}", soft_wrap=True, markup=False)
     return 0

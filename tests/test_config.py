@@ -279,7 +279,7 @@ SCENARIO_CHANGES = {  # issue 13's stress presets: the default preset plus exact
     "offpolicy": {"train.minibatches": 16},
     "stale": {"rollout.staleness": 2, "rollout.old_logp_source": "rollout"},
     "moe-bf16": {"model.name": "tiny-moe", "rollout.dtype": "bfloat16"},
-    "hot": {"train.lr": 0.001},
+    "hot": {"train.lr": 0.0015},
 }
 
 

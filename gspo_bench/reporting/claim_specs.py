@@ -1,0 +1,195 @@
+"""The claims of the sources (``../shared/seeds``: the GSPO article and analysis, the CISPO review, the TRL
+pull request on GSPO-token) and the miniature experiment that checks each one.
+
+A claim is split into *parts*. A part is a per-seed paired difference
+
+    d_s = sum_i sign_i * measure_i(run of term i at seed s)
+
+over the seeds where every term has exactly one FINISHED run, and a *claimed region* R for the true mean of
+``d_s``. Terms of one part may come from different experiments (a difference of differences across
+scenarios): runs with the same seed start from the same warm start whenever their task, model and warm-start
+settings agree, which holds for every pairing below (tiny-dense experiments with each other, tiny-moe with
+tiny-moe). ``claims.verdict`` turns the part's 95 % t interval and R into reproduced / refuted / not decided.
+
+Measures (``claims.measure``): ``final``, ``warm`` and ``at:S`` are greedy eval pass@1 in points (100 x) at
+the last eval, the first eval (= the warm start) and step S; ``log10:KEY`` is log10 of the mean over steps of
+metric KEY (so a difference of two is log10 of a ratio); ``mean:KEY`` the mean over steps of KEY.
+
+The margin ``delta`` (points of pass@1) is the smallest difference treated as practically relevant: "at least
+as well" means no worse than ``-delta``, "equal" means within ``+-delta``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+INF = math.inf
+DEFAULT_MARGIN = 3.0  # points of greedy pass@1; RL lifts it by 16-36 points on the default task
+
+# experiment -> (what it is, the commands that made it)
+EXPERIMENTS: dict[str, tuple[str, str]] = {
+    "arith-default": (
+        "the default preset: tiny-dense (Qwen3, 4 layers) on arith, warm start to 40-43 %, 64 prompts x 8 "
+        "samples, 40 RL steps, 4 minibatches, lr 2e-4; every algorithm from the same warm start per seed",
+        "python -m gspo_bench run --algos all --seed 0,1,2,3,4,5,6,7 --experiment arith-default"),
+    "moe-stabilisers": (
+        "tiny-moe (Qwen3-MoE, 8 experts, top-2) on arith, default preset, sampler in bfloat16 and training in "
+        "float32, under Routing Replay none / r3 / r2 and TIS (cap 2)",
+        "python -m gspo_bench run --algos grpo,gspo,cispo --model tiny-moe --seed 0,1,2 --experiment "
+        "moe-stabilisers --set rollout.dtype=bfloat16 --set moe.routing_replay=R --set rollout.correction=C  "
+        "# (R, C) = (none, none), (r3, none), (r2, none), (none, tis)"),
+    "suite-offpolicy": (
+        "the `offpolicy` scenario: the default with 16 minibatches (16 optimiser steps per rollout)",
+        "python -m gspo_bench suite --scenarios offpolicy,long,stale,hot --algos grpo,gspo --seeds 3"),
+    "suite-long": (
+        "the `long` scenario: arith_scratchpad, responses of 37-54 tokens (column-by-column working)",
+        "python -m gspo_bench suite --scenarios offpolicy,long,stale,hot --algos grpo,gspo --seeds 3"),
+    "suite-stale": (
+        "the `stale` scenario: rollouts from the policy of 2 steps ago, ratios against the sampler's log-probs",
+        "python -m gspo_bench suite --scenarios offpolicy,long,stale,hot --algos grpo,gspo --seeds 3"),
+}
+
+
+@dataclass(frozen=True)
+class Term:
+    """``sign x measure`` of the one FINISHED run of ``experiment`` whose tags include ``where``."""
+
+    experiment: str
+    where: tuple[tuple[str, str], ...]
+    measure: str = "final"
+    sign: int = 1
+
+
+@dataclass(frozen=True)
+class Part:
+    label: str
+    terms: tuple[Term, ...]
+    region: tuple[float, float]  # the claimed region of the true mean difference, open interval (lo, hi)
+    unit: str = "points"  # "points" (of pass@1), "log10" (of a ratio) or the raw metric
+    decisive: bool = True  # False: shown as a mechanism reading, not used in the verdict
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A set of runs drawn as one curve (mean over seeds) in the claim's figure."""
+
+    label: str
+    experiment: str
+    where: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Claim:
+    key: str
+    text: str
+    source: str
+    design: str  # the miniature experiment, in words
+    experiments: tuple[str, ...]
+    parts: tuple[Part, ...]
+    curves: tuple[Curve, ...]
+    curve_metric: str = "eval/pass1"
+
+
+def _w(algo: str, **tags: str) -> tuple[tuple[str, str], ...]:
+    return (("algo", algo),) + tuple(tags.items())
+
+
+def _diff(exp: str, a: tuple, b: tuple, measure: str = "final", measure_b: str | None = None) -> tuple[Term, ...]:
+    """The terms of ``measure(a) - measure_b(b)`` in one experiment."""
+    return (Term(exp, a, measure), Term(exp, b, measure_b or measure, -1))
+
+
+def _did(exp: str, base: str, a: tuple, b: tuple, base_a: tuple, base_b: tuple) -> tuple[Term, ...]:
+    """(a - b) in ``exp`` minus (a - b) in ``base``: how much more ``a`` leads under ``exp``'s stress."""
+    return _diff(exp, a, b) + tuple(Term(t.experiment, t.where, t.measure, -t.sign)
+                                    for t in _diff(base, base_a, base_b))
+
+
+def claims(delta: float = DEFAULT_MARGIN) -> tuple[Claim, ...]:
+    """Every claim, with its parts' regions drawn with margin ``delta`` (points)."""
+    greater, at_least, equal, at_most = (0.0, INF), (-delta, INF), (-delta, delta), (-INF, delta)
+    d, m = "arith-default", "moe-stabilisers"
+    dflt = {"preset": "default", "tuning": "default"}
+    moe = {"none": {"routing_replay": "none", "correction": "none"},
+           "r3": {"routing_replay": "r3", "correction": "none"},
+           "r2": {"routing_replay": "r2", "correction": "none"},
+           "tis": {"routing_replay": "none", "correction": "tis"}}
+    return (
+        Claim("clip", "GSPO clips about 100x more tokens than GRPO, and still learns at least as well.",
+              "GSPO article (Qwen team), clipping-fraction figure: ~15 % of tokens vs ~0.13 %",
+              "the default comparison: the fraction of clipped tokens per step (mean over 40 steps), and the "
+              "final greedy pass@1, gspo vs grpo from the same warm start per seed. 'About 100x' is read as "
+              "within a factor of 3 of 100 (log10 ratio in (1.5, 2.5)).",
+              (d,),
+              (Part("log10 clip-fraction ratio gspo / grpo", _diff(d, _w("gspo", **dflt), _w("grpo", **dflt),
+                                                                     "log10:clip/frac"), (1.5, 2.5), "log10"),
+               Part("final pass@1, gspo - grpo", _diff(d, _w("gspo", **dflt), _w("grpo", **dflt)), at_least)),
+              (Curve("grpo", d, _w("grpo", **dflt)), Curve("gspo", d, _w("gspo", **dflt))), "clip/frac"),
+        Claim("stability", "GSPO is more stable than GRPO under off-policy updates and long responses.",
+              "GSPO article: token-level ratios accumulate noise over long responses and off-policy updates",
+              "two stress scenarios of `suite`: `offpolicy` (16 optimiser steps per rollout) and `long` "
+              "(37-54-token scratchpad responses); final greedy pass@1, gspo - grpo per seed.",
+              ("suite-offpolicy", "suite-long"),
+              (Part("offpolicy: final pass@1, gspo - grpo", _diff("suite-offpolicy", _w("gspo"), _w("grpo")),
+                    greater),
+               Part("long: final pass@1, gspo - grpo", _diff("suite-long", _w("gspo"), _w("grpo")), greater)),
+              (Curve("offpolicy grpo", "suite-offpolicy", _w("grpo")),
+               Curve("offpolicy gspo", "suite-offpolicy", _w("gspo")),
+               Curve("long grpo", "suite-long", _w("grpo")), Curve("long gspo", "suite-long", _w("gspo")))),
+        Claim("moe-replay", "GRPO on MoE needs Routing Replay, and GSPO does not.",
+              "GSPO article: GRPO on Qwen3-30B-A3B does not converge without Routing Replay; GSPO does",
+              "tiny-moe with a bf16 sampler (routing noise between sampler and trainer), Routing Replay r3 vs "
+              "none; final greedy pass@1. 'Needs' is read as: without replay GRPO gains no more than the "
+              "margin over its warm start, and replay lifts it.",
+              (m,),
+              (Part("grpo without replay: final - warm start", _diff(m, _w("grpo", **moe["none"]),
+                                                                     _w("grpo", **moe["none"]), "final", "warm"),
+                    at_most),
+               Part("grpo: r3 - none", _diff(m, _w("grpo", **moe["r3"]), _w("grpo", **moe["none"])), greater),
+               Part("gspo: none - r3", _diff(m, _w("gspo", **moe["none"]), _w("gspo", **moe["r3"])), at_least)),
+              (Curve("grpo none", m, _w("grpo", **moe["none"])), Curve("grpo r3", m, _w("grpo", **moe["r3"])),
+               Curve("gspo none", m, _w("gspo", **moe["none"])), Curve("gspo r3", m, _w("gspo", **moe["r3"])))),
+        Claim("r3", "R3 beats R2 and TIS for MoE under a bf16 sampler.",
+              "Rollout Routing Replay (R3) work on MoE RL, as issue 13 states the claim: replaying "
+              "the sampler's experts removes the routing part of the mismatch that R2 and TIS leave",
+              "tiny-moe, bf16 sampler: r3 vs r2 and r3 vs TIS per algorithm (grpo, gspo, cispo); final greedy "
+              "pass@1, plus the mean sampler/trainer KL (`mismatch/kl`, log10 ratio) as a mechanism reading.",
+              (m,),
+              tuple(Part(f"{a}: r3 - {o}", _diff(m, _w(a, **moe["r3"]), _w(a, **moe[o])), greater)
+                    for a in ("grpo", "gspo", "cispo") for o in ("r2", "tis"))
+              + tuple(Part(f"{a}: log10 mismatch/kl r3 / {o}", _diff(m, _w(a, **moe["r3"]), _w(a, **moe[o]),
+                                                                       "log10:mismatch/kl"), (-INF, 0.0), "log10",
+                           decisive=False) for a in ("grpo", "gspo", "cispo") for o in ("r2", "tis")),
+              tuple(Curve(f"grpo {o}", m, _w("grpo", **moe[o])) for o in ("r3", "r2", "tis"))),
+        Claim("mismatch", "The sequence ratio tolerates sampler/trainer mismatch better than token ratios do.",
+              "GSPO article and analysis: a sequence-level ratio averages per-token noise",
+              "gspo's lead over grpo under a mismatched sampler minus its lead without one: `stale` (rollouts "
+              "from 2 steps ago) vs the default (tiny-dense, same warm starts); and gspo - grpo under the bf16 "
+              "MoE sampler without replay (no matched fp32 MoE control, so that part is a plain difference).",
+              ("suite-stale", d, m),
+              (Part("stale vs default: (gspo - grpo) - (gspo - grpo)",
+                    _did("suite-stale", d, _w("gspo"), _w("grpo"), _w("gspo", **dflt), _w("grpo", **dflt)),
+                    greater),
+               Part("moe bf16, no replay: gspo - grpo", _diff(m, _w("gspo", **moe["none"]),
+                                                               _w("grpo", **moe["none"])), greater)),
+              (Curve("stale grpo", "suite-stale", _w("grpo")), Curve("stale gspo", "suite-stale", _w("gspo")),
+               Curve("default grpo", d, _w("grpo", **dflt)), Curve("default gspo", d, _w("gspo", **dflt)))),
+        Claim("gspo-token", "GSPO-token equals GSPO when every token carries its sequence's advantage.",
+              "GSPO article (GSPO-token section) and the TRL pull request adding it",
+              "the default comparison: gspo_token (group advantages are per sequence here) vs gspo; final "
+              "greedy pass@1. The losses' values and gradients are equal by construction (tests/test_losses.py); "
+              "this checks that training outcomes agree within the margin.",
+              (d,),
+              (Part("final pass@1, gspo_token - gspo", _diff(d, _w("gspo_token", **dflt), _w("gspo", **dflt)),
+                    equal),),
+              (Curve("gspo", d, _w("gspo", **dflt)), Curve("gspo_token", d, _w("gspo_token", **dflt)))),
+        Claim("cispo-speed", "CISPO reaches DAPO's score in about half the steps.",
+              "MiniMax-M1 report, as the CISPO review summarises it: DAPO's performance in 50 % of the steps",
+              "the default comparison: cispo's greedy pass@1 after 20 steps vs dapo's after 40 (the end), "
+              "per seed.",
+              (d,),
+              (Part("cispo at step 20 - dapo at step 40", _diff(d, _w("cispo", **dflt), _w("dapo", **dflt),
+                                                                 "at:20", "final"), at_least),),
+              (Curve("dapo", d, _w("dapo", **dflt)), Curve("cispo", d, _w("cispo", **dflt)))),
+    )

@@ -1,0 +1,284 @@
+"""``claims``: a verdict on every claim of ``claim_specs`` from the benchmark's own MLflow runs.
+
+Per part (see ``claim_specs``): the per-seed differences ``d_s``, their mean, 95 % t interval and minimum
+detectable effect (``paired.paired_summary``), and a verdict against the claimed region R = (lo, hi):
+
+    reproduced      the interval lies inside R
+    refuted         the interval lies outside R (no overlap)
+    not decided     the interval straddles an edge of R (or fewer than 2 seeds: no interval)
+
+A claim is *refuted* when any decisive part is, *reproduced* when all are, else *not decided*; with no
+decisive part measured it is *not run*. Nothing here corrects for the several parts and claims tested at
+once: read each verdict with its interval.
+
+``evaluate(claims, runs_by_experiment)`` is pure; ``load`` reads MLflow; ``markdown`` and ``plot_claim``
+render.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from gspo_bench.reporting.claim_specs import EXPERIMENTS, Claim, Part, Term
+from gspo_bench.reporting.leaderboard import FINISHED, RunData
+from gspo_bench.reporting.paired import PairedStat, paired_summary
+
+REPRODUCED, REFUTED, UNDECIDED, NOT_RUN = "reproduced", "refuted", "not decided", "not run"
+METRICS = ("eval/pass1", "clip/frac", "mismatch/kl")
+
+
+@dataclass
+class PartResult:
+    part: Part
+    stat: PairedStat
+    seeds: list[str]
+    verdict: str
+    missing: str = ""  # why there is no data (an experiment or term without FINISHED runs)
+
+
+@dataclass
+class ClaimResult:
+    claim: Claim
+    parts: list[PartResult]
+    verdict: str
+
+
+def measure(run: RunData, name: str) -> float | None:
+    """One number of a run (see ``claim_specs``); None when the run lacks it."""
+    ev = run.history.get("eval/pass1", [])
+    if name in ("final", "warm") or name.startswith("at:"):
+        if not ev:
+            return None
+        if name == "final":
+            return 100 * ev[-1][1]
+        if name == "warm":
+            return 100 * ev[0][1]
+        step = int(name[3:])
+        return next((100 * v for s, v in ev if s == step), None)
+    kind, _, key = name.partition(":")
+    values = [v for _, v in run.history.get(key, []) if math.isfinite(v)]
+    if kind not in ("log10", "mean") or not key:
+        raise ValueError(f"unknown measure {name!r}")
+    if not values:
+        return None
+    mean = statistics.fmean(values)
+    if kind == "mean":
+        return mean
+    return math.log10(mean) if mean > 0 else None
+
+
+def select(runs: list[RunData], where: tuple[tuple[str, str], ...]) -> dict[str, RunData]:
+    """seed -> the FINISHED run whose tags include ``where``; two such runs for one seed is an error."""
+    out: dict[str, RunData] = {}
+    for r in runs:
+        if r.status == FINISHED and all(r.tags.get(k) == v for k, v in where):
+            if r.seed in out:
+                raise ValueError(f"two FINISHED runs match {dict(where)} at seed {r.seed}: "
+                                 f"{out[r.seed].run_id} and {r.run_id}")
+            out[r.seed] = r
+    return out
+
+
+def verdict(ci: tuple[float, float] | None, region: tuple[float, float]) -> str:
+    """Reproduced / refuted / not decided: the interval against the claimed open region (lo, hi)."""
+    if ci is None:
+        return UNDECIDED
+    lo, hi = region
+    # inside: lo < ci_lo and ci_hi < hi; outside: ci_hi <= lo or ci_lo >= hi
+    if lo < ci[0] and ci[1] < hi:
+        return REPRODUCED
+    if ci[1] <= lo or ci[0] >= hi:
+        return REFUTED
+    return UNDECIDED
+
+
+def _seed_key(s: str):
+    return (0, int(s)) if s.isdigit() else (1, s)
+
+
+def evaluate_part(part: Part, runs: dict[str, list[RunData]]) -> PartResult:
+    """The paired differences of one part over the seeds where every term has a run with its measure."""
+    picks: list[tuple[Term, dict[str, RunData]]] = []
+    for t in part.terms:
+        chosen = select(runs.get(t.experiment, []), t.where)
+        if not chosen:
+            why = (f"no runs of experiment {t.experiment}" if not runs.get(t.experiment)
+                   else f"no FINISHED run of {t.experiment} with {', '.join(f'{k}={v}' for k, v in t.where)}")
+            return PartResult(part, paired_summary([]), [], NOT_RUN, why)
+        picks.append((t, chosen))
+    seeds = sorted(set.intersection(*(set(c) for _, c in picks)), key=_seed_key)
+    diffs, used = [], []
+    for s in seeds:
+        values = [measure(c[s], t.measure) for t, c in picks]
+        if None in values:
+            continue
+        # d_s = sum_i sign_i * measure_i(run_i at seed s)
+        diffs.append(sum(t.sign * v for (t, _), v in zip(picks, values)))
+        used.append(s)
+    if not diffs:
+        return PartResult(part, paired_summary([]), [], NOT_RUN, "no seed has every term measured")
+    stat = paired_summary(diffs)
+    return PartResult(part, stat, used, verdict(stat.ci, part.region))
+
+
+def combine(results: list[PartResult]) -> str:
+    """A claim's verdict from its decisive parts' verdicts."""
+    vs = [r.verdict for r in results if r.part.decisive and r.verdict != NOT_RUN]
+    if not vs:
+        return NOT_RUN
+    if REFUTED in vs:
+        return REFUTED
+    if all(v == REPRODUCED for v in vs) and len(vs) == sum(r.part.decisive for r in results):
+        return REPRODUCED
+    return UNDECIDED
+
+
+def evaluate(claims: tuple[Claim, ...], runs: dict[str, list[RunData]]) -> list[ClaimResult]:
+    out = []
+    for c in claims:
+        parts = [evaluate_part(p, runs) for p in c.parts]
+        out.append(ClaimResult(c, parts, combine(parts)))
+    return out
+
+
+def load(uris: dict[str, str], experiments: set[str]) -> tuple[dict[str, list[RunData]], dict[str, str]]:
+    """Runs of each experiment from its tracking URI (``uris[name]``); an experiment that is not there is
+    reported in the second dict (name -> reason), not raised."""
+    from gspo_bench.config import ConfigError
+    from gspo_bench.reporting.leaderboard import load_runs
+
+    runs, missing = {}, {}
+    for name in sorted(experiments):
+        try:
+            runs[name] = load_runs(uris[name], name, metrics=METRICS)
+        except ConfigError as e:
+            missing[name] = str(e)
+    return runs, missing
+
+
+# -- rendering -----------------------------------------------------------------------------------------------------
+def _num(x: float | None, unit: str) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    return f"{x:+.2f}" if unit == "log10" else f"{x:+.1f}"
+
+
+def _region(region: tuple[float, float], unit: str) -> str:
+    lo, hi = region
+    if unit == "log10":
+        return f"({_num(lo, unit)}, {_num(hi, unit)})" if math.isfinite(lo) and math.isfinite(hi) else \
+            (f"> {_num(lo, unit)}" if math.isfinite(lo) else f"< {_num(hi, unit)}")
+    if math.isfinite(lo) and math.isfinite(hi):
+        return f"({lo:+g}, {hi:+g})"
+    return f"> {lo:+g}" if math.isfinite(lo) else f"< {hi:+g}"
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{10 ** x:.3g}x"
+
+
+def part_row(r: PartResult) -> str:
+    st, unit = r.stat, r.part.unit
+    mean = _num(st.mean, unit) + (f" ({_ratio(st.mean)})" if unit == "log10" and st.mean is not None else "")
+    ci = "-" if st.ci is None else f"[{_num(st.ci[0], unit)}, {_num(st.ci[1], unit)}]" + (
+        f" ({_ratio(st.ci[0])} to {_ratio(st.ci[1])})" if unit == "log10" else "")
+    mde = "-" if st.mde is None else (f"{st.mde:.2f}" if unit == "log10" else f"{st.mde:.1f}")
+    v = r.verdict + ("" if r.part.decisive else " (mechanism, not in the verdict)")
+    if r.missing:
+        v += f": {r.missing}"
+    seeds = ",".join(r.seeds) or "-"
+    return (f"| {r.part.label} | {r.part.unit} | {len(r.seeds)} ({seeds}) | {mean} | {ci} | {mde} | "
+            f"{_region(r.part.region, unit)} | {v} |")
+
+
+def _n_and_mde(res: ClaimResult) -> str:
+    """' at n seeds (MDE ...)': the seed counts of the decisive parts, and the MDE of each undecided one."""
+    decisive = [p for p in res.parts if p.part.decisive and p.stat.n]
+    if not decisive:
+        return ""
+    ns = sorted({p.stat.n for p in decisive})
+    mdes = [f"{p.part.label}: {p.stat.mde:.2g} {'log10' if p.part.unit == 'log10' else 'points'}"
+            for p in decisive if p.verdict == UNDECIDED and p.stat.mde is not None]
+    return f" at {'/'.join(map(str, ns))} seeds" + (f" (MDE {'; '.join(mdes)})" if mdes else "")
+
+
+def markdown(results: list[ClaimResult], meta: dict, figures: dict[str, str]) -> str:
+    """The claims page: a summary table, then per claim its experiment, commands, parts, figure, verdict."""
+    out = ["# The sources' claims, checked in miniature", "",
+           f"Made by `{meta['command']}` at commit `{meta['commit']}` ({meta['machine']}). "
+           f"Margin: {meta['margin']:g} points of greedy pass@1.", "",
+           "How to read it: each claim is split into parts. A part is a per-seed paired difference d_s (runs with "
+           "the same seed share their warm start and prompt order), with its mean, 95 % t interval and MDE (the "
+           "true difference this design detects with 80 % power), and the region the claim predicts for it. "
+           "**Reproduced**: the interval lies inside that region; **refuted**: it lies outside; **not "
+           "decided**: it straddles an edge (then the MDE says what more seeds would buy). A claim is refuted "
+           "when any decisive part is, reproduced when all are. No correction for testing many parts at once.", "",
+           "| # | claim | verdict |", "|---|---|---|"]
+    for i, r in enumerate(results, 1):
+        out.append(f"| {i} | {r.claim.text} | **{r.verdict}**{_n_and_mde(r) if r.verdict == UNDECIDED else ''} |")
+    for i, r in enumerate(results, 1):
+        c = r.claim
+        out += ["", f"## {i}. {c.text}", "", f"**Verdict: {r.verdict}{_n_and_mde(r)}.**", "",
+                f"Source: {c.source}.", "", f"Experiment: {c.design}", ""]
+        for e in c.experiments:
+            what, cmd = EXPERIMENTS[e]
+            out += [f"- `{e}`: {what}." + (f" **Missing**: {meta['missing'][e]}" if e in meta["missing"] else ""),
+                    f"  `{cmd}`"]
+        out += ["", "| part | unit | seeds | mean d | 95 % CI | MDE | claimed | verdict |",
+                "|---|---|---|---|---|---|---|---|"] + [part_row(p) for p in r.parts]
+        if c.key in figures:
+            out += ["", f"![{c.key}]({figures[c.key]})"]
+    return "\n".join(out) + "\n"
+
+
+def plot_claim(res: ClaimResult, runs: dict[str, list[RunData]], path: Path) -> Path:
+    """Left: the claim's curves (mean over seeds, min-max band); right: each part's interval and region."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from gspo_bench.reporting.figures import curve
+
+    c = res.claim
+    fig = Figure(figsize=(11, 3.8))
+    FigureCanvasAgg(fig)
+    ax, fx = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.1, 1]})
+    log = c.curve_metric == "clip/frac"
+    for i, cv in enumerate(c.curves):
+        sel = list(select(runs.get(cv.experiment, []), cv.where).values())
+        got = curve(sel, c.curve_metric, positive=log) if sel else None
+        if got is None:
+            continue
+        steps, mean, lo, hi = got
+        ax.plot(steps, mean, color=f"C{i}", marker="o" if len(steps) < 12 else None, ms=3,
+                label=f"{cv.label} ({len(sel)} seeds)")
+        if len(sel) > 1:
+            ax.fill_between(steps, lo, hi, color=f"C{i}", alpha=0.15)
+    if log:
+        ax.set_yscale("log")
+    ax.set_xlabel("RL step")
+    ax.set_ylabel(c.curve_metric)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    rows = [p for p in res.parts if p.stat.mean is not None]
+    for y, p in enumerate(rows):
+        color = {REPRODUCED: "tab:green", REFUTED: "tab:red"}.get(p.verdict, "tab:gray")
+        if p.stat.ci is not None:
+            fx.plot(p.stat.ci, [y, y], color=color, lw=2.5)
+        fx.plot([p.stat.mean], [y], "o", color=color)
+    fx.axvline(0, color="k", lw=0.8)
+    a, b = fx.get_xlim()
+    for y, p in enumerate(rows):  # the claimed region, cut to the axis
+        lo, hi = p.part.region
+        fx.fill_betweenx([y - 0.4, y + 0.4], max(lo, a), min(hi, b), color="tab:green", alpha=0.12, lw=0)
+    fx.set_xlim(a, b)
+    fx.set_yticks(range(len(rows)), [f"{p.part.label} [{p.part.unit}]" for p in rows], fontsize=7)
+    fx.invert_yaxis()
+    fx.set_xlabel("paired difference: mean and 95 % CI; shaded: the claimed region", fontsize=8)
+    fig.suptitle(c.text, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
