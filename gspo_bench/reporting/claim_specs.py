@@ -41,13 +41,16 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
         "# (R, C) = (none, none), (r3, none), (r2, none), (none, tis)"),
     "suite-offpolicy": (
         "the `offpolicy` scenario: the default with 16 minibatches (16 optimiser steps per rollout)",
-        "python -m gspo_bench suite --scenarios offpolicy,long,stale,hot --algos grpo,gspo --seeds 3"),
+        "python -m gspo_bench suite --scenarios offpolicy,stale,hot,long --algos grpo,gspo --seeds 3"),
     "suite-long": (
         "the `long` scenario: arith_scratchpad, responses of 37-54 tokens (column-by-column working)",
-        "python -m gspo_bench suite --scenarios offpolicy,long,stale,hot --algos grpo,gspo --seeds 3"),
+        "python -m gspo_bench suite --scenarios offpolicy,stale,hot,long --algos grpo,gspo --seeds 3"),
     "suite-stale": (
         "the `stale` scenario: rollouts from the policy of 2 steps ago, ratios against the sampler's log-probs",
-        "python -m gspo_bench suite --scenarios offpolicy,long,stale,hot --algos grpo,gspo --seeds 3"),
+        "python -m gspo_bench suite --scenarios offpolicy,stale,hot,long --algos grpo,gspo --seeds 3"),
+    "suite-hot": (
+        "the `hot` scenario: learning rate 1.5e-3, 7.5x the default",
+        "python -m gspo_bench suite --scenarios offpolicy,stale,hot,long --algos grpo,gspo --seeds 3"),
 }
 
 
@@ -129,14 +132,20 @@ def claims(delta: float = DEFAULT_MARGIN) -> tuple[Claim, ...]:
         Claim("stability", "GSPO is more stable than GRPO under off-policy updates and long responses.",
               "GSPO article: token-level ratios accumulate noise over long responses and off-policy updates",
               "two stress scenarios of `suite`: `offpolicy` (16 optimiser steps per rollout) and `long` "
-              "(37-54-token scratchpad responses); final greedy pass@1, gspo - grpo per seed.",
-              ("suite-offpolicy", "suite-long"),
+              "(37-54-token scratchpad responses); final greedy pass@1, gspo - grpo per seed. Two related "
+              "stresses are shown beside them, outside the verdict: `stale` rollouts and the `hot` learning rate.",
+              ("suite-offpolicy", "suite-long", "suite-stale", "suite-hot"),
               (Part("offpolicy: final pass@1, gspo - grpo", _diff("suite-offpolicy", _w("gspo"), _w("grpo")),
                     greater),
-               Part("long: final pass@1, gspo - grpo", _diff("suite-long", _w("gspo"), _w("grpo")), greater)),
+               Part("long: final pass@1, gspo - grpo", _diff("suite-long", _w("gspo"), _w("grpo")), greater),
+               Part("stale: final pass@1, gspo - grpo", _diff("suite-stale", _w("gspo"), _w("grpo")), greater,
+                    decisive=False),
+               Part("hot: final pass@1, gspo - grpo", _diff("suite-hot", _w("gspo"), _w("grpo")), greater,
+                    decisive=False)),
               (Curve("offpolicy grpo", "suite-offpolicy", _w("grpo")),
                Curve("offpolicy gspo", "suite-offpolicy", _w("gspo")),
-               Curve("long grpo", "suite-long", _w("grpo")), Curve("long gspo", "suite-long", _w("gspo")))),
+               Curve("long grpo", "suite-long", _w("grpo")), Curve("long gspo", "suite-long", _w("gspo")),
+               Curve("hot grpo", "suite-hot", _w("grpo")), Curve("hot gspo", "suite-hot", _w("gspo")))),
         Claim("moe-replay", "GRPO on MoE needs Routing Replay, and GSPO does not.",
               "GSPO article: GRPO on Qwen3-30B-A3B does not converge without Routing Replay; GSPO does",
               "tiny-moe with a bf16 sampler (routing noise between sampler and trainer), Routing Replay r3 vs "

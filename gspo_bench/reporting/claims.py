@@ -186,7 +186,7 @@ def part_row(r: PartResult) -> str:
     ci = "-" if st.ci is None else f"[{_num(st.ci[0], unit)}, {_num(st.ci[1], unit)}]" + (
         f" ({_ratio(st.ci[0])} to {_ratio(st.ci[1])})" if unit == "log10" else "")
     mde = "-" if st.mde is None else (f"{st.mde:.2f}" if unit == "log10" else f"{st.mde:.1f}")
-    v = r.verdict + ("" if r.part.decisive else " (mechanism, not in the verdict)")
+    v = r.verdict + ("" if r.part.decisive else " (shown, not in the verdict)")
     if r.missing:
         v += f": {r.missing}"
     seeds = ",".join(r.seeds) or "-"
