@@ -11,15 +11,15 @@ import argparse
 import os
 import sys
 
-from rich.console import Console
 from rich.table import Table
 
 from gspo_bench.config import DEFAULT_TRACKING_URI, ConfigError, load_config, parse_sets, presets
+from gspo_bench.redact import RedactingConsole, redact
 from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE, DEFAULT_EXPERIMENT, NOTES
 
-console = Console(highlight=False)
+console = RedactingConsole(highlight=False)  # every printed line passes through redact: no credentials
 if not console.is_terminal:  # logs and CI: don't squeeze tables into 80 columns
-    console = Console(highlight=False, width=160)
+    console = RedactingConsole(highlight=False, width=160)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -295,7 +295,7 @@ def cmd_run(args) -> int:
 def cmd_tune(args) -> int:
     import shlex
 
-    from gspo_bench.tuning.study import TuneRequest, fmt_params, redact
+    from gspo_bench.tuning.study import TuneRequest, fmt_params
     from gspo_bench.tuning.tune import tune
 
     req = TuneRequest(algo=args.algo, trials=args.trials, timeout=args.timeout, study=args.study, storage=args.storage,
@@ -381,10 +381,10 @@ def cmd_report(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # the report downloads many small artifacts; one progress bar each is noise
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    args = build_parser().parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # report.md states the command
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # report: a bar per small download is noise
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # its "View run at <uri>" has the password
+    args = build_parser().parse_args(argv)  # the files stating the command get it redacted; args keep the real values
+    args.argv = [redact(a) for a in (sys.argv[1:] if argv is None else argv)]
     if args.cmd in ("run", "tune", "bench", "list"):
         # import every algorithm file (each registers its class, and a new one may register its loss too)
         # before any config names an algorithm

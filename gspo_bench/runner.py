@@ -28,6 +28,7 @@ from gspo_bench import __version__, algorithms
 from gspo_bench.callbacks import CollapseCallback, MismatchProbe, MoEFlipProbe, RatioSample
 from gspo_bench.config import ConfigError, Resolved, RunConfig, flatten, resolve_tracking_uri, to_dict
 from gspo_bench.models import classify_model_ref, is_moe
+from gspo_bench.redact import redact, redact_nested
 from gspo_bench.rollout.datamodule import RolloutDataModule
 from gspo_bench.tasks import load_task, resolve_task_spec
 from gspo_bench.warmstart import WarmStart, warm_start
@@ -133,13 +134,16 @@ def make_logger(cfg: RunConfig, uri: str, algo: str, seed: int, ws: WarmStart, s
             "machine": machine(), **(tags or {})}
     if parent_run_id:  # MLflow's own nesting tag: the UI shows this run under its parent
         tags["mlflow.parentRunId"] = parent_run_id
-    logger = MLFlowLogger(experiment_name=cfg.tracking.experiment, run_name=run_name or f"{algo}-s{seed}",
-                          tracking_uri=uri, tags=tags)
+    # what is written to MLflow is redacted (tracking.tracking_uri's password -> ***); the logger connects
+    # with the real ``uri``
+    logger = MLFlowLogger(experiment_name=cfg.tracking.experiment, run_name=redact(run_name or f"{algo}-s{seed}"),
+                          tracking_uri=uri, tags=redact_nested(tags))
     resolved = to_dict(cfg)
     resolved["algos"] = [algo]
     resolved["seeds"] = [seed]
     resolved["resolved"] = {"loss": to_dict(settings.loss), "rollout": to_dict(settings.rollout),
                             "warmstart": {"path": str(ws.path), "pass1": ws.pass1, "steps": ws.steps}}
+    resolved = redact_nested(resolved)
     params = {k: ("null" if v is None else v) for k, v in flatten(resolved).items()}
     logger.log_hyperparams(params)
     logger.experiment.log_text(logger.run_id, yaml.safe_dump(resolved, sort_keys=False), "config.yaml")

@@ -53,6 +53,7 @@ from types import SimpleNamespace
 
 from gspo_bench.config import ConfigError, RunConfig, flatten, load_config, parse_sets, to_dict
 from gspo_bench.config.loading import deep_merge
+from gspo_bench.redact import redact
 from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE, FINISHED, HIDDEN_KINDS
 
 SCENARIOS = ("long", "offpolicy", "stale", "moe-bf16", "hot")
@@ -380,7 +381,7 @@ def write_outputs(plan: Plan, req: SuiteRequest, ran: dict[str, int], wall_s: fl
                         "outputs": outputs}
     result = rank_suite(per_scenario, {a: collapses.get(a, 0) for a in plan.algos})
     meta = {"prefix": req.prefix, "command": req.command, "commit": git_commit(), "machine": machine(),
-            "tracking_uri": plan.scenarios[0].uri, "algos": plan.algos, "seeds": plan.seeds, "cells": plan.cells,
+            "tracking_uri": redact(plan.scenarios[0].uri), "algos": plan.algos, "seeds": plan.seeds, "cells": plan.cells,
             "finished": finished_cells, "ran": sum(ran.values()), "skipped": plan.done, "wall_s": wall_s,
             "cell_s": cell_s, "scenario_info": info}
     code = 0 if finished_cells == plan.cells else 1

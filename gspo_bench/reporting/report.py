@@ -50,6 +50,7 @@ from pathlib import Path
 
 from gspo_bench.reporting import figures
 from gspo_bench.config import ConfigError
+from gspo_bench.redact import redact
 from gspo_bench.reporting.grouping import MISSING, by_slug, check_by, split_values
 from gspo_bench.reporting.leaderboard import (DEFAULT_BASELINE, DEFAULT_EXPERIMENT, FINISHED, NOTES, RunData,
                                               _seed_key, experiment_id, load_runs, no_runs_message, render, slug,
@@ -362,7 +363,7 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
             report.figures += figs
     md += tuning_md
     report.figures += tuning_figs
-    report.path.write_text("\n".join(md))
+    report.path.write_text(redact("\n".join(md)))  # the command line and URIs, without their credentials
     if log_to_mlflow:
         report.run_id = log_report(client, experiment_id(client, experiment), report, experiment, len(runs))
     return report

@@ -32,6 +32,7 @@ import statistics
 from gspo_bench.reporting.leaderboard import FINISHED, NOTES, RunData, _seed_key, run_summary
 from gspo_bench.reporting.paired import paired_summary
 from gspo_bench.reporting.paired_table import check_baseline, paired_groups, render_with_paired
+from gspo_bench.redact import redact
 
 ALPHA = 0.05
 
@@ -228,5 +229,5 @@ def summary_markdown(result: dict, meta: dict) -> str:
                   f"{_test_cell(sc['best'], 'significantly best')} | "
                   f"{_test_cell(sc['worst'], 'significantly worst')} | {info['outputs']} |")
     md += ["", *limits_text(n_seeds, len(names))]
-    return "\n".join(md)
+    return redact("\n".join(md))  # the tracking URI and command line, without their credentials
 

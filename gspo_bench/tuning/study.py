@@ -42,6 +42,7 @@ from statistics import fmean
 import yaml
 
 from gspo_bench.config import ConfigError, deep_merge, load_config, read_yaml
+from gspo_bench.redact import redact, redact_nested
 
 DEFAULT_STORAGE = "sqlite:///optuna.db"
 LAST_EVALS = 2
@@ -87,15 +88,6 @@ class StudyOutcome:
     path: Path | None = None  # the best-params YAML
     parent_run_id: str = ""
     seconds: float = 0.0
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for tags, logs and files."""
-    with contextlib.suppress(Exception):
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -303,12 +295,13 @@ def write_best(study: optuna.Study, req: TuneRequest, algo: str, metric: str) ->
               f"({c['PRUNED']} pruned, {c['FAIL']} failed), trial {best.number}, objective {best.value:.4f} = "
               f"{OBJECTIVE.format(metric=metric)}; {when}; {req.command or 'python -m gspo_bench tune'}")
     data = deep_merge({"source": source, "tuning": "tuned", "algo": algo, **base}, best.user_attrs.get("overrides", {}))
+    data = redact_nested(data)  # the command line in source, and any secret in the flags, written as ***
     out = Path(req.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / (re.sub(r"[^A-Za-z0-9._-]+", "-", study.study_name) + ".yaml")
     head = (f"# Best parameters of Optuna study {study.study_name!r}, written by gspo_bench tune.\n"
             f"# Re-run: python -m gspo_bench run --preset {req.preset} --config {path}\n")
-    path.write_text(head + yaml.safe_dump(data, sort_keys=False, width=1000))
+    path.write_text(redact(head) + yaml.safe_dump(data, sort_keys=False, width=1000))
     load_config(req.preset, (str(path),))  # what we write must load back
     return path
 

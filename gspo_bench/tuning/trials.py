@@ -28,9 +28,10 @@ import optuna
 from optuna_integration.pytorch_lightning import PyTorchLightningPruningCallback
 
 from gspo_bench.config import ConfigError, RunConfig, deep_merge, load_config
+from gspo_bench.redact import redact, redact_nested
 from gspo_bench.tuning.study import (LR_FACTOR, OBJECTIVE, PARENT_ATTR, RUN_ATTR, Progress, StudyOutcome, TrialFailed,
                                TuneRequest, best_of, counts, fmt_params, local_lock, make_pruner, objective_value,
-                               redact, wait_for_attr, write_best)
+                               wait_for_attr, write_best)
 
 STUDY_KEYS = ("algo", "task", "model", "preset", "params")  # a study's identity: joiners must match
 
@@ -189,7 +190,8 @@ def open_study(shared: Shared, name: str, meta: dict, pruner) -> tuple[optuna.St
     if parent is None:  # the creator, or a joiner whose creator died before making the parent
         tags = {"kind": "study", "study": name, "optuna.storage": redact(req.storage),
                 **{k: str(meta[k]) for k in ("algo", "task", "model", "preset")}}
-        parent = client.create_run(shared.exp_id, run_name=f"study-{name}", tags=tags).info.run_id
+        parent = client.create_run(shared.exp_id, run_name=redact(f"study-{name}"),
+                                   tags=redact_nested(tags)).info.run_id
         study.set_user_attr(PARENT_ATTR, parent)
     # TPE, random for the first 4 trials; constant_liar: running trials count as bad ones, so parallel workers
     # spread out. A seeded sampler restarts its stream, so the seed is offset by the trials already in the
