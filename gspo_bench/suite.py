@@ -29,8 +29,8 @@ preset (81 s for 20,480 training + 25,600 eval completions of arith, max 8 new t
 factor and MOE_COST from ``results/bench.md`` (RL step at 64 new tokens: 1.43 s measured for 128
 completions per step, 1.69 s predicted; tiny-moe 1.1-1.5x tiny-dense), CELL_OVERHEAD_S from the test's
 2-step cells (7-18 s each on a busy 2-core machine). A warm start still to build adds WARMSTART_S (the
-default preset's ~100 s) x the same length factor (arith_scratchpad, 56 tokens: ~700 s; measured 820 s for
-one seed on a busy 2-core machine). Expect the model to be off by 2x on other machines, tasks or settings; the ETA
+default preset's ~100 s; arith_scratchpad's, with 7x longer targets, measured 169 s alone: the length matters
+less here, as the supervised steps are short and the greedy checks stop at eos). Expect the model to be off by 2x on other machines, tasks or settings; the ETA
 printed after each cell rescales it by the cells measured so far.
 
 Outputs (after the cells; nothing with ``dry_run``): ``<out>/<scenario>/leaderboard.md`` (the suite's cells:
@@ -184,15 +184,6 @@ def cell_seconds(cfg: RunConfig, algo: str) -> float:
                               * ALGO_COST.get(algo, 1.0) * moe)
 
 
-def warmstart_seconds(cfg: RunConfig) -> float:
-    """The cost model's seconds to build one warm start: ``WARMSTART_S`` x the length factor of the task."""
-    from gspo_bench.tasks import resolve_task_spec
-
-    tokens = resolve_task_spec(cfg.task).max_new_tokens
-    # WARMSTART_S x max(1, max_new_tokens / 8): the greedy checks decode whole targets
-    return WARMSTART_S * max(1.0, tokens / 8)
-
-
 def warmstart_key(cfg: RunConfig, seed: int) -> str | None:
     """The warm-start cache key of a scenario's seed; None when that checkpoint is cached already."""
     from gspo_bench.paths import cache_dir
@@ -260,7 +251,7 @@ def make_plan(req: SuiteRequest) -> Plan:
     for sp in plan.scenarios:
         for seed in dict.fromkeys(seed for _, seed in sp.todo):
             key = warmstart_key(sp.cfg, seed) if sp.cfg.warmstart.enabled else None
-            sp.warmstart_s[seed] = warmstart_seconds(sp.cfg) if key and key not in charged else 0.0
+            sp.warmstart_s[seed] = WARMSTART_S if key and key not in charged else 0.0
             charged.add(key or "")
     return plan
 
@@ -278,7 +269,7 @@ def plan_lines(plan: Plan) -> list[str]:
         lines.append(f"  {s.name} (experiment {s.experiment}): {c.task} / {c.model.name}, {t.steps} steps x "
                      f"{c.rollout.prompts_per_step} prompts x {c.rollout.group_size}; {len(s.done)} done, "
                      f"{len(s.todo)} to run" + (f", ~{fmt_s(per)} per cell ({'; '.join(sources)})"
-                                                + (f" + {builds} warm start(s) to build (~{fmt_s(warmstart_seconds(c))} each)"
+                                                + (f" + {builds} warm start(s) to build (~{fmt_s(WARMSTART_S)} each)"
                                                    if builds else "") + f" -> ~{fmt_s(sum(s.estimates()))}"
                                                 if s.todo else ""))
     lines.append(f"ETA: ~{fmt_s(p.eta_s)} (rough: measured cells where the experiments have some, else the cost "
