@@ -17,7 +17,8 @@ smoke check under the same prefix) is a ConfigError naming the fields, before an
 silently mixed leaderboard; use another ``--experiment-prefix``.
 
 ETA, rough: per cell, the mean ``time/wall_s`` of the scenario's FINISHED cells of that algorithm (else of
-any algorithm) when the experiment has some; else the cost model ``cell_seconds``:
+the other algorithms, each divided by its ``ALGO_COST`` and multiplied by this one's) when the experiment has
+some; else the cost model ``cell_seconds``:
 
     CELL_OVERHEAD_S + S_PER_COMPLETION x completions x max(1, max_new_tokens / 8) x ALGO_COST x MOE_COST
 
@@ -217,13 +218,15 @@ def plan_scenario(name: str, req: SuiteRequest, algos: list[str]) -> ScenarioPla
         done.setdefault(cell, r.info.run_id)
         if "time/wall_s" in r.data.metrics:
             walls.setdefault(cell[0], []).append(r.data.metrics["time/wall_s"])
-    every = [w for ws in walls.values() for w in ws]
+    # an algorithm not measured yet: the grpo-equivalent mean of the measured ones, x its own ALGO_COST
+    every = [w / ALGO_COST.get(b, 1.0) for b, ws in walls.items() for w in ws]
     per_cell = {}
     for a in algos:
         if walls.get(a):
             per_cell[a] = (sum(walls[a]) / len(walls[a]), f"measured, {len(walls[a])} finished {a} run(s)")
         elif every:
-            per_cell[a] = (sum(every) / len(every), f"measured, {len(every)} finished run(s) of other algorithms")
+            per_cell[a] = (sum(every) / len(every) * ALGO_COST.get(a, 1.0),
+                           f"scaled by ALGO_COST from {len(every)} finished run(s) of other algorithms")
         else:
             per_cell[a] = (cell_seconds(cfg, a), "cost model")
     todo = [(a, s) for s in req.seeds for a in algos if (a, s) not in done]

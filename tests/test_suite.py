@@ -166,6 +166,26 @@ def test_dry_run_plans_with_measured_times_and_runs_nothing(in_root, capsys):
     assert len(_all_runs(in_root.uri)) == before
 
 
+def test_an_unmeasured_algorithm_is_estimated_from_the_others_scaled_by_algo_cost(in_root):
+    from gspo_bench.suite import ALGO_COST, plan_scenario
+
+    argv = _argv(in_root.root, in_root.task)
+    sets = tuple(argv[i + 1] for i, x in enumerate(argv) if x == "--set")
+    req = SuiteRequest(scenarios=("smoke",), algos=["grpo", "gspo", "ppo"], seeds=[0, 1],
+                       tracking_uri=in_root.uri, sets=sets)
+    plan = plan_scenario("smoke", req, ["grpo", "gspo", "ppo"])
+    walls = {a: [] for a in ALGOS}
+    for r in _cell_runs(in_root.uri):
+        walls[r.data.tags["algo"]].append(r.data.metrics["time/wall_s"])
+    # each measured run as grpo-equivalent seconds (wall / ALGO_COST of its algorithm), averaged, x ppo's cost
+    grpo_equiv = [w / ALGO_COST[a] for a, ws in walls.items() for w in ws]
+    want = sum(grpo_equiv) / len(grpo_equiv) * ALGO_COST["ppo"]
+    assert plan.per_cell["ppo"][0] == pytest.approx(want)
+    assert "scaled by ALGO_COST" in plan.per_cell["ppo"][1]
+    assert plan.per_cell["grpo"][0] == pytest.approx(sum(walls["grpo"]) / len(walls["grpo"]))
+    assert [a for a, _ in plan.todo] == ["ppo", "ppo"]
+
+
 def test_dry_run_on_an_empty_store_uses_the_cost_model_and_creates_nothing(tmp_path, monkeypatch, capsys,
                                                                            mixed_task):
     monkeypatch.chdir(tmp_path)

@@ -215,7 +215,9 @@ def markdown(results: list[ClaimResult], meta: dict, figures: dict[str, str]) ->
            "true difference this design detects with 80 % power), and the region the claim predicts for it. "
            "**Reproduced**: the interval lies inside that region; **refuted**: it lies outside; **not "
            "decided**: it straddles an edge (then the MDE says what more seeds would buy). A claim is refuted "
-           "when any decisive part is, reproduced when all are. No correction for testing many parts at once.", "",
+           "when any decisive part is, reproduced when all are. No correction for testing many parts at once. "
+           "Scope: these are miniatures (models of ~1M parameters, arithmetic tasks, 40 RL steps); a refutation "
+           "says the effect does not appear at this scale, not that the source is wrong at its own.", "",
            "| # | claim | verdict |", "|---|---|---|"]
     for i, r in enumerate(results, 1):
         out.append(f"| {i} | {r.claim.text} | **{r.verdict}**{_n_and_mde(r) if r.verdict == UNDECIDED else ''} |")
