@@ -13,6 +13,7 @@ import sys
 
 from rich.table import Table
 
+from gspo_bench.cli_info import add_claims_parser
 from gspo_bench.config import DEFAULT_TRACKING_URI, ConfigError, load_config, parse_sets, presets
 from gspo_bench.redact import RedactingConsole, redact
 from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE, DEFAULT_EXPERIMENT, NOTES
@@ -171,8 +172,6 @@ def build_parser() -> argparse.ArgumentParser:
                    "is an error, not skipped)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar (one line per cell still printed)")
     s.add_argument("--dry-run", action="store_true", help="print the plan and the ETA; run and write nothing")
-    from gspo_bench.cli_info import add_claims_parser
-
     add_claims_parser(sub, DEFAULT_TRACKING_URI)
     sub.add_parser("list", help="show algorithms, tasks, models and presets (with one-line descriptions)")
     cc = sub.add_parser("collapse-check", help="replay the collapse detector over recorded runs and list the events",
@@ -386,8 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # the files stating the command get it redacted; args keep the real values
     args.argv = [redact(a) for a in (sys.argv[1:] if argv is None else argv)]
     if args.cmd in ("run", "tune", "bench", "list"):
-        # import every algorithm file (each registers its class, and a new one may register its loss too)
-        # before any config names an algorithm
+        # import every algorithm file (each registers its class, maybe its loss) before a config names one
         from gspo_bench import algorithms  # noqa: F401
     try:
         return {"run": cmd_run, "tune": cmd_tune, "list": cmd_list, "leaderboard": cmd_leaderboard,

@@ -13,7 +13,8 @@ import pytest
 
 from gspo_bench.__main__ import main
 from gspo_bench.reporting.suite_summary import rank_scenario, rank_suite
-from gspo_bench.suite import SCENARIOS, SuiteRequest, cell_seconds, scenario_config
+from gspo_bench.suite import SCENARIOS, SuiteRequest, scenario_config
+from gspo_bench.suite_cost import ALGO_COST, cell_seconds
 
 ALGOS = ("grpo", "gspo")
 SEEDS = ("0", "1")
@@ -141,6 +142,9 @@ def test_outputs_name_every_algorithm_with_consistent_ranks(suite):
     for a in ALGOS:
         assert f"| mixed | tiny-dense | smoke | default | {a} | finished | 2 (0,1) |" in board
     assert "Paired differences vs grpo" in board and "MDE" in board
+    doc0 = json.loads((suite.out / "suite.json").read_text())
+    assert "Made by `python -m gspo_bench suite --scenarios smoke" in board
+    assert f"at commit `{doc0['commit']}`" in board
     assert "suite-smoke" in (suite.out / "smoke" / "report.md").read_text()
     doc = json.loads((suite.out / "suite.json").read_text())
     assert (doc["cells"], doc["finished"], doc["exit_code"], doc["scenarios"]) == (4, 4, 0, ["smoke"])
@@ -167,7 +171,7 @@ def test_dry_run_plans_with_measured_times_and_runs_nothing(in_root, capsys):
 
 
 def test_an_unmeasured_algorithm_is_estimated_from_the_others_scaled_by_algo_cost(in_root):
-    from gspo_bench.suite import ALGO_COST, plan_scenario
+    from gspo_bench.suite import plan_scenario
 
     argv = _argv(in_root.root, in_root.task)
     sets = tuple(argv[i + 1] for i, x in enumerate(argv) if x == "--set")

@@ -133,14 +133,16 @@ def collapses_of(runs: list[RunData]) -> dict[str, int]:
     return out
 
 
-def leaderboard_md(runs: list[RunData], scenario: str, experiment: str, baseline: str) -> str:
+def leaderboard_md(runs: list[RunData], scenario: str, experiment: str, baseline: str,
+                   made_by: tuple[str, str] | None = None) -> str:
     """The scenario's leaderboard page: the leaderboard and the paired table vs ``baseline`` (as
-    ``leaderboard --format md`` prints them), then the definitions."""
+    ``leaderboard --format md`` prints them), then the definitions. ``made_by``: (command, commit) stated on top."""
     from gspo_bench.reporting.leaderboard import summarise
 
     rows = summarise(runs)
     head = [f"# Leaderboard: scenario `{scenario}`", "", f"MLflow experiment `{experiment}`, the suite's cells only "
-            f"(preset `{scenario}`, the suite's algorithms and seeds).", ""]
+            f"(preset `{scenario}`, the suite's algorithms and seeds)."
+            + (f" Made by `{redact(made_by[0])}` at commit `{made_by[1]}`." if made_by else ""), ""]
     if not rows:
         return "\n".join(head + ["No run.", ""])
     note = check_baseline(runs, baseline, strict=False)
