@@ -9,6 +9,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from mlflow_fakes import one_line
 
 from gspo_bench.__main__ import main
 from gspo_bench.losses import LOSSES
@@ -38,6 +39,8 @@ def _runs(db: Path) -> list:
         (["--set", "rollout.temperature=-1"], "rollout.temperature"),
         (["--set", "rollout.temperature"], "KEY=VALUE"),
         (["--set", "train.steps=2", "--set", "seeds=1"], "seeds"),
+        (["--experiment", ""], "tracking.experiment=''"),
+        (["--experiment", "  "], "must be a non-empty name"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_leaves_no_run(argv, needle, tmp_path, capsys):
@@ -49,6 +52,16 @@ def test_bad_input_is_one_line_exit_2_and_leaves_no_run(argv, needle, tmp_path, 
     assert needle in text and "error" in text
     assert len(text.splitlines()) == 1, text
     assert all(r.info.status != "RUNNING" for r in _runs(db)) and not _runs(db)
+
+
+def test_a_reward_parameter_out_of_range_stops_the_run_before_any_work(tmp_path, capsys):
+    spec = tmp_path / "cd.yaml"
+    spec.write_text("kind: countdown\nverifier: countdown\nverifier_params: {partial_credit: 5}\n")
+    db = tmp_path / "mlflow.db"
+    code = main(["run", "--tracking-uri", f"sqlite:///{db}", "--no-progress", "--task", str(spec)])
+    text = one_line(capsys)
+    assert code == 2 and "verifier_params.partial_credit=5 must be a number in [0, 1]" in text
+    assert not db.exists() or not _runs(db)
 
 
 def test_set_reaches_the_config_and_dedicated_flags_win(tmp_path, monkeypatch):

@@ -228,12 +228,25 @@ def test_jsonl_missing_field_raises(tmp_path):
     # verifier_params must fit the verifier's signature
     ("kind: countdown\nverifier: countdown\nverifier_params: {partial: 0.1}\n", "partial"),
     ("kind: arith\nverifier: exact\nverifier_params: {partial_credit: 0.1}\n", "partial_credit"),
+    # a reward parameter must be a number in [0, 1]: 5 would pay a wrong answer 5x a right one
+    ("kind: countdown\nverifier: countdown\nverifier_params: {partial_credit: 5}\n", "partial_credit=5 must be"),
+    ("kind: countdown\nverifier: countdown\nverifier_params: {partial_credit: -0.1}\n", "partial_credit=-0.1 must"),
+    ("kind: countdown\nverifier: countdown\nverifier_params: {partial_credit: .nan}\n", "partial_credit=nan must"),
+    ("kind: countdown\nverifier: countdown\nverifier_params: {partial_credit: true}\n", "partial_credit=True must"),
+    ("kind: countdown\nverifier: countdown\nverifier_params: {partial_credit: lots}\n", "partial_credit='lots'"),
 ])
 def test_bad_spec_raises(tmp_path, body, needle):
     spec = tmp_path / "bad.yaml"
     spec.write_text(body)
     with pytest.raises(ValueError, match=re.escape(needle)):
         resolve_task_spec(str(spec))
+
+
+def test_partial_credit_in_range_is_accepted_and_paid():
+    spec = TaskSpec(name="cd", kind="countdown", verifier="countdown", verifier_params={"partial_credit": 1})
+    assert spec.verifier_params == {"partial_credit": 1}
+    assert TaskSpec(name="cd", kind="countdown", verifier="countdown",
+                    verifier_params={"partial_credit": 0.0}).verifier_params["partial_credit"] == 0.0
 
 
 def test_taskspec_error_lists_allowed():

@@ -303,6 +303,11 @@ class TrackingConfig:
     experiment: str = "gspo_bench"
     """MLflow experiment (one per benchmark name)."""
 
+    def __post_init__(self):
+        # an empty name would make MLflow fall back to its "Default" experiment, mixing benchmarks
+        _check(isinstance(self.experiment, str) and self.experiment.strip() != "",
+               f"tracking.experiment={self.experiment!r} must be a non-empty name")
+
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 """The MLflow store when neither ``tracking.tracking_uri`` (``--tracking-uri``) nor $MLFLOW_TRACKING_URI names one."""

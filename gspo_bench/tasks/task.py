@@ -54,6 +54,9 @@ __all__ = [
 ]
 
 
+REWARD_PARAMS = {"partial_credit"}  # verifier parameters that are rewards, so must lie in [0, 1]
+
+
 @dataclass
 class TaskSpec:
     """A task declaration, as read from its YAML file."""
@@ -81,6 +84,11 @@ class TaskSpec:
         except TypeError as e:
             raise ValueError(f"task {self.name!r}: verifier_params {self.verifier_params} do not fit "
                              f"verifier {self.verifier!r}: {e}") from None
+        for key in REWARD_PARAMS & self.verifier_params.keys():
+            v = self.verifier_params[key]
+            # a reward the verifier hands out must be a reward: a number in [0, 1]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                raise ValueError(f"task {self.name!r}: verifier_params.{key}={v!r} must be a number in [0, 1]")
         if self.verifier in VERIFIER_REQUIRES:
             module, extra = VERIFIER_REQUIRES[self.verifier]
             # fail when the spec is read, not at the first reward after a warm start
