@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import tempfile
 import time
 import traceback
 import warnings
@@ -76,12 +77,22 @@ def quiet() -> None:
 
 
 def tracking_uri(cfg: RunConfig) -> str:
-    """The URI runs are written to (``config.resolve_tracking_uri``); a sqlite file's folder must exist."""
+    """The URI runs are written to (``config.resolve_tracking_uri``); a sqlite file's folder must exist and,
+    with the file if it exists, be writable."""
     uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
     if uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///"):])
-        if not db.parent.expanduser().resolve().is_dir():
+        db = Path(uri[len("sqlite:///"):]).expanduser()
+        if not db.parent.resolve().is_dir():
             raise ConfigError(f"tracking URI {uri!r}: directory {str(db.parent)!r} does not exist")
+        try:  # a real write probe (permission bits lie to root, and /proc-like folders refuse new files)
+            if db.exists():
+                with open(db, "ab"):
+                    pass
+            else:
+                tempfile.TemporaryFile(dir=db.parent.resolve()).close()
+        except OSError as e:
+            raise ConfigError(f"tracking URI {uri!r}: cannot write {str(db if db.exists() else db.parent)!r} "
+                              f"({e.strerror or e})") from None
     return uri
 
 

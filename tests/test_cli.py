@@ -40,6 +40,8 @@ def _runs(db: Path) -> list:
         (["--set", "rollout.temperature"], "KEY=VALUE"),
         (["--set", "train.steps=2", "--set", "seeds=1"], "seeds"),
         (["--experiment", ""], "tracking.experiment=''"),
+        (["--tracking-uri", "garbage://x"], "scheme 'garbage' is not an MLflow tracking store"),
+        (["--tracking-uri", "sqlite:////proc/x.db"], "cannot write '/proc'"),
         (["--experiment", "  "], "must be a non-empty name"),
     ],
 )

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import mlflow
 import pytest
+from mlflow_fakes import one_line
 
 from gspo_bench.__main__ import main
 from gspo_bench.reporting.leaderboard import collect, load_runs
@@ -83,6 +86,16 @@ def test_write_report_without_mlflow_and_filters(made, tmp_path):
     assert main(["report", "--tracking-uri", uri, "--experiment", EXP, "--model", "nope",
                  "--out", str(tmp_path / "x")]) == 2
     assert not (tmp_path / "x").exists()
+
+
+def test_an_unwritable_out_folder_is_one_line_exit_2(made, tmp_path, capsys):
+    uri, *_ = made
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    for out, needle in ((blocker / "sub", "--out"), (Path("/proc/sys/gspo"), "--out '/proc/sys/gspo'")):
+        assert main(["report", "--tracking-uri", uri, "--experiment", EXP, "--out", str(out)]) == 2
+        text = one_line(capsys)
+        assert needle in text and "error" in text
 
 
 def test_paired_section_per_group(made, tmp_path):

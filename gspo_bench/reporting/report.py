@@ -319,7 +319,11 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
     split_pairs = {g.key: g for g in split_pair_groups(runs, *split_base, by)} if split_base else {}
     client = mlflow.MlflowClient(uri)
     out = Path(out or Path("results") / experiment)
-    out.mkdir(parents=True, exist_ok=True)
+    try:  # an output folder we cannot make or write is the user's input: one line, not a traceback
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()  # a real write probe: permission bits lie to root
+    except OSError as e:
+        raise ConfigError(f"--out {str(out)!r}: {e.strerror or e}") from None
     tuning_md, tuning_figs = [], []
     if storage is not None:  # first: a bad storage URL or study name stops before anything is written
         from gspo_bench.reporting.study import tuning_section
