@@ -9,6 +9,7 @@ with ``--model PATH_OR_HUB_ID`` goes through the same code.
 
 from __future__ import annotations
 
+import os
 import re
 import string
 from dataclasses import dataclass
@@ -105,8 +106,17 @@ def build_builtin(name: str, seed: int) -> tuple[PreTrainedModel, PreTrainedToke
     return model, tok
 
 
+def hub_cache_dir() -> Path:
+    """The local Hugging Face hub cache: $HF_HUB_CACHE, else huggingface_hub's default (read at call time)."""
+    from huggingface_hub import constants
+
+    return Path(os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE).expanduser()
+
+
 def classify_model_ref(ref: str) -> str:
-    """'builtin', 'path' or 'hub'; raises ValueError for a path that does not exist."""
+    """'builtin', 'path' or 'hub' (a hub id whose config is in the local hub cache). Anything else is a
+    ValueError at once, naming the three places looked in: no download is tried, so an offline machine does
+    not spend a minute on network retries (``load_pretrained`` reads hub ids from the cache only)."""
     if ref in BUILTIN_MODELS:
         return "builtin"
     if Path(ref).expanduser().exists():
@@ -116,6 +126,15 @@ def classify_model_ref(ref: str) -> str:
             f"model path {ref!r} does not exist (built-in models: {', '.join(BUILTIN_MODELS)}; "
             "or give a local directory or a hub id such as Qwen/Qwen3-0.6B)"
         )
+    from huggingface_hub import try_to_load_from_cache
+
+    cache = hub_cache_dir()
+    if not isinstance(try_to_load_from_cache(ref, "config.json", cache_dir=cache), str):
+        raise ValueError(
+            f"model {ref!r} not found: not a built-in model ({', '.join(BUILTIN_MODELS)}), not a local directory "
+            f"({str(Path(ref).expanduser().resolve())!r}), not in the Hugging Face cache ({str(cache)!r}); "
+            f"download it first (huggingface-cli download {ref}) or give its local directory"
+        )
     return "hub"
 
 
@@ -123,9 +142,12 @@ def load_pretrained(
     ref: str, *, trust_remote_code: bool = False, dtype: torch.dtype | str = "auto"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """Standard transformers loading for a local directory or hub id."""
-    ref = str(Path(ref).expanduser()) if classify_model_ref(ref) == "path" else ref
-    tok = AutoTokenizer.from_pretrained(ref, trust_remote_code=trust_remote_code)
-    model = AutoModelForCausalLM.from_pretrained(ref, trust_remote_code=trust_remote_code, dtype=dtype)
+    kind = classify_model_ref(ref)
+    ref = str(Path(ref).expanduser()) if kind == "path" else ref
+    # a hub id comes from the local cache only (classify_model_ref checked it is there): no network retries
+    hub = {"cache_dir": str(hub_cache_dir()), "local_files_only": True} if kind == "hub" else {}
+    tok = AutoTokenizer.from_pretrained(ref, trust_remote_code=trust_remote_code, **hub)
+    model = AutoModelForCausalLM.from_pretrained(ref, trust_remote_code=trust_remote_code, dtype=dtype, **hub)
     if tok.pad_token is None:
         # Many causal LMs ship without a pad token; eos is the usual stand-in.
         tok.pad_token = tok.eos_token

@@ -155,8 +155,59 @@ def test_classify_model_ref(tmp_path, monkeypatch):
     assert classify_model_ref(str(tmp_path)) == "path"
     (tmp_path / "ckpt").mkdir()
     assert classify_model_ref("./ckpt") == "path"
-    assert classify_model_ref("Qwen/Qwen3-0.6B") == "hub"
-    assert classify_model_ref("gpt2") == "hub"
+    cache = tmp_path / "hf"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    for repo in ("Qwen/Qwen3-0.6B", "gpt2"):  # the hub cache's layout: refs/main -> snapshots/<rev>/
+        _cache_repo(cache, repo, {"model_type": "qwen3"})
+        assert classify_model_ref(repo) == "hub"
+
+
+def _cache_repo(cache, repo: str, config: dict) -> Path:
+    import json
+
+    root = cache / ("models--" + repo.replace("/", "--"))
+    (root / "refs").mkdir(parents=True, exist_ok=True)
+    (root / "refs" / "main").write_text("0" * 40)
+    snap = root / "snapshots" / ("0" * 40)
+    snap.mkdir(parents=True, exist_ok=True)
+    (snap / "config.json").write_text(json.dumps(config))
+    return snap
+
+
+def test_a_hub_id_not_in_the_cache_fails_at_once_naming_three_places(tmp_path, monkeypatch, capsys):
+    import gspo_bench.models
+    from gspo_bench.__main__ import main
+
+    def no_download(*a, **k):  # the run must stop before any loading, hence before any network retry
+        raise AssertionError("from_pretrained was called")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    with pytest.raises(ValueError) as e:
+        classify_model_ref("someone/no-such-model")
+    msg = str(e.value)
+    assert "not a built-in model (tiny-dense" in msg and str(tmp_path / "someone" / "no-such-model") in msg
+    assert str(tmp_path / "hf") in msg and "huggingface-cli download someone/no-such-model" in msg
+    monkeypatch.setattr(gspo_bench.models.AutoTokenizer, "from_pretrained", no_download)
+    monkeypatch.setattr(gspo_bench.models.AutoModelForCausalLM, "from_pretrained", no_download)
+    code = main(["run", "--model", "someone/no-such-model", "--tracking-uri", f"sqlite:///{tmp_path}/m.db",
+                 "--no-progress"])
+    out = capsys.readouterr()
+    assert code == 2 and len((out.out + out.err).strip().splitlines()) == 1
+    assert "not in the Hugging Face cache" in out.out + out.err
+
+
+def test_load_pretrained_reads_a_hub_id_from_the_cache(dense, tmp_path, monkeypatch):
+    model, tok = dense
+    cache = tmp_path / "hf"
+    snap = _cache_repo(cache, "someone/tiny", {})
+    model.save_pretrained(snap)
+    tok.save_pretrained(snap)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    loaded, _ = load_pretrained("someone/tiny", dtype=torch.float32)
+    for (name, p), (_, q) in zip(model.named_parameters(), loaded.named_parameters()):
+        assert torch.equal(p, q), name
 
 
 @pytest.mark.parametrize("ref", ["./missing", "/no/such/dir", "~/no-such-dir-gspo-bench-test", "a/b/c", "bad id!"])
