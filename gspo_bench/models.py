@@ -113,6 +113,23 @@ def hub_cache_dir() -> Path:
     return Path(os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE).expanduser()
 
 
+def check_model_dir(path: Path) -> None:
+    """A local checkpoint must be a directory with a readable ``config.json`` naming a ``model_type`` (what
+    ``from_pretrained`` needs first); an empty or partial one is a ValueError here, not a tokenizer traceback."""
+    import json
+
+    config = path / "config.json"
+    if not path.is_dir() or not config.is_file():
+        raise ValueError(f"model directory {str(path)!r} has no config.json (not a saved checkpoint: empty, "
+                         "partial, or a file)")
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"model directory {str(path)!r}: config.json is corrupt ({e})") from None
+    if not isinstance(data, dict) or "model_type" not in data:
+        raise ValueError(f"model directory {str(path)!r}: config.json names no model_type")
+
+
 def classify_model_ref(ref: str) -> str:
     """'builtin', 'path' or 'hub' (a hub id whose config is in the local hub cache). Anything else is a
     ValueError at once, naming the three places looked in: no download is tried, so an offline machine does
@@ -120,6 +137,7 @@ def classify_model_ref(ref: str) -> str:
     if ref in BUILTIN_MODELS:
         return "builtin"
     if Path(ref).expanduser().exists():
+        check_model_dir(Path(ref).expanduser())
         return "path"
     if ref.startswith((".", "/", "~")) or not HUB_ID.match(ref) or ref.count("/") > 1:
         raise ValueError(

@@ -226,7 +226,10 @@ def run(cfg: RunConfig, log=print, keep_modules: bool = False) -> list[RunResult
     uri = validate(cfg)
     results = []
     for seed in cfg.seeds:
-        task = load_task(cfg.task, seed)
+        try:
+            task = load_task(cfg.task, seed)
+        except ValueError as e:  # bad data: one line before any warm start or MLflow run
+            raise ConfigError(str(e)) from None
         ws = warm_start(task, cfg.model, cfg.warmstart, seed, task.spec.max_new_tokens,
                         progress=cfg.train.progress, log=log)
         if ws.cached:

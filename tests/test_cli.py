@@ -56,6 +56,46 @@ def test_bad_input_is_one_line_exit_2_and_leaves_no_run(argv, needle, tmp_path, 
     assert all(r.info.status != "RUNNING" for r in _runs(db)) and not _runs(db)
 
 
+BAD_FILES = {  # name -> (content, the message's needle)
+    "bad.yaml": (b"rollout: [1, 2\n", "bad.yaml: not valid YAML at line 2"),
+    "tag.yaml": (b"a: !!python/object:os.system {}\n", "could not determine a constructor for the tag"),
+    "latin.yaml": (b"rollout: {temperature: 1}\n# \xff\xfe\n", "latin.yaml: not UTF-8 text"),
+    "badtask.yaml": (b"kind: arith\nparams: {min_digits: [\n", "badtask.yaml: not valid YAML at line 3"),
+    "missing.yaml": (b"kind: file\nparams: {path: nowhere.jsonl}\n", "nowhere.jsonl: no such file"),
+    "empty.yaml": (b"kind: file\nparams: {path: empty.jsonl}\n", "empty.jsonl: empty file"),
+    "binary.yaml": (b"kind: file\nparams: {path: binary.jsonl}\n", "binary.jsonl: not UTF-8 text (byte 0)"),
+    "broken.yaml": (b"kind: file\nparams: {path: broken.jsonl, n_eval: 1}\n", "JSON parse error"),
+    "nofield.yaml": (b"kind: file\nparams: {path: nofield.jsonl, n_eval: 1}\n", "missing field(s) ['prompt']"),
+}
+DATA = {"empty.jsonl": b"", "binary.jsonl": b"\xff\xfe\x00\x01", "broken.jsonl": b'{"prompt": "1+1=", "answer": "2"}\n{bad\n',
+        "nofield.jsonl": b'{"q": "1+1=", "answer": "2"}\n{"q": "2+2=", "answer": "4"}\n'}
+
+
+@pytest.mark.parametrize("flag, name", [("--config", "bad.yaml"), ("--config", "tag.yaml"), ("--config", "latin.yaml"),
+                                        ("--task", "badtask.yaml"), ("--task", "missing.yaml"),
+                                        ("--task", "empty.yaml"), ("--task", "binary.yaml"), ("--task", "broken.yaml"),
+                                        ("--task", "nofield.yaml"), ("--model", "emptydir"), ("--model", "corrupt")])
+def test_bad_files_end_in_one_error_line_exit_2_before_any_run(flag, name, tmp_path, capsys):
+    for f, data in DATA.items():
+        (tmp_path / f).write_bytes(data)
+    if name in BAD_FILES:
+        (tmp_path / name).write_bytes(BAD_FILES[name][0])
+        needle = BAD_FILES[name][1]
+    else:  # model directories: empty, and with a config.json that is not JSON
+        (tmp_path / name).mkdir()
+        if name == "corrupt":
+            (tmp_path / name / "config.json").write_text("{nope")
+        needle = "has no config.json" if name == "emptydir" else "config.json is corrupt"
+    db = tmp_path / "mlflow.db"
+    code = main(["run", "--tracking-uri", f"sqlite:///{db}", "--no-progress", "--preset", "smoke", "--algos", "grpo",
+                 flag, str(tmp_path / name)])
+    out = capsys.readouterr()
+    errors = [line for line in (out.out + out.err).splitlines() if "error" in line]
+    assert code == 2 and len(errors) == 1 and needle in errors[0], out.out + out.err
+    assert "Traceback" not in out.out + out.err
+    assert not db.exists() or not _runs(db)
+
+
 def test_a_reward_parameter_out_of_range_stops_the_run_before_any_work(tmp_path, capsys):
     spec = tmp_path / "cd.yaml"
     spec.write_text("kind: countdown\nverifier: countdown\nverifier_params: {partial_credit: 5}\n")

@@ -152,9 +152,12 @@ def test_classify_model_ref(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert classify_model_ref("tiny-dense") == "builtin"
     assert classify_model_ref("tiny-moe") == "builtin"
-    assert classify_model_ref(str(tmp_path)) == "path"
     (tmp_path / "ckpt").mkdir()
+    with pytest.raises(ValueError, match="has no config.json"):  # an empty directory is no checkpoint
+        classify_model_ref("./ckpt")
+    (tmp_path / "ckpt" / "config.json").write_text('{"model_type": "qwen3"}')
     assert classify_model_ref("./ckpt") == "path"
+    assert classify_model_ref(str(tmp_path / "ckpt")) == "path"
     cache = tmp_path / "hf"
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     for repo in ("Qwen/Qwen3-0.6B", "gpt2"):  # the hub cache's layout: refs/main -> snapshots/<rev>/

@@ -7,7 +7,7 @@ presets, ``--config`` files and ``--set`` overrides and merges them.
 """
 
 from gspo_bench.config.loading import (PRESET_DIR, deep_merge, flatten, load_config, load_yaml, parse_sets, presets,
-                                       read_yaml, resolve_config_file, to_dict)
+                                       read_yaml, resolve_config_file, to_dict, yaml_file)
 from gspo_bench.config.sections import (AUTO, DEFAULT_TRACKING_URI, CollapseConfig, ConfigError, LossConfig,
                                         LossSettings, ModelConfig, MoEConfig, Recipe, Resolved, RolloutConfig, RunConfig,
                                         TrackingConfig, TrainConfig, WarmStartConfig, resolve_tracking_uri)
@@ -15,4 +15,4 @@ from gspo_bench.config.sections import (AUTO, DEFAULT_TRACKING_URI, CollapseConf
 __all__ = ["AUTO", "DEFAULT_TRACKING_URI", "PRESET_DIR", "CollapseConfig", "ConfigError", "LossConfig", "LossSettings",
            "ModelConfig", "MoEConfig", "Recipe", "Resolved", "RolloutConfig", "RunConfig", "TrackingConfig", "TrainConfig",
            "WarmStartConfig", "deep_merge", "flatten", "load_config", "load_yaml", "parse_sets", "presets", "read_yaml",
-           "resolve_config_file", "resolve_tracking_uri", "to_dict"]
+           "resolve_config_file", "resolve_tracking_uri", "to_dict", "yaml_file"]

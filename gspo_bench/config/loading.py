@@ -35,6 +35,25 @@ def load_yaml(text: str):
     return yaml.load(text, Loader=_Loader)
 
 
+def yaml_file(path: str | Path):
+    """A YAML file's content; an unreadable file, text that is not UTF-8, or YAML that does not parse (a
+    ``!!python/object`` tag included: the loader is safe and refuses it) is a one-line ConfigError."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror or e}") from None
+    try:
+        return load_yaml(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or (str(e).splitlines() or ["?"])[0]
+        raise ConfigError(f"{path}: not valid YAML{at}: {problem}") from None
+
+
 def _build(cls, data: dict, where: str):
     """Instantiate dataclass ``cls`` from a (partial) dict, recursing into sections."""
     if not isinstance(data, dict):
@@ -86,7 +105,7 @@ def resolve_config_file(path: str | Path) -> Path:
 
 def read_yaml(path: str | Path) -> dict:
     p = resolve_config_file(path)
-    data = load_yaml(p.read_text()) or {}
+    data = yaml_file(p) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     return data

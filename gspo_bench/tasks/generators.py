@@ -259,6 +259,16 @@ def load_file(
         if fmt not in ("json", "parquet"):
             raise ValueError(f"{p}: format {fmt!r} is not json or parquet; set format, or use a "
                              f"{'/'.join(_FORMATS)} suffix")
+        if not file.is_file():
+            raise ValueError(f"{p}: no such file")
+        if file.stat().st_size == 0:
+            raise ValueError(f"{p}: empty file")
+        if fmt == "json":
+            try:  # the head is enough to tell a UTF-8 text file from another encoding or a binary
+                file.open("rb").read(1 << 16).decode("utf-8")
+            except UnicodeDecodeError as e:
+                if e.start < (1 << 16) - 4:  # not a multi-byte character cut at the end of the head
+                    raise ValueError(f"{p}: not UTF-8 text (byte {e.start})") from None
         ds = datasets.load_dataset(fmt, data_files=str(file), split="train")
         tgt = target_field or answer_field
         missing = {prompt_field, answer_field, tgt} - set(ds.column_names)

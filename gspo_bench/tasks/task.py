@@ -22,7 +22,7 @@ from typing import Any
 
 import datasets
 
-from gspo_bench.config import load_yaml
+from gspo_bench.config.loading import yaml_file
 from gspo_bench.tasks.generators import (
     GENERATORS,
     generate_arith,
@@ -123,7 +123,7 @@ def resolve_task_spec(ref: str) -> TaskSpec:
         path = Path(ref).expanduser()
     else:
         raise ValueError(f"unknown task {ref!r} (allowed: {', '.join(known)}, or a path to a task YAML)")
-    raw = load_yaml(path.read_text()) or {}
+    raw = yaml_file(path) or {}
     raw.setdefault("name", path.stem)
     params = raw.get("params") or {}
     for key in ("path", "eval_path"):
@@ -139,6 +139,17 @@ def resolve_task_spec(ref: str) -> TaskSpec:
 
 
 def load_task(ref: str, seed: int) -> Task:
+    """The spec and its train / eval data; any failure to read the data is a one-line ValueError naming the
+    task (a missing, empty, malformed or non-UTF-8 file is the user's input, not a bug to show a traceback of)."""
     spec = resolve_task_spec(ref)
-    train, eval_ = GENERATORS[spec.kind](seed, **spec.params)
+    try:
+        train, eval_ = GENERATORS[spec.kind](seed, **spec.params)
+    except ValueError:
+        raise
+    except Exception as e:  # datasets raises its own types (DatasetGenerationError, ...) for bad files
+        cause = e.__cause__ or e  # datasets wraps the parser's error, which says what is wrong and where
+        first = (str(cause).strip().splitlines() or [""])[0]
+        raise ValueError(f"task {spec.name!r}: cannot load its data: {type(cause).__name__}: {first}") from None
+    if len(train) == 0 or len(eval_) == 0:
+        raise ValueError(f"task {spec.name!r}: no data ({len(train)} train rows, {len(eval_)} eval rows)")
     return Task(spec, train, eval_)
