@@ -103,7 +103,16 @@ def validate(cfg: RunConfig) -> str:
             raise ConfigError(f"algo {algo!r} has a loss but no algorithm class (algorithms: "
                               f"{', '.join(algorithms.names())})")
     try:
-        resolve_task_spec(cfg.task)
+        spec = resolve_task_spec(cfg.task)
+        if spec.kind in ("file", "jsonl"):  # its data files, cheaply, before any warm start
+            from gspo_bench.tasks.generators import check_data_file
+
+            p = spec.params
+            fields = (p.get("prompt_field", "prompt"), p.get("answer_field", "answer"),
+                      p.get("target_field") or p.get("answer_field", "answer"))
+            for key in ("path", "eval_path"):
+                if p.get(key):
+                    check_data_file(p[key], p.get("format"), fields)
         classify_model_ref(cfg.model.name)
     except ValueError as e:
         raise ConfigError(str(e)) from None

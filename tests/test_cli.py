@@ -64,17 +64,19 @@ BAD_FILES = {  # name -> (content, the message's needle)
     "missing.yaml": (b"kind: file\nparams: {path: nowhere.jsonl}\n", "nowhere.jsonl: no such file"),
     "empty.yaml": (b"kind: file\nparams: {path: empty.jsonl}\n", "empty.jsonl: empty file"),
     "binary.yaml": (b"kind: file\nparams: {path: binary.jsonl}\n", "binary.jsonl: not UTF-8 text (byte 0)"),
-    "broken.yaml": (b"kind: file\nparams: {path: broken.jsonl, n_eval: 1}\n", "JSON parse error"),
+    "broken.yaml": (b"kind: file\nparams: {path: broken.jsonl, n_eval: 1}\n", "the first row is not JSON"),
+    "late.yaml": (b"kind: file\nparams: {path: late.jsonl, n_eval: 1}\n", "JSON parse error"),
     "nofield.yaml": (b"kind: file\nparams: {path: nofield.jsonl, n_eval: 1}\n", "missing field(s) ['prompt']"),
 }
-DATA = {"empty.jsonl": b"", "binary.jsonl": b"\xff\xfe\x00\x01", "broken.jsonl": b'{"prompt": "1+1=", "answer": "2"}\n{bad\n',
+DATA = {"empty.jsonl": b"", "binary.jsonl": b"\xff\xfe\x00\x01", "broken.jsonl": b'{bad\n',
+        "late.jsonl": b'{"prompt": "1+1=", "answer": "2"}\n{bad\n',  # caught by the loader, not the first-row check
         "nofield.jsonl": b'{"q": "1+1=", "answer": "2"}\n{"q": "2+2=", "answer": "4"}\n'}
 
 
 @pytest.mark.parametrize("flag, name", [("--config", "bad.yaml"), ("--config", "tag.yaml"), ("--config", "latin.yaml"),
                                         ("--task", "badtask.yaml"), ("--task", "missing.yaml"),
                                         ("--task", "empty.yaml"), ("--task", "binary.yaml"), ("--task", "broken.yaml"),
-                                        ("--task", "nofield.yaml"), ("--model", "emptydir"), ("--model", "corrupt")])
+                                        ("--task", "late.yaml"), ("--task", "nofield.yaml"), ("--model", "emptydir"), ("--model", "corrupt")])
 def test_bad_files_end_in_one_error_line_exit_2_before_any_run(flag, name, tmp_path, capsys):
     for f, data in DATA.items():
         (tmp_path / f).write_bytes(data)
@@ -90,9 +92,12 @@ def test_bad_files_end_in_one_error_line_exit_2_before_any_run(flag, name, tmp_p
     code = main(["run", "--tracking-uri", f"sqlite:///{db}", "--no-progress", "--preset", "smoke", "--algos", "grpo",
                  flag, str(tmp_path / name)])
     out = capsys.readouterr()
-    errors = [line for line in (out.out + out.err).splitlines() if "error" in line]
-    assert code == 2 and len(errors) == 1 and needle in errors[0], out.out + out.err
-    assert "Traceback" not in out.out + out.err
+    text = (out.out + out.err).strip()
+    errors = [line for line in text.splitlines() if "error" in line]
+    assert code == 2 and len(errors) == 1 and needle in errors[0], text
+    assert "Traceback" not in text
+    if name != "late.yaml":  # everything but a bad row after the first is caught before the run's banner
+        assert len(text.splitlines()) == 1, text
     assert not db.exists() or not _runs(db)
 
 

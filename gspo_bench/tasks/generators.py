@@ -237,6 +237,44 @@ def generate_countdown(
 # ----------------------------------------------------------------------------- local files
 
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+HEAD_BYTES = 1 << 16
+
+
+def check_data_file(p: str, format: str | None, fields: tuple[str, ...]) -> tuple[Path, str]:
+    """(path, format) of a task data file, checked cheaply before any loading: it exists, is not empty, has a
+    known format; a JSON file's head is UTF-8, and a ``.jsonl`` file's first row parses and has ``fields``.
+    Any failure is a one-line ValueError naming the file."""
+    import json
+
+    file = Path(p).expanduser()
+    fmt = format or _FORMATS.get(file.suffix.lower())
+    if fmt not in ("json", "parquet"):
+        raise ValueError(f"{p}: format {fmt!r} is not json or parquet; set format, or use a "
+                         f"{'/'.join(_FORMATS)} suffix")
+    if not file.is_file():
+        raise ValueError(f"{p}: no such file")
+    if file.stat().st_size == 0:
+        raise ValueError(f"{p}: empty file")
+    if fmt == "json":
+        with file.open("rb") as f:
+            head = f.read(HEAD_BYTES)
+        try:  # the head tells a UTF-8 text file from another encoding or a binary
+            text = head.decode("utf-8")
+        except UnicodeDecodeError as e:
+            if e.start < HEAD_BYTES - 4:  # not merely a multi-byte character cut at the end of the head
+                raise ValueError(f"{p}: not UTF-8 text (byte {e.start})") from None
+            text = head[:e.start].decode("utf-8")
+        first = next((line for line in text.splitlines() if line.strip()), "")
+        if file.suffix.lower() == ".jsonl":  # one JSON object per line: the first row must parse
+            try:
+                row = json.loads(first)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{p}: the first row is not JSON ({e.msg} at column {e.colno})") from None
+            missing = sorted(set(fields) - set(row))
+            if missing:
+                raise ValueError(f"{p}: missing field(s) {missing}; the first row has {sorted(row)}")
+    return file, fmt
+
 
 
 @register_generator("file", "jsonl")
@@ -254,21 +292,7 @@ def load_file(
     verifier reads. ``jsonl`` is the old name of this kind.
     """
     def load(p: str) -> datasets.Dataset:
-        file = Path(p).expanduser()
-        fmt = format or _FORMATS.get(file.suffix.lower())
-        if fmt not in ("json", "parquet"):
-            raise ValueError(f"{p}: format {fmt!r} is not json or parquet; set format, or use a "
-                             f"{'/'.join(_FORMATS)} suffix")
-        if not file.is_file():
-            raise ValueError(f"{p}: no such file")
-        if file.stat().st_size == 0:
-            raise ValueError(f"{p}: empty file")
-        if fmt == "json":
-            try:  # the head is enough to tell a UTF-8 text file from another encoding or a binary
-                file.open("rb").read(1 << 16).decode("utf-8")
-            except UnicodeDecodeError as e:
-                if e.start < (1 << 16) - 4:  # not a multi-byte character cut at the end of the head
-                    raise ValueError(f"{p}: not UTF-8 text (byte {e.start})") from None
+        file, fmt = check_data_file(p, format, (prompt_field, answer_field, target_field or answer_field))
         ds = datasets.load_dataset(fmt, data_files=str(file), split="train")
         tgt = target_field or answer_field
         missing = {prompt_field, answer_field, tgt} - set(ds.column_names)
