@@ -7,7 +7,6 @@ do the work and print with the console they are given.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from rich.table import Table
@@ -147,11 +146,10 @@ def add_claims_parser(sub, default_uri: str) -> None:
 
 def claims_command(args, console) -> int:
     """``claims``: evaluate every claim of ``claim_specs`` and write the page and its figures."""
-    import platform
     import shlex
-    import subprocess
 
     from gspo_bench.config import ConfigError
+    from gspo_bench.paths import probe_writable_dir
     from gspo_bench.reporting import claims as cl
     from gspo_bench.reporting.claim_specs import EXPERIMENTS, claims
     from gspo_bench.reporting.leaderboard import read_uri
@@ -172,9 +170,9 @@ def claims_command(args, console) -> int:
             uris[name] = default
     out = Path(args.out)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        probe_writable_dir(out.parent, make=True)
     except OSError as e:
-        raise ConfigError(f"--out {args.out!r}: {e.strerror}") from None
+        raise ConfigError(f"--out {args.out!r}: {e.strerror or e}") from None
     specs = claims(args.margin)
     runs, missing = cl.load(uris, {e for c in specs for e in c.experiments})
     results = cl.evaluate(specs, runs)
@@ -184,15 +182,12 @@ def claims_command(args, console) -> int:
         if any(p.stat.n for p in r.parts):
             path = cl.plot_claim(r, runs, fig_dir / f"claim-{r.claim.key}.png")
             figures[r.claim.key] = str(path.relative_to(out.parent))
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                check=False).stdout.strip() or "unknown"
-    except OSError:
-        commit = "unknown"
-    meta = {"command": "python -m gspo_bench " + shlex.join(args.argv), "commit": commit, "margin": args.margin,
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "missing": missing}
+    from gspo_bench.runner import git_commit, machine
+
+    meta = {"command": "python -m gspo_bench " + shlex.join(args.argv), "commit": git_commit(),
+            "margin": args.margin, "machine": machine(), "missing": missing}
     out.write_text(cl.markdown(results, meta, figures))
     for i, r in enumerate(results, 1):
-        console.print(f"{i}. {r.claim.text} -> {r.verdict}{cl._n_and_mde(r)}", soft_wrap=True, markup=False)
+        console.print(f"{i}. {r.claim.text} -> {r.verdict}{cl.seeds_and_mde(r)}", soft_wrap=True, markup=False)
     console.print(f"wrote {out} and {len(figures)} figures in {fig_dir}", soft_wrap=True, markup=False)
     return 0

@@ -19,6 +19,16 @@ def builtin_dir(kind: str) -> Path:
     return installed if installed.is_dir() else PACKAGE_DIR.parent / kind
 
 
+def probe_writable_dir(path: Path, make: bool = False) -> None:
+    """Raise OSError unless files can be created in ``path`` (made first when ``make``). A real write probe: a
+    temporary file, created and removed, since permission bits lie to root and /proc-like folders refuse files."""
+    import tempfile
+
+    if make:
+        path.mkdir(parents=True, exist_ok=True)
+    tempfile.TemporaryFile(dir=path).close()
+
+
 def cache_dir() -> Path:
     """Warm-start checkpoints and other reusable artefacts; ``GSPO_BENCH_CACHE`` overrides."""
     root = os.environ.get("GSPO_BENCH_CACHE") or Path.home() / ".cache" / "gspo_bench"

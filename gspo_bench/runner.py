@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import tempfile
 import time
 import traceback
 import warnings
@@ -29,9 +28,11 @@ from gspo_bench import __version__, algorithms
 from gspo_bench.callbacks import CollapseCallback, MismatchProbe, MoEFlipProbe, RatioSample
 from gspo_bench.config import ConfigError, Resolved, RunConfig, flatten, resolve_tracking_uri, to_dict
 from gspo_bench.models import classify_model_ref, is_moe
+from gspo_bench.paths import probe_writable_dir
 from gspo_bench.redact import redact, redact_nested
 from gspo_bench.rollout.datamodule import RolloutDataModule
 from gspo_bench.tasks import load_task, resolve_task_spec
+from gspo_bench.tasks.task import check_task_data
 from gspo_bench.warmstart import WarmStart, warm_start
 
 
@@ -89,7 +90,7 @@ def tracking_uri(cfg: RunConfig) -> str:
                 with open(db, "ab"):
                     pass
             else:
-                tempfile.TemporaryFile(dir=db.parent.resolve()).close()
+                probe_writable_dir(db.parent.resolve())
         except OSError as e:
             raise ConfigError(f"tracking URI {uri!r}: cannot write {str(db if db.exists() else db.parent)!r} "
                               f"({e.strerror or e})") from None
@@ -103,16 +104,7 @@ def validate(cfg: RunConfig) -> str:
             raise ConfigError(f"algo {algo!r} has a loss but no algorithm class (algorithms: "
                               f"{', '.join(algorithms.names())})")
     try:
-        spec = resolve_task_spec(cfg.task)
-        if spec.kind in ("file", "jsonl"):  # its data files, cheaply, before any warm start
-            from gspo_bench.tasks.generators import check_data_file
-
-            p = spec.params
-            fields = (p.get("prompt_field", "prompt"), p.get("answer_field", "answer"),
-                      p.get("target_field") or p.get("answer_field", "answer"))
-            for key in ("path", "eval_path"):
-                if p.get(key):
-                    check_data_file(p[key], p.get("format"), fields)
+        check_task_data(resolve_task_spec(cfg.task))  # its data files, cheaply, before any warm start
         classify_model_ref(cfg.model.name)
     except ValueError as e:
         raise ConfigError(str(e)) from None

@@ -379,3 +379,16 @@ def test_math_verify_task_when_installed(tmp_path):
         assert task.verify(t, a) == 1.0
     assert task.verify("\\frac{3}{2}", "1.5") == 1.0
     assert task.verify("\\frac{3}{2}", "2.5") == 0.0
+
+
+def test_check_task_data_uses_the_loader_fields(tmp_path):
+    from gspo_bench.tasks.task import check_task_data
+
+    (tmp_path / "d.jsonl").write_text('{"q": "1+1=", "a": "2"}\n')
+    ok = TaskSpec(name="f", kind="file", params={"path": str(tmp_path / "d.jsonl"), "prompt_field": "q",
+                                                  "answer_field": "a"})
+    check_task_data(ok)  # the spec's own field names: passes
+    bad = TaskSpec(name="f", kind="file", params={"path": str(tmp_path / "d.jsonl")})
+    with pytest.raises(ValueError, match=r"missing field\(s\) \['answer', 'prompt'\]"):
+        check_task_data(bad)  # the loader's defaults, prompt / answer: missing
+    check_task_data(TaskSpec(name="a", kind="arith"))  # generated data: nothing to check

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gspo_bench.reporting.claim_specs import EXPERIMENTS, Claim, Part, Term
-from gspo_bench.reporting.leaderboard import FINISHED, RunData
+from gspo_bench.reporting.leaderboard import FINISHED, RunData, _seed_key
 from gspo_bench.reporting.paired import PairedStat, paired_summary
 
 REPRODUCED, REFUTED, UNDECIDED, NOT_RUN = "reproduced", "refuted", "not decided", "not run"
@@ -93,10 +93,6 @@ def verdict(ci: tuple[float, float] | None, region: tuple[float, float]) -> str:
     if ci[1] <= lo or ci[0] >= hi:
         return REFUTED
     return UNDECIDED
-
-
-def _seed_key(s: str):
-    return (0, int(s)) if s.isdigit() else (1, s)
 
 
 def evaluate_part(part: Part, runs: dict[str, list[RunData]]) -> PartResult:
@@ -194,7 +190,7 @@ def part_row(r: PartResult) -> str:
             f"{_region(r.part.region, unit)} | {v} |")
 
 
-def _n_and_mde(res: ClaimResult) -> str:
+def seeds_and_mde(res: ClaimResult) -> str:
     """' at n seeds (MDE ...)': the seed counts of the decisive parts, and the MDE of each undecided one."""
     decisive = [p for p in res.parts if p.part.decisive and p.stat.n]
     if not decisive:
@@ -220,10 +216,10 @@ def markdown(results: list[ClaimResult], meta: dict, figures: dict[str, str]) ->
            "says the effect does not appear at this scale, not that the source is wrong at its own.", "",
            "| # | claim | verdict |", "|---|---|---|"]
     for i, r in enumerate(results, 1):
-        out.append(f"| {i} | {r.claim.text} | **{r.verdict}**{_n_and_mde(r) if r.verdict == UNDECIDED else ''} |")
+        out.append(f"| {i} | {r.claim.text} | **{r.verdict}**{seeds_and_mde(r) if r.verdict == UNDECIDED else ''} |")
     for i, r in enumerate(results, 1):
         c = r.claim
-        out += ["", f"## {i}. {c.text}", "", f"**Verdict: {r.verdict}{_n_and_mde(r)}.**", "",
+        out += ["", f"## {i}. {c.text}", "", f"**Verdict: {r.verdict}{seeds_and_mde(r)}.**", "",
                 f"Source: {c.source}.", "", f"Experiment: {c.design}", ""]
         for e in c.experiments:
             what, cmd = EXPERIMENTS[e]

@@ -50,6 +50,7 @@ from pathlib import Path
 
 from gspo_bench.reporting import figures
 from gspo_bench.config import ConfigError
+from gspo_bench.paths import probe_writable_dir
 from gspo_bench.redact import redact
 from gspo_bench.reporting.grouping import MISSING, by_slug, check_by, split_values
 from gspo_bench.reporting.leaderboard import (DEFAULT_BASELINE, DEFAULT_EXPERIMENT, FINISHED, NOTES, RunData,
@@ -320,8 +321,7 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
     client = mlflow.MlflowClient(uri)
     out = Path(out or Path("results") / experiment)
     try:  # an output folder we cannot make or write is the user's input: one line, not a traceback
-        out.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=out).close()  # a real write probe: permission bits lie to root
+        probe_writable_dir(out, make=True)
     except OSError as e:
         raise ConfigError(f"--out {str(out)!r}: {e.strerror or e}") from None
     tuning_md, tuning_figs = [], []

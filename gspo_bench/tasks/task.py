@@ -25,6 +25,7 @@ import datasets
 from gspo_bench.config.loading import yaml_file
 from gspo_bench.tasks.generators import (
     GENERATORS,
+    check_data_file,
     generate_arith,
     generate_countdown,
     load_file,
@@ -136,6 +137,19 @@ def resolve_task_spec(ref: str) -> TaskSpec:
         return TaskSpec(**raw)
     except TypeError as e:
         raise ValueError(f"task spec {path}: {e}") from None
+
+
+def check_task_data(spec: TaskSpec) -> None:
+    """A file task's data files, checked cheaply (``generators.check_data_file``) with the generator's own
+    defaults for the fields, so nothing here restates them; other kinds generate their data and pass."""
+    if GENERATORS[spec.kind] is not load_file:
+        return
+    args = inspect.signature(load_file).bind(0, **spec.params)
+    args.apply_defaults()
+    a = args.arguments
+    fields = (a["prompt_field"], a["answer_field"], a["target_field"] or a["answer_field"])
+    for p in filter(None, (a["path"], a["eval_path"])):
+        check_data_file(p, a["format"], fields)
 
 
 def load_task(ref: str, seed: int) -> Task:
