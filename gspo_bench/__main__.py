@@ -15,6 +15,7 @@ from rich.table import Table
 
 from gspo_bench.cli_info import add_claims_parser
 from gspo_bench.config import DEFAULT_TRACKING_URI, ConfigError, load_config, parse_sets, presets
+from gspo_bench.interrupts import Interrupted, handle_signals
 from gspo_bench.redact import RedactingConsole, redact
 from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE, DEFAULT_EXPERIMENT, NOTES
 
@@ -85,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--eps-low", type=_eps, default=argparse.SUPPRESS,
                    help="lower clip offset ('none' = no lower bound)")
     r.add_argument("--eps-high", type=float, help="upper clip offset")
+    r.add_argument("--resume", action="store_true", help="continue each algorithm x seed's unfinished run "
+                   "(KILLED, FAILED, or RUNNING with its process gone) with the same settings in this experiment, "
+                   "as the same MLflow run, from its last checkpoint (train.checkpoint_every); a run without one "
+                   "starts afresh")
     from gspo_bench.tuning.study import COLLAPSE_PENALTY, DEFAULT_STORAGE, LAST_EVALS, PRUNERS
 
     t = sub.add_parser("tune", help="Optuna study over an algorithm's clip range (pruned, resumable, parallel)",
@@ -269,26 +274,9 @@ def overrides_from(args) -> dict:
 def cmd_run(args) -> int:
     if args.seeds is not None and args.seeds < 1:
         raise ConfigError(f"--seeds={args.seeds} must be >= 1")
-    cfg = load_config(args.preset, tuple(args.config), overrides_from(args))
-    from gspo_bench.runner import run, validate
+    from gspo_bench.cli_run import run_command
 
-    uri = validate(cfg)
-    console.print(f"[bold]gspo_bench[/bold] preset={cfg.preset} task={cfg.task} model={cfg.model.name} "
-                  f"algos={','.join(cfg.algos)} seeds={cfg.seeds} steps={cfg.train.steps}")
-    results = run(cfg, log=console.print)
-    table = Table(title=f"{cfg.task} / {cfg.model.name} / preset {cfg.preset}")
-    for col in ("algo", "seed", "status", "reward first→last", "eval pass@1 start→end", "clip/frac (last)",
-                "collapses", "wall s"):
-        table.add_column(col)
-    for r in results:
-        f, l = r.first.get("reward/mean"), r.last.get("reward/mean")
-        table.add_row(r.algo, str(r.seed), r.status,
-                      f"{f:.3f}→{l:.3f}" if f is not None and l is not None else "-",
-                      f"{r.eval_start:.3f}→{r.eval_end:.3f}" if r.eval_end is not None else "-",
-                      f"{r.last.get('clip/frac', float('nan')):.4f}", str(r.collapse_events), f"{r.seconds:.0f}")
-    console.print(table)
-    console.print(f"MLflow: mlflow ui --backend-store-uri {uri}  (experiment '{cfg.tracking.experiment}')")
-    return 0 if all(r.status == "FINISHED" for r in results) else 1
+    return run_command(load_config(args.preset, tuple(args.config), overrides_from(args)), args, console)
 
 
 def cmd_tune(args) -> int:
@@ -384,13 +372,19 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # its "View run at <uri>" has the password
     args = build_parser().parse_args(argv)  # the files stating the command get it redacted; args keep the real values
     args.argv = [redact(a) for a in (sys.argv[1:] if argv is None else argv)]
-    if args.cmd in ("run", "tune", "bench", "list"):
-        # import every algorithm file (each registers its class, maybe its loss) before a config names one
-        from gspo_bench import algorithms  # noqa: F401
-    try:
-        return {"run": cmd_run, "tune": cmd_tune, "list": cmd_list, "leaderboard": cmd_leaderboard,
-                "report": cmd_report, "bench": cmd_bench, "warmstart": cmd_warmstart,
-                "suite": cmd_suite, "collapse-check": cmd_collapse_check, "claims": cmd_claims}[args.cmd](args)
+    commands = {"run": cmd_run, "tune": cmd_tune, "list": cmd_list, "leaderboard": cmd_leaderboard,
+                "report": cmd_report, "bench": cmd_bench, "warmstart": cmd_warmstart, "suite": cmd_suite,
+                "collapse-check": cmd_collapse_check, "claims": cmd_claims}
+    try:  # SIGINT / SIGTERM: one summary, exit 130 / 143, no traceback (interrupts.py)
+        with handle_signals(echo=lambda m: console.print(m, style="yellow")):
+            if args.cmd in ("run", "tune", "bench", "list"):
+                # import every algorithm file (each registers its class, maybe its loss) before a config names one
+                from gspo_bench import algorithms  # noqa: F401
+            return commands[args.cmd](args)
+    except Interrupted as e:
+        from gspo_bench.cli_run import interrupted
+
+        return interrupted(e, args, console)
     except ConfigError as e:
         console.print(f"gspo-bench: error: {e}", style="red", soft_wrap=True)
         return 2

@@ -31,6 +31,8 @@ PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 # Printable ASCII minus the characters we never need; one token per character.
 CHARSET = string.digits + string.ascii_letters + string.punctuation + " \n"
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+BUILTIN_CONTEXT = 512  # tokens (= characters) the built-in tiny models take
+FALLBACK_CONTEXT = 4096  # a model that states no context length
 
 
 def char_tokenizer() -> PreTrainedTokenizerFast:
@@ -57,7 +59,7 @@ def _common(tok: PreTrainedTokenizerFast) -> dict:
         pad_token_id=tok.pad_token_id,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
-        max_position_embeddings=512,
+        max_position_embeddings=BUILTIN_CONTEXT,
         tie_word_embeddings=True,
     )
 
@@ -156,14 +158,38 @@ def classify_model_ref(ref: str) -> str:
     return "hub"
 
 
+def _where(ref: str) -> tuple[str, dict]:
+    """(path or hub id, from_pretrained keywords) of a non-built-in model."""
+    kind = classify_model_ref(ref)
+    # a hub id comes from the local cache only (classify_model_ref checked it is there): no network retries
+    hub = {"cache_dir": str(hub_cache_dir()), "local_files_only": True} if kind == "hub" else {}
+    return (str(Path(ref).expanduser()) if kind == "path" else ref), hub
+
+
+def tokenizer_and_context(name: str, trust_remote_code: bool = False) -> tuple[PreTrainedTokenizerFast, int]:
+    """A model's tokenizer and its context length in tokens, without loading its weights: the built-ins'
+    ``max_position_embeddings``; else the config's (or ``n_positions``), else the tokenizer's
+    ``model_max_length`` when it is a real number, else ``FALLBACK_CONTEXT``."""
+    if classify_model_ref(name) == "builtin":
+        return char_tokenizer(), BUILTIN_CONTEXT
+    from transformers import AutoConfig
+
+    ref, hub = _where(name)
+    tok = AutoTokenizer.from_pretrained(ref, trust_remote_code=trust_remote_code, **hub)
+    cfg = AutoConfig.from_pretrained(ref, trust_remote_code=trust_remote_code, **hub)
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(cfg, key, None)
+        if isinstance(value, int) and value > 0:
+            return tok, value
+    length = getattr(tok, "model_max_length", None)
+    return tok, length if isinstance(length, int) and 0 < length < 10**7 else FALLBACK_CONTEXT
+
+
 def load_pretrained(
     ref: str, *, trust_remote_code: bool = False, dtype: torch.dtype | str = "auto"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """Standard transformers loading for a local directory or hub id."""
-    kind = classify_model_ref(ref)
-    ref = str(Path(ref).expanduser()) if kind == "path" else ref
-    # a hub id comes from the local cache only (classify_model_ref checked it is there): no network retries
-    hub = {"cache_dir": str(hub_cache_dir()), "local_files_only": True} if kind == "hub" else {}
+    ref, hub = _where(ref)
     tok = AutoTokenizer.from_pretrained(ref, trust_remote_code=trust_remote_code, **hub)
     model = AutoModelForCausalLM.from_pretrained(ref, trust_remote_code=trust_remote_code, dtype=dtype, **hub)
     if tok.pad_token is None:

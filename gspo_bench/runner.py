@@ -4,7 +4,9 @@ Everything a user can get wrong is checked in ``validate`` before the first
 MLflow run is created, so a bad flag never leaves a run RUNNING. An exception
 inside one algorithm marks that run FAILED and the others still run; the
 exception types a caller names in ``run_one(interrupts=...)`` (``tune``:
-``optuna.TrialPruned``) end the run KILLED instead and propagate.
+``optuna.TrialPruned``) end the run KILLED instead and propagate, and so does
+a SIGINT/SIGTERM (``interrupts``), after a checkpoint. ``resume`` continues
+unfinished runs from their checkpoints (``lifecycle``, ``checkpoint``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import time
+import signal
 import traceback
 import warnings
 from dataclasses import dataclass, field
@@ -22,11 +24,14 @@ import lightning as L
 import yaml
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from transformers import AutoTokenizer
 
-from gspo_bench import __version__, algorithms
+from gspo_bench import __version__, algorithms, checkpoint
+from gspo_bench import interrupts as signals
 from gspo_bench.callbacks import CollapseCallback, MismatchProbe, MoEFlipProbe, RatioSample
 from gspo_bench.config import ConfigError, Resolved, RunConfig, flatten, resolve_tracking_uri, to_dict
+from gspo_bench.lifecycle import ResumedLogger, config_digest, find_resumable, mark_orphans, owner_tags
 from gspo_bench.models import classify_model_ref, is_moe
 from gspo_bench.paths import probe_writable_dir
 from gspo_bench.redact import redact, redact_nested
@@ -138,106 +143,189 @@ def git_commit() -> str:
     return (sha + ("+dirty" if dirty else "")) if sha else f"gspo-bench {__version__}"
 
 
-def make_logger(cfg: RunConfig, uri: str, algo: str, seed: int, ws: WarmStart, settings: Resolved,
-                task_name: str, tags: dict | None = None, parent_run_id: str | None = None,
-                run_name: str | None = None) -> MLFlowLogger:
+def resolved_settings(cfg: RunConfig, algo: str, seed: int, ws: WarmStart, settings: Resolved) -> dict:
+    """One run's settings as logged (params, ``config.yaml``), secrets masked."""
+    resolved = to_dict(cfg)
+    resolved["algos"] = [algo]
+    resolved["seeds"] = [seed]
+    resolved["resolved"] = {"loss": to_dict(settings.loss), "rollout": to_dict(settings.rollout),
+                            "warmstart": {"path": str(ws.path), "pass1": ws.pass1, "steps": ws.steps}}
+    return redact_nested(resolved)
+
+
+def make_logger(cfg: RunConfig, uri: str, algo: str, seed: int, resolved: dict, task_name: str,
+                tags: dict | None = None, parent_run_id: str | None = None, run_name: str | None = None,
+                resume_run_id: str | None = None) -> MLFlowLogger:
+    """A new MLflow run with its tags, params and ``config.yaml``; or, with ``resume_run_id``, that run again
+    (RUNNING, this process as its owner; params and the metrics it holds are not logged twice)."""
+    if resume_run_id:
+        logger = ResumedLogger(experiment_name=cfg.tracking.experiment, tracking_uri=uri, run_id=resume_run_id)
+        logger.experiment.update_run(resume_run_id, status="RUNNING")
+        for key, value in owner_tags().items():
+            logger.experiment.set_tag(resume_run_id, key, value)
+        if "killed_reason" in logger.experiment.get_run(resume_run_id).data.tags:
+            logger.experiment.delete_tag(resume_run_id, "killed_reason")
+        return logger
     tags = {"algo": algo, "task": task_name, "model": cfg.model.name, "seed": str(seed), "preset": cfg.preset,
             "tuning": cfg.tuning, "moe": "unknown", "gspo_bench.version": __version__, "git.commit": git_commit(),
-            "machine": machine(), **(tags or {})}
+            "machine": machine(), "gspo_bench.config": config_digest(resolved), **owner_tags(), **(tags or {})}
     if parent_run_id:  # MLflow's own nesting tag: the UI shows this run under its parent
         tags["mlflow.parentRunId"] = parent_run_id
     # what is written to MLflow is redacted (tracking.tracking_uri's password -> ***); the logger connects
     # with the real ``uri``
     logger = MLFlowLogger(experiment_name=cfg.tracking.experiment, run_name=redact(run_name or f"{algo}-s{seed}"),
                           tracking_uri=uri, tags=redact_nested(tags))
-    resolved = to_dict(cfg)
-    resolved["algos"] = [algo]
-    resolved["seeds"] = [seed]
-    resolved["resolved"] = {"loss": to_dict(settings.loss), "rollout": to_dict(settings.rollout),
-                            "warmstart": {"path": str(ws.path), "pass1": ws.pass1, "steps": ws.steps}}
-    resolved = redact_nested(resolved)
     params = {k: ("null" if v is None else v) for k, v in flatten(resolved).items()}
     logger.log_hyperparams(params)
     logger.experiment.log_text(logger.run_id, yaml.safe_dump(resolved, sort_keys=False), "config.yaml")
     return logger
 
 
+def prior_run(cfg: RunConfig, uri: str, algo: str, seed: int, digest: str, resume: bool, log) -> tuple:
+    """Mark the experiment's orphaned runs KILLED; with ``resume``, the run to continue and its checkpoint
+    (``(None, None)`` when there is none: the run starts afresh)."""
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    if exp is None:
+        return None, None
+    mark_orphans(client, exp.experiment_id, log)
+    prior = find_resumable(client, exp.experiment_id, algo, seed, digest) if resume else None
+    if prior is None:
+        if resume:
+            log(f"[resume] {algo} seed {seed}: no unfinished run with these settings: starting afresh")
+        return None, None
+    state = checkpoint.load(client, prior.info.run_id)
+    if state is None:
+        log(f"[resume] {algo} seed {seed}: run {prior.info.run_id} ({prior.info.status}) has no checkpoint: "
+            "starting afresh")
+        return None, None
+    log(f"[resume] {algo} seed {seed}: continuing run {prior.info.run_id} from its checkpoint at RL step "
+        f"{state['rl_step']}")
+    return prior.info.run_id, state
+
+
 def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str, log=print,
             keep_module: bool = False, *, callbacks: tuple = (), tags: dict | None = None,
             parent_run_id: str | None = None, run_name: str | None = None,
-            interrupts: tuple[type[BaseException], ...] = ()) -> RunResult:
+            interrupts: tuple[type[BaseException], ...] = (), resume: bool = False) -> RunResult:
     """Train one algorithm from the warm start. The keyword-only options are ``tune``'s: extra Lightning
     ``callbacks``, extra MLflow ``tags``, a parent run to nest under, and ``interrupts``, exception types
-    that end the run KILLED and are re-raised (any other exception ends it FAILED and is returned)."""
+    that end the run KILLED and are re-raised (any other exception ends it FAILED and is returned); and
+    ``resume``: continue this (algo, seed)'s unfinished run from its checkpoint (``lifecycle``)."""
     cls = algorithms.get(algo)
     settings = cfg.resolve(algo, cls.recipe, task.spec.max_new_tokens)
+    resolved = resolved_settings(cfg, algo, seed, ws, settings)
+    digest = config_digest(resolved)
+    resume_id, state = prior_run(cfg, uri, algo, seed, digest, resume, log)
     L.seed_everything(seed, verbose=False)
     module = cls(cfg, str(ws.path), seed, settings)
     tok = AutoTokenizer.from_pretrained(ws.path)
     dm = RolloutDataModule(task, tok, settings.rollout, steps=cfg.train.steps, seed=seed,
                            eval_prompts=cfg.train.eval_prompts, eval_samples=cfg.train.eval_samples)
-    logger = make_logger(cfg, uri, algo, seed, ws, settings, task.name, tags, parent_run_id, run_name)
-    moe = is_moe(module.policy)
-    # the stabilisers, as tags the leaderboard can split by (--by); routing_replay is what ran (none on dense)
-    for key, value in {"moe": str(moe).lower(), "routing_replay": module.replay,
-                       "correction": settings.rollout.correction, "rollout_dtype": settings.rollout.dtype}.items():
-        logger.experiment.set_tag(logger.run_id, key, value)
-    collapse = CollapseCallback(cfg.collapse, log=log)
-    # measurements first, so the collapse detector sees the step's full metrics
-    callbacks: list = ([MismatchProbe(), RatioSample()] + ([MoEFlipProbe()] if moe else []) + [collapse]
-                       + list(callbacks))
-    if cfg.train.progress:
-        callbacks.append(ProgressBar(leave=True))
-    trainer = L.Trainer(
-        max_epochs=1, max_steps=-1, logger=logger, callbacks=callbacks, accelerator=cfg.train.accelerator,
-        devices=1, precision=cfg.train.precision, val_check_interval=cfg.train.eval_every,
-        check_val_every_n_epoch=None, num_sanity_val_steps=0, enable_checkpointing=False,
-        enable_model_summary=False, enable_progress_bar=cfg.train.progress, log_every_n_steps=1,
-    )
+    if state is not None:
+        module.resume_state, dm.start_step = state, int(state["rl_step"])
+    logger = make_logger(cfg, uri, algo, seed, resolved, task.name, tags, parent_run_id, run_name, resume_id)
     result = RunResult(algo, seed, logger.run_id, "FAILED")
-    t0 = time.perf_counter()
+    ckpt = module.checkpointer = checkpoint.Checkpointer(logger.experiment, logger.run_id, cfg.train.checkpoint_every,
+                                                         digest, state["elapsed_s"] if state else 0.0, log)
+    collapse = None
     try:
-        trainer.fit(module, datamodule=dm)
+        trainer, collapse = _trainer(cfg, module, logger, callbacks)
+        with signals.deferred():
+            trainer.fit(module, datamodule=dm)
         result.status = "FINISHED"
+        checkpoint.discard(logger.experiment, logger.run_id)
+    except (signals.Interrupted, SIGTERMException) as caught:
+        # SIGINT/SIGTERM: checkpointed at a step's end (or abandoned mid-step); Lightning's own SIGTERM
+        # exception comes instead when the signal lands in the last step, which has no checkpoint
+        e = caught if isinstance(caught, signals.Interrupted) else signals.Interrupted(
+            signal.SIGTERM, "in the last RL step")
+        result.status = "KILLED"
+        step = ckpt.saved_step if ckpt.saved_step is not None else (state["rl_step"] if state else None)
+        where = f"; resume from RL step {step} with --resume" if step else "; no checkpoint yet"
+        logger.experiment.set_tag(logger.run_id, "killed_reason", f"{e.name} at RL step {module.rl_step}{where}")
+        logger.experiment.set_terminated(logger.run_id, "KILLED")
+        logger.experiment.log_metric(logger.run_id, "time/wall_s", ckpt.elapsed())
+        e.checkpoint_step, e.results = step, [result]
+        if e is caught:
+            raise
+        raise e from None
     except interrupts:  # stopped on purpose (a pruned trial): not a failure, and the caller handles it
         result.status = "KILLED"
         logger.experiment.set_terminated(logger.run_id, "KILLED")
-        logger.experiment.log_metric(logger.run_id, "time/wall_s", time.perf_counter() - t0)
+        logger.experiment.log_metric(logger.run_id, "time/wall_s", ckpt.elapsed())
         raise
     except Exception as e:  # one algorithm failing must not take the benchmark down
         result.error = f"{type(e).__name__}: {e}"
         log(f"[error] {algo} seed {seed} failed: {result.error}")
         log(traceback.format_exc())
         logger.experiment.set_terminated(logger.run_id, "FAILED")
-    result.seconds = time.perf_counter() - t0
+    result.seconds = ckpt.elapsed()
     result.first, result.last = module.first_metrics, module.last_metrics
     result.eval_start, result.eval_end = module.eval_history[0][1] if module.eval_history else None, (
         module.eval_history[-1][1] if module.eval_history else None)
     result.eval_log = list(module.eval_log)
-    result.collapse_events = len(collapse.events)
+    result.collapse_events = len(collapse.events) if collapse is not None else 0
     logger.experiment.log_metric(logger.run_id, "time/wall_s", result.seconds)
     if keep_module:
         result.module = module
     return result
 
 
-def run(cfg: RunConfig, log=print, keep_modules: bool = False) -> list[RunResult]:
-    """All algorithms x seeds of ``cfg``; returns one result per run."""
+def _trainer(cfg: RunConfig, module, logger, callbacks: tuple) -> tuple[L.Trainer, CollapseCallback]:
+    moe = is_moe(module.policy)
+    # the stabilisers, as tags the leaderboard can split by (--by); routing_replay is what ran (none on dense)
+    for key, value in {"moe": str(moe).lower(), "routing_replay": module.replay,
+                       "correction": module.settings.rollout.correction,
+                       "rollout_dtype": module.settings.rollout.dtype}.items():
+        logger.experiment.set_tag(logger.run_id, key, value)
+    collapse = CollapseCallback(cfg.collapse, log=module.checkpointer.log)
+    # measurements first, so the collapse detector sees the step's full metrics
+    callbacks = [MismatchProbe(), RatioSample()] + ([MoEFlipProbe()] if moe else []) + [collapse] + list(callbacks)
+    if cfg.train.progress:
+        callbacks.append(ProgressBar(leave=True))
+    # evaluation is the module's own (PolicyModule.evaluate_now), so Lightning runs no validation loop
+    trainer = L.Trainer(
+        max_epochs=1, max_steps=-1, logger=logger, callbacks=callbacks, accelerator=cfg.train.accelerator,
+        devices=1, precision=cfg.train.precision, num_sanity_val_steps=0, enable_checkpointing=False,
+        enable_model_summary=False, enable_progress_bar=cfg.train.progress, log_every_n_steps=1,
+    )
+    return trainer, collapse
+
+
+def _max_new(cfg: RunConfig) -> int | None:
+    """The response cap when the config sets one (else the task's own, ``rollout.max_new_tokens: auto``)."""
+    return cfg.rollout.max_new_tokens if isinstance(cfg.rollout.max_new_tokens, int) else None
+
+
+def run(cfg: RunConfig, log=print, keep_modules: bool = False, resume: bool = False) -> list[RunResult]:
+    """All algorithms x seeds of ``cfg``; returns one result per run. ``resume``: continue unfinished runs
+    from their checkpoints. A signal ends it with ``interrupts.Interrupted`` carrying the results so far."""
     quiet()
     uri = validate(cfg)
-    results = []
-    for seed in cfg.seeds:
-        try:
-            task = load_task(cfg.task, seed)
-        except ValueError as e:  # bad data: one line before any warm start or MLflow run
-            raise ConfigError(str(e)) from None
-        ws = warm_start(task, cfg.model, cfg.warmstart, seed, task.spec.max_new_tokens,
-                        progress=cfg.train.progress, log=log)
-        if ws.cached:
-            log(f"warm start (cached): greedy pass@1 {ws.pass1:.1%} on {len(task.eval)} held-out prompts "
-                f"-> {ws.path}")
-        for algo in cfg.algos:
-            log(f"== {algo} (seed {seed}) ==")
-            results.append(run_one(cfg, algo, seed, task, ws, uri, log, keep_modules))
+    results: list[RunResult] = []
+    try:
+        for seed in cfg.seeds:
+            try:
+                task = load_task(cfg.task, seed, cfg.model, _max_new(cfg), log)
+            except ValueError as e:  # bad data: one line before any warm start or MLflow run
+                raise ConfigError(str(e)) from None
+            try:
+                ws = warm_start(task, cfg.model, cfg.warmstart, seed, task.spec.max_new_tokens,
+                                progress=cfg.train.progress, log=log)
+            except signals.Interrupted as e:
+                e.where = e.where or f"during the warm start of seed {seed}"
+                raise
+            if ws.cached:
+                log(f"warm start (cached): greedy pass@1 {ws.pass1:.1%} on {len(task.eval)} held-out prompts "
+                    f"-> {ws.path}")
+            for algo in cfg.algos:
+                signals.check(where=f"before {algo} seed {seed}")
+                log(f"== {algo} (seed {seed}) ==")
+                results.append(run_one(cfg, algo, seed, task, ws, uri, log, keep_modules, resume=resume))
+    except signals.Interrupted as e:
+        e.results = results + e.results
+        raise
     return results
-

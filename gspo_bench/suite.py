@@ -11,8 +11,10 @@ config), so running cell by cell builds each one once.
 Resume: a cell is done when the experiment holds a FINISHED run tagged with its ``algo``, ``seed`` and
 ``preset`` (= the scenario) that is not a report, study or tuning-trial run; done cells are skipped and
 counted, FAILED / KILLED / RUNNING (or deleted) ones run again, so re-running a command runs only what is
-missing. A done cell's logged params must match this invocation's config (every field except algos, seeds,
-tracking and train.progress): a FINISHED run made with other settings (say a ``--set train.steps=2``
+missing. A cell that was stopped (a signal, or ``kill -9``: its RUNNING run is an orphan, marked KILLED)
+continues as the same MLflow run from its last checkpoint (``runner.run(resume=True)``, ``lifecycle``).
+A done cell's logged params must match this invocation's config (every field except algos, seeds,
+tracking, train.progress and train.checkpoint_every): a FINISHED run made with other settings (say a ``--set train.steps=2``
 smoke check under the same prefix) is a ConfigError naming the fields, before anything runs, rather than a
 silently mixed leaderboard; use another ``--experiment-prefix``.
 
@@ -47,7 +49,7 @@ DEFAULT_PREFIX = "suite"
 DEFAULT_OUT = "results/suite"
 DEFAULT_SEEDS = 3
 # config fields a cell may differ in from an earlier FINISHED run of it
-NOT_COMPARED = ("algos", "seeds", "tracking.", "train.progress")
+NOT_COMPARED = ("algos", "seeds", "tracking.", "train.progress", "train.checkpoint_every")
 
 
 @dataclass
@@ -260,7 +262,8 @@ def run_cells(plan: Plan, log, progress: bool, console=None) -> dict[str, int]:
             cfg = dataclasses.replace(s.cfg, algos=[algo], seeds=[seed])
             t0 = time.perf_counter()
             try:
-                res = runner.run(cfg, log=log)[0]
+                # a KILLED cell (a signal, or an orphan of a killed process) continues from its checkpoint
+                res = runner.run(cfg, log=log, resume=True)[0]
                 status, final = res.status, res.eval_end
             except Exception as e:  # e.g. a warm start that raised: this cell fails, the suite goes on
                 status, final = "FAILED", None

@@ -65,7 +65,8 @@ class WarmStart:
 def cache_key(task: Task, model_cfg: ModelConfig, ws: WarmStartConfig, seed: int) -> str:
     payload = {
         "v": CACHE_VERSION,
-        "task": asdict(task.spec),
+        # a field left at its default (null) stays out, so keys made before it existed still match
+        "task": {k: v for k, v in asdict(task.spec).items() if not (k == "max_prompt_tokens" and v is None)},
         "model": model_cfg.name,
         "dtype": model_cfg.dtype,
         "warmstart": asdict(ws),
@@ -93,7 +94,7 @@ def greedy_pass1(model, tok, task: Task, n: int | None, max_new_tokens: int, bat
     for i in range(0, len(rows), batch):
         chunk = rows.select(range(i, min(i + batch, len(rows))))
         gen = generate("auto", model, tok, list(chunk["prompt"]), max_new_tokens=max_new_tokens, greedy=True)
-        hits += sum(task.verify(c, a) for c, a in zip(gen.texts, list(chunk["answer"])))
+        hits += sum(task.score(gen.texts, list(chunk["answer"]))[0])  # each call under the default time limit
     model.train(was_training)
     return hits / max(1, len(rows))
 
@@ -196,11 +197,15 @@ def warm_start(task: Task, model_cfg: ModelConfig, ws: WarmStartConfig, seed: in
     # write to a temp dir and rename, so concurrent workers never read a half-written checkpoint
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
-    model.to("cpu").save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    meta = {"pass1": pass1, "steps": steps, "seconds": seconds, "task": task.name, "model": model_cfg.name,
-            "seed": seed, "target_pass1": ws.target_pass1, "enabled": ws.enabled}
-    (tmp / "warmstart.json").write_text(json.dumps(meta, indent=2))
+    try:
+        model.to("cpu").save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        meta = {"pass1": pass1, "steps": steps, "seconds": seconds, "task": task.name, "model": model_cfg.name,
+                "seed": seed, "target_pass1": ws.target_pass1, "enabled": ws.enabled}
+        (tmp / "warmstart.json").write_text(json.dumps(meta, indent=2))
+    except BaseException:  # a signal or a full disk: leave no half-written folder behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     try:
         os.replace(tmp, path)
     except OSError:  # another worker won the race; theirs is equivalent
@@ -231,7 +236,7 @@ def band(task_ref: str, models: list[str], seeds: list[int], ws: WarmStartConfig
     rows = []
     for model in models:
         for seed in seeds:
-            task = load_task(task_ref, seed)
+            task = load_task(task_ref, seed, ModelConfig(name=model), log=log)
             w = warm_start(task, ModelConfig(name=model), ws, seed, task.spec.max_new_tokens, progress, log=log)
             rows.append(BandRow(model, seed, w.pass1, w.steps, w.seconds, w.cached))
     return rows

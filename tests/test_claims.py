@@ -92,12 +92,21 @@ def test_combine():
 
 def test_every_claim_names_known_experiments_and_terms():
     specs = claims(2.0)
-    assert len(specs) == 7 and len({c.key for c in specs}) == 7
+    assert len(specs) == 8 and len({c.key for c in specs}) == 8
     for c in specs:
         used = {t.experiment for p in c.parts for t in p.terms} | {cv.experiment for cv in c.curves}
         assert used <= set(c.experiments) <= set(EXPERIMENTS), c.key
     eq = next(c for c in specs if c.key == "gspo-token").parts[0]
     assert eq.region == (-2.0, 2.0)
+    # DAPO's ablations: full DAPO (arith-default) minus DAPO with one part off (dapo-ablation), per seed
+    parts = next(c for c in specs if c.key == "dapo-parts").parts
+    for part, off in zip(parts, ("no-dynamic-sampling", "no-clip-higher")):
+        full, ablated = part.terms
+        assert (full.experiment, full.sign, dict(full.where)) == ("arith-default", 1, {
+            "algo": "dapo", "preset": "default", "tuning": "default"})
+        assert (ablated.experiment, ablated.sign, dict(ablated.where)) == ("dapo-ablation", -1, {
+            "algo": "dapo", "tuning": off})
+        assert part.region == (0.0, math.inf) and part.decisive
 
 
 def test_claims_command_writes_the_page(tmp_path_factory, tmp_path, capsys):

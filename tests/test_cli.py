@@ -115,7 +115,7 @@ def test_set_reaches_the_config_and_dedicated_flags_win(tmp_path, monkeypatch):
     import gspo_bench.runner
 
     seen = []
-    monkeypatch.setattr(gspo_bench.runner, "run", lambda cfg, log=print: seen.append(cfg) or [])
+    monkeypatch.setattr(gspo_bench.runner, "run", lambda cfg, log=print, resume=False: seen.append(cfg) or [])
     f = tmp_path / "c.yaml"
     f.write_text("rollout:\n  temperature: 0.3\n  group_size: 3\n")
     code = main(["run", "--preset", "smoke", "--config", str(f), "--tracking-uri", f"sqlite:///{tmp_path}/m.db",

@@ -337,10 +337,10 @@ def test_evaluate_pass1_and_sampled_reward(task, policy):
     assert set(out0) == {"pass1"} and out0["pass1"].tolist() == [1.0, 0.0, 1.0]
 
 
-def test_val_dataloader_batches_the_eval_rows(task, policy):
+def test_eval_dataloader_batches_the_eval_rows(task, policy):
     model, tok = policy
     dm = RolloutDataModule(task, tok, RolloutConfig(2, 2, 4, engine="hf", dynamic_sampling=False, overlong_buffer=None), steps=1, seed=0, eval_prompts=5, eval_batch=2)
-    batches = list(dm.val_dataloader())
+    batches = list(dm.eval_dataloader())
     assert [len(b["prompt"]) for b in batches] == [2, 2, 1]
     assert sum((b["prompt"] for b in batches), []) == list(task.eval["prompt"])[:5]
     assert sum((b["answer"] for b in batches), []) == list(task.eval["answer"])[:5]

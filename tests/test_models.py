@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import AutoTokenizer, Qwen3ForCausalLM, Qwen3MoeForCausalLM
@@ -220,6 +223,21 @@ def test_classify_model_ref_rejects_missing_paths(ref, tmp_path, monkeypatch):
         classify_model_ref(ref)
     assert repr(ref) in str(e.value)
     assert "tiny-dense" in str(e.value)  # the message lists the built-ins
+
+
+def test_tokenizer_and_context_without_loading_weights(dense, tmp_path):
+    from gspo_bench.models import BUILTIN_CONTEXT, tokenizer_and_context
+
+    tok, ctx = tokenizer_and_context("tiny-dense")
+    assert ctx == BUILTIN_CONTEXT == dense[0].config.max_position_embeddings and tok("12")["input_ids"]
+    model, tok = dense
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()  # no weights needed: only the config and the tokenizer
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 96}))
+    got, ctx = tokenizer_and_context(str(tmp_path))
+    assert ctx == 96 and got("1+2=")["input_ids"] == tok("1+2=")["input_ids"]
 
 
 def test_load_pretrained_round_trip(dense, tmp_path):

@@ -242,7 +242,8 @@ def test_failing_cells_do_not_stop_the_suite_and_exit_1(tmp_path, monkeypatch, c
 
     calls = []
 
-    def boom(cfg, log=print):
+    def boom(cfg, log=print, resume=False):
+        assert resume  # a stopped cell continues from its checkpoint
         calls.append((cfg.algos, cfg.seeds))
         raise RuntimeError("no luck")
 

@@ -392,3 +392,102 @@ def test_check_task_data_uses_the_loader_fields(tmp_path):
     with pytest.raises(ValueError, match=r"missing field\(s\) \['answer', 'prompt'\]"):
         check_task_data(bad)  # the loader's defaults, prompt / answer: missing
     check_task_data(TaskSpec(name="a", kind="arith"))  # generated data: nothing to check
+
+
+# -- bounded inputs: rows the model cannot take are dropped by a documented rule ------------------------------
+def _file_task(tmp_path, rows: list[dict], extra: str = "", n_eval: int = 2):
+    from gspo_bench.tasks import load_task
+
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = tmp_path / "bounded.yaml"
+    spec.write_text(f"kind: file\nmax_new_tokens: 8\n{extra}params: {{path: rows.jsonl, n_eval: {n_eval}}}\n")
+    return str(spec), load_task
+
+
+class _Counting:
+    """The char tokenizer, recording the longest text it was asked to tokenize."""
+
+    def __init__(self):
+        from gspo_bench.models import char_tokenizer
+
+        self.tok, self.longest = char_tokenizer(), 0
+
+    def get_vocab(self):
+        return self.tok.get_vocab()
+
+    def __call__(self, text, **kw):
+        self.longest = max(self.longest, len(text))
+        return self.tok(text, **kw)
+
+
+def test_rows_longer_than_the_model_takes_are_dropped_and_counted(tmp_path, monkeypatch):
+    from gspo_bench.tasks.task import fit_to_model
+
+    ok = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(10)]
+    long_prompt = {"prompt": "7" * 60 + "=", "answer": "1"}  # 61 tokens > P = 64 - 8 = 56
+    long_target = {"prompt": "50+50=", "answer": "1" * 60}  # prompt + answer (the target) + eos: 67 > 64
+    huge = {"prompt": "9" * 10_000_000 + "=", "answer": "1"}  # the 10 MB row
+    monkeypatch.chdir(tmp_path)
+    ref, load_task = _file_task(tmp_path, ok + [long_prompt, long_target, huge], n_eval=2)
+    task = load_task(ref, seed=0)
+    n_train, n_eval = len(task.train), len(task.eval)
+    tok, lines = _Counting(), []
+    fitted = fit_to_model(task, tok, context=64, max_new_tokens=8, log=lines.append)
+    kept = list(fitted.train["prompt"]) + list(fitted.eval["prompt"])
+    assert sorted(kept) == sorted(r["prompt"] for r in ok)
+    assert len(lines) == 1 and re.search(r"dropped \d+ of %d train rows and \d+ of %d eval rows" % (n_train, n_eval),
+                                         lines[0])
+    assert "prompt > 56 tokens" in lines[0] and "prompt + answer > 64" in lines[0]
+    assert tok.longest < 1000  # the 10 MB prompt was dropped on its length alone, never tokenized
+    assert fit_to_model(fitted, tok, 64, 8, log=lines.append) is fitted and len(lines) == 1  # nothing to drop
+
+
+def test_max_prompt_tokens_and_an_empty_split_after_dropping():
+    import datasets
+
+    from gspo_bench.models import char_tokenizer
+    from gspo_bench.tasks.task import Task, TaskSpec, fit_to_model
+
+    def split(*prompts):
+        return datasets.Dataset.from_dict({"prompt": list(prompts), "answer": ["1"] * len(prompts),
+                                           "target": ["1"] * len(prompts)})
+
+    spec = TaskSpec(name="b", kind="arith", max_prompt_tokens=5)
+    task = Task(spec, split("8+8=", "10+10=", "9+9="), split("7+7=", "12+12="))
+    fitted = fit_to_model(task, char_tokenizer(), 512, 8, log=lambda m: None)
+    assert list(fitted.train["prompt"]) == ["8+8=", "9+9="] and list(fitted.eval["prompt"]) == ["7+7="]
+    with pytest.raises(ValueError, match="no eval row fits the model"):
+        fit_to_model(Task(spec, task.train, split("12+12=")), char_tokenizer(), 512, 8, log=lambda m: None)
+    with pytest.raises(ValueError, match="leaves no room for a prompt"):
+        fit_to_model(task, char_tokenizer(), 16, 16, log=lambda m: None)
+    for bad in (0, -3, 2.5, True, "10"):
+        with pytest.raises(ValueError, match="max_prompt_tokens"):
+            TaskSpec(name="b", kind="arith", max_prompt_tokens=bad)
+
+
+def test_a_10_mb_row_keeps_peak_memory_flat(tmp_path):
+    """Peak RSS of a whole `run` (warm start included) with and without a 10 MB prompt in the data."""
+    import subprocess
+    import sys
+
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(20) for b in range(20)]
+    peaks = {}
+    for name, extra in (("plain", []), ("huge", [{"prompt": "9" * 10_000_000 + "=", "answer": "1"}])):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows + extra))
+        (d / "t.yaml").write_text("kind: file\nmax_new_tokens: 4\nparams: {path: rows.jsonl, n_eval: 20}\n")
+        cmd = [sys.executable, "-m", "gspo_bench", "run", "--preset", "smoke", "--algos", "grpo", "--task",
+               str(d / "t.yaml"), "--steps", "1", "--set", "warmstart.max_steps=4", "--set", "warmstart.eval_every=2",
+               "--tracking-uri", f"sqlite:///{d}/m.db", "--no-progress"]
+        # a parent per run, so RUSAGE_CHILDREN's peak is that run's alone
+        wrapper = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True);"
+                   " print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); print(p.stdout)")
+        out = subprocess.run([sys.executable, "-c", wrapper, *cmd], cwd=d, capture_output=True, text=True,
+                             timeout=900).stdout
+        code, kib = out.split("\n", 1)[0].split()
+        assert code == "0", out[-3000:]
+        peaks[name] = int(kib) / 1024
+        if name == "huge":
+            assert re.search(r"dropped 1 of \d+ train rows", out), out[-3000:]
+    assert peaks["huge"] - peaks["plain"] < 200, peaks  # MiB: the row itself, a few copies, never a padded batch

@@ -21,8 +21,11 @@ then logging. The shared loop's own choices, which no paper pins:
   and the NaN stays in the step's metrics (``metrics.StepStats`` does not
   average it away), so the collapse callback sees it.
 - Evaluation runs before the first step (the warm-start score, logged at
-  step 0), every ``eval_every`` steps inside Lightning's loop, and after the
-  last step if that was not an eval step.
+  step 0), at the end of every ``eval_every``-th step and after the last step
+  if that was not an eval step: our loop, not Lightning's validation loop,
+  so a run resumed from a checkpoint evaluates at the same steps.
+- ``checkpointer`` (``checkpoint.Checkpointer``) saves at the end of a step
+  (after its evaluation) and stops the run cleanly on SIGINT/SIGTERM.
 - What is not part of the update is a callback (``callbacks/``): collapse
   events, the MoE flip rate, the engine/trainer mismatch and the ratio
   sample. They read ``last_metrics`` and ``trace`` (this step's tensors).
@@ -126,6 +129,8 @@ class PolicyModule(L.LightningModule):
         self.eval_listeners: list = []  # fn(rl_step, eval metrics), e.g. the collapse detector
         self._eval: dict[str, MeanMetric] = {}
         self._eval_seen: set[str] = set()
+        self.checkpointer = None  # set by the runner: checkpoints, heartbeat, a signal's clean stop
+        self.resume_state: dict | None = None  # set by the runner to continue a run from its checkpoint
 
     @property
     def kl_coef(self) -> float:
@@ -313,30 +318,32 @@ class PolicyModule(L.LightningModule):
         self.log_dict(bar, prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=1)
         self.log("rl_step", float(self.rl_step), logger=False, batch_size=1)
 
-    # -- evaluation ------------------------------------------------------------------------------
-    def on_validation_epoch_start(self) -> None:
+    # -- evaluation and checkpoints -----------------------------------------------------------------
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        # after every callback's hook (Lightning calls the module's last), so the collapse detector has
+        # seen the step before its evaluation, and the checkpoint holds both
+        if self.rl_step % self.cfg.train.eval_every == 0:
+            self.evaluate_now()
+        if self.checkpointer is not None:
+            self.checkpointer.after_step(self)
+
+    def eval_reset(self) -> None:
         # torchmetrics means over every eval prompt (pass1) and every sampled completion (reward, pass1_sampled)
         self._eval = {"pass1": MeanMetric(), "reward": MeanMetric(), "pass1_sampled": MeanMetric()}
         self._eval_seen = set()
 
-    def validation_step(self, batch: dict, batch_idx: int):
+    def eval_batch(self, batch: dict) -> None:
         out = self.trainer.datamodule.evaluate(self.policy, batch)
         for k, v in out.items():
             self._eval[k].update(v.float().cpu())
             self._eval_seen.add(k)
 
-    def on_validation_epoch_end(self) -> None:
-        if "pass1" in self._eval_seen and not self.trainer.sanity_checking:
-            self.record_eval(in_loop=True)
-
-    def record_eval(self, in_loop: bool) -> None:
-        """Log ``eval/*`` at the current RL step (Lightning's ``self.log`` only works inside its loops)."""
+    def record_eval(self) -> None:
+        """Log ``eval/*`` at the current RL step and tell the listeners."""
         metrics = {"eval/pass1": float(self._eval["pass1"].compute())}
         if "reward" in self._eval_seen:
             metrics["eval/reward_mean"] = float(self._eval["reward"].compute())
             metrics["eval/pass1_sampled"] = float(self._eval["pass1_sampled"].compute())
-        if in_loop:
-            self.log_dict(metrics, logger=False, batch_size=1)
         if self.logger is not None:
             self.logger.log_metrics(metrics, step=self.rl_step)
         self.eval_history.append((self.rl_step, metrics["eval/pass1"]))
@@ -346,19 +353,37 @@ class PolicyModule(L.LightningModule):
 
     @torch.no_grad()
     def evaluate_now(self) -> None:
-        """The same evaluation outside Lightning's loop: before the first step and after the last."""
+        """Held-out evaluation of the policy as it is now: before the first step, every ``eval_every`` steps
+        and after the last (our own loop, not Lightning's validation loop, so a resumed run evaluates at the
+        same steps as an uninterrupted one)."""
         was_training = self.policy.training
         self.policy.eval()
-        self.on_validation_epoch_start()
-        for i, batch in enumerate(self.trainer.datamodule.val_dataloader()):
-            self.validation_step(batch, i)
+        self.eval_reset()
+        for batch in self.trainer.datamodule.eval_dataloader():
+            self.eval_batch(batch)
         if "pass1" in self._eval_seen:
-            self.record_eval(in_loop=False)
+            self.record_eval()
         self.policy.train(was_training)
 
+    def records_state(self) -> dict:
+        """What the module has recorded so far (a checkpoint's ``records``)."""
+        return {"rl_step": self.rl_step, "first_metrics": self.first_metrics, "last_metrics": self.last_metrics,
+                "eval_history": self.eval_history, "eval_log": self.eval_log}
+
+    def load_records_state(self, state: dict) -> None:
+        self.rl_step = int(state["rl_step"])
+        self.first_metrics, self.last_metrics = dict(state["first_metrics"]), dict(state["last_metrics"])
+        self.eval_history = [(int(s), float(v)) for s, v in state["eval_history"]]
+        self.eval_log = [(int(s), dict(m)) for s, m in state["eval_log"]]
+
     def on_train_start(self) -> None:
-        # the warm-start score, logged at step 0
-        self.evaluate_now()
+        if self.resume_state is not None:  # a resumed run: its step-0 evaluation is logged already
+            from gspo_bench.checkpoint import restore
+
+            restore(self, self.resume_state)
+            self.resume_state = None
+        else:  # the warm-start score, logged at step 0
+            self.evaluate_now()
 
     def on_train_end(self) -> None:
         if not self.eval_history or self.eval_history[-1][0] != self.rl_step:

@@ -51,6 +51,18 @@ class CollapseDetector:
         self.first_length: float | None = None
         self.active: set[str] = set()
 
+    def state_dict(self) -> dict:
+        """Everything later steps compare against (a checkpoint's part)."""
+        return {"rewards": list(self.rewards), "best_running": self.best_running, "best_eval": self.best_eval,
+                "kl_history": list(self.kl_history), "first_length": self.first_length,
+                "active": sorted(self.active)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rewards = deque(state["rewards"], maxlen=self.cfg.window)
+        self.best_running, self.best_eval = float(state["best_running"]), float(state["best_eval"])
+        self.kl_history, self.first_length = list(state["kl_history"]), state["first_length"]
+        self.active = set(state["active"])
+
     def _drop(self, value: float, best: float, frac: float) -> tuple[bool, float]:
         # fires when value < (1 - frac) * best and best - value >= min_drop
         threshold = (1.0 - frac) * best
@@ -129,6 +141,13 @@ class CollapseCallback(L.Callback):
         self.cfg, self.echo = cfg, log
         self.detector = CollapseDetector(cfg)
         self.events: list[CollapseEvent] = []
+
+    def state_dict(self) -> dict:
+        return {"detector": self.detector.state_dict(), "events": [asdict(e) for e in self.events]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.detector.load_state_dict(state_dict["detector"])
+        self.events = [CollapseEvent(**e) for e in state_dict["events"]]
 
     def setup(self, trainer, pl_module, stage):
         # evaluations reach the detector as they are recorded (the last one runs after every callback hook)

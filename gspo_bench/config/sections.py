@@ -139,10 +139,14 @@ class RolloutConfig:
     """C, the cap of tis / the band [1/C, C] of mis."""
     staleness: int = 0
     """k: sample from the policy as it was k rollouts ago (asynchronous trainers); 0 = the current policy."""
+    verify_timeout: float = 1.0
+    """Seconds a verifier may spend on one completion (in a worker process, ``tasks/sandbox.py``); past it the
+    reward is 0 and ``verify/timeouts`` counts it. 0 = call the verifier in this process, without a limit."""
 
     def __post_init__(self):
         _numbers("rollout", self, "prompts_per_step", "group_size", "temperature", "max_gen_batches",
-                 "overlong_penalty")
+                 "overlong_penalty", "verify_timeout")
+        _check(self.verify_timeout >= 0, f"rollout.verify_timeout={self.verify_timeout} must be >= 0 (seconds)")
         _check(self.prompts_per_step > 0, f"rollout.prompts_per_step={self.prompts_per_step} must be > 0")
         _check(self.group_size >= 2, f"rollout.group_size={self.group_size} must be >= 2 (group advantages)")
         _check(self.max_new_tokens == AUTO or (isinstance(self.max_new_tokens, int) and self.max_new_tokens > 0),
@@ -218,6 +222,9 @@ class TrainConfig:
     """Gradient clipping by global norm; 0 = off."""
     eval_every: int = 10
     """RL steps between held-out evaluations (also run before the first step and at the end)."""
+    checkpoint_every: int = 10
+    """RL steps between checkpoints (everything an exact ``run --resume`` needs; the last one is kept); 0 = none.
+    A SIGINT/SIGTERM also checkpoints the step it ends on."""
     eval_prompts: int = 256
     """Held-out prompts scored by greedy pass@1 (capped by the eval split)."""
     eval_samples: int = 4
@@ -240,6 +247,8 @@ class TrainConfig:
         _check(self.minibatches >= 1, f"train.minibatches={self.minibatches} must be >= 1")
         _check(self.lr > 0 and self.critic_lr > 0, "train.lr and train.critic_lr must be > 0")
         _check(self.eval_every > 0, f"train.eval_every={self.eval_every} must be > 0")
+        _check(isinstance(self.checkpoint_every, int) and not isinstance(self.checkpoint_every, bool)
+               and self.checkpoint_every >= 0, f"train.checkpoint_every={self.checkpoint_every!r} must be an int >= 0")
         _check(self.eval_prompts > 0 and self.eval_samples >= 0, "train.eval_prompts must be > 0, eval_samples >= 0")
         _check(self.max_grad_norm >= 0, f"train.max_grad_norm={self.max_grad_norm} must be >= 0")
         _choice("train.forward", self.forward, ("auto", "packed", "hf"))

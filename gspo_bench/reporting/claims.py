@@ -159,7 +159,8 @@ def load(uris: dict[str, str], experiments: set[str]) -> tuple[dict[str, list[Ru
 def _num(x: float | None, unit: str) -> str:
     if x is None or not math.isfinite(x):
         return "-"
-    return f"{x:+.2f}" if unit == "log10" else f"{x:+.1f}"
+    # points of pass@1 to 0.1, log10 ratios to 0.01, a raw metric (entropy, ...) to 0.001
+    return f"{x:+.1f}" if unit == "points" else (f"{x:+.2f}" if unit == "log10" else f"{x:+.3f}")
 
 
 def _region(region: tuple[float, float], unit: str) -> str:
@@ -181,7 +182,7 @@ def part_row(r: PartResult) -> str:
     mean = _num(st.mean, unit) + (f" ({_ratio(st.mean)})" if unit == "log10" and st.mean is not None else "")
     ci = "-" if st.ci is None else f"[{_num(st.ci[0], unit)}, {_num(st.ci[1], unit)}]" + (
         f" ({_ratio(st.ci[0])} to {_ratio(st.ci[1])})" if unit == "log10" else "")
-    mde = "-" if st.mde is None else (f"{st.mde:.2f}" if unit == "log10" else f"{st.mde:.1f}")
+    mde = "-" if st.mde is None else _num(st.mde, unit).lstrip("+")
     v = r.verdict + ("" if r.part.decisive else " (shown, not in the verdict)")
     if r.missing:
         v += f": {r.missing}"

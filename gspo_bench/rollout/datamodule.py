@@ -89,10 +89,10 @@ class _RolloutStream(IterableDataset):
         self.dm = dm
 
     def __len__(self) -> int:
-        return self.dm.steps
+        return self.dm.steps - self.dm.start_step
 
     def __iter__(self):
-        for step in range(self.dm.steps):
+        for step in range(self.dm.start_step, self.dm.steps):
             yield self.dm.rollout(step)
 
 
@@ -109,6 +109,9 @@ class RolloutDataModule(L.LightningDataModule):
         self.policy = None  # set by the module in setup(); the engine samples from (a cast of) it
         self.record_routes = False  # set by the module in setup(): keep the sampler's experts (MoE)
         self.sampler = SamplerWeights(settings.dtype, settings.staleness)
+        self.timeouts = 0  # verifier calls past their time limit since the last RL step's metrics
+        self.start_step = 0  # a resumed run's next RL step (checkpoint.restore)
+        self.resume_rng: dict | None = None  # RNG states a resumed run restores right before its first rollout
 
     def wants_rollout_logp(self) -> bool:
         """Keep the sampler's log-probs when training uses them (old log-probs, a correction), when the
@@ -119,7 +122,10 @@ class RolloutDataModule(L.LightningDataModule):
 
     # -- scoring (the only place the verifier is called) ------------------------------------
     def score(self, texts: list[str], answers: list[str]) -> torch.Tensor:
-        return torch.tensor([self.task.verify(t, a) for t, a in zip(texts, answers)], dtype=torch.float32)
+        """Verifier rewards, each under ``rollout.verify_timeout`` (0 past it; counted in ``verify/timeouts``)."""
+        rewards, late = self.task.score(texts, answers, self.s.verify_timeout)
+        self.timeouts += late
+        return torch.tensor(rewards, dtype=torch.float32)
 
     def _prompts_for(self, step: int, round_: int) -> list[dict]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + step * 101 + round_)
@@ -142,6 +148,11 @@ class RolloutDataModule(L.LightningDataModule):
         """One rollout batch for RL step ``step`` (DAPO dynamic sampling included when on)."""
         if self.policy is None:
             raise RuntimeError("RolloutDataModule.policy is not set; attach the datamodule to a policy module")
+        if self.resume_rng is not None:
+            from gspo_bench.checkpoint import set_rng_state
+
+            set_rng_state(self.resume_rng)
+            self.resume_rng = None
         t0 = time.perf_counter()
         G, want = self.s.group_size, self.s.prompts_per_step
         kept_gens, kept_answers, kept_scores, kept_rewards = [], [], [], []
@@ -200,7 +211,11 @@ class RolloutDataModule(L.LightningDataModule):
             "time/gen_s": gen_s,
             "throughput/gen_tokens_per_s": n_tokens / max(gen_s, 1e-9),
             "throughput/completions_per_s": len(sampled) / max(gen_s, 1e-9),
+            # verifier calls past rollout.verify_timeout (scored 0) since the last step: this rollout's, and
+            # those of an evaluation in between
+            "verify/timeouts": float(self.timeouts),
         }
+        self.timeouts = 0
         if self.s.dynamic_sampling:
             stats.update({"dynamic/dropped_groups": float(dropped), "dynamic/gen_batches": float(rounds),
                           "dynamic/kept_groups": float(n_groups)})
@@ -231,7 +246,8 @@ class RolloutDataModule(L.LightningDataModule):
     def train_dataloader(self):
         return DataLoader(_RolloutStream(self), batch_size=None, collate_fn=lambda b: b)
 
-    def val_dataloader(self):
+    def eval_dataloader(self):
+        """The held-out rows in batches (``PolicyModule.evaluate_now``; not Lightning's validation loop)."""
         rows = [{"prompt": p, "answer": a} for p, a in zip(list(self.eval_rows["prompt"]), list(self.eval_rows["answer"]))]
         return DataLoader(rows, batch_size=self.eval_batch, shuffle=False,
                           collate_fn=lambda b: {"prompt": [r["prompt"] for r in b], "answer": [r["answer"] for r in b]})

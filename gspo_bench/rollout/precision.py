@@ -42,7 +42,16 @@ class SamplerWeights:
         self.copy: torch.nn.Module | None = None
         self._source: torch.nn.Module | None = None
         self._queue: deque[list[torch.Tensor]] = deque()
+        self._pending: list[list[torch.Tensor]] = []
         self.refreshes = 0
+
+    def state_dict(self) -> dict:
+        """The queue of past policies (``staleness > 0``), on CPU: what a resumed run samples from next."""
+        return {"queue": [[t.cpu() for t in q] for q in self._queue], "refreshes": self.refreshes}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._pending, self.refreshes = [list(q) for q in state["queue"]], int(state["refreshes"])
+        self.copy = None  # the next call makes the copy and takes the queue
 
     @torch.no_grad()
     def __call__(self, policy: torch.nn.Module) -> torch.nn.Module:
@@ -51,7 +60,10 @@ class SamplerWeights:
         if self.copy is None or self._source is not policy:
             # one copy for the run: same modules and config, parameters and buffers cast to the sampler dtype
             self.copy = copy.deepcopy(policy).to(self.dtype).eval().requires_grad_(False)
-            self._source, self._queue = policy, deque()
+            # a resumed run's queue comes from its checkpoint (load_state_dict), on the policy's device
+            self._source, self._queue = policy, deque([[t.to(p.device) for t, p in zip(q, policy.parameters())]
+                                                       for q in self._pending])
+            self._pending = []
         if self.staleness == 0:
             source = list(policy.parameters())
         else:

@@ -33,6 +33,7 @@ from gspo_bench.tasks.generators import (
     register_generator,
 )
 from gspo_bench.paths import builtin_dir
+from gspo_bench.tasks.sandbox import DEFAULT_TIMEOUT, VerifierSandbox
 from gspo_bench.tasks.verifiers import (
     VERIFIER_REQUIRES,
     VERIFIERS,
@@ -70,10 +71,16 @@ class TaskSpec:
     params: dict[str, Any] = field(default_factory=dict)
     verifier_params: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the verifier, e.g. ``{partial_credit: 0.1}`` for ``countdown``."""
+    max_prompt_tokens: int | None = None
+    """Rows whose prompt is longer are dropped (``fit_to_model``); null = the model's context minus the
+    response cap. The model's context bounds it either way."""
 
     def __post_init__(self):
         self.params = self.params or {}
         self.verifier_params = self.verifier_params or {}
+        m = self.max_prompt_tokens
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            raise ValueError(f"task {self.name!r}: max_prompt_tokens={m!r} must be a positive int or null")
         if self.kind not in GENERATORS:
             raise ValueError(f"task {self.name!r}: unknown kind {self.kind!r} (allowed: {', '.join(GENERATORS)})")
         if self.verifier not in VERIFIERS:
@@ -107,8 +114,19 @@ class Task:
     def name(self) -> str:
         return self.spec.name
 
+    _sandboxes: dict = field(default_factory=dict, repr=False, compare=False)
+
     def verify(self, completion: str, answer: str) -> float:
+        """One call in this process, without a time limit (scoring during runs goes through ``score``)."""
         return VERIFIERS[self.spec.verifier](completion, answer, **self.spec.verifier_params)
+
+    def score(self, completions: list[str], answers: list[str],
+              timeout: float = DEFAULT_TIMEOUT) -> tuple[list[float], int]:
+        """Rewards under a time limit per completion (``sandbox.VerifierSandbox``) and how many timed out."""
+        box = self._sandboxes.get(timeout)
+        if box is None:
+            box = self._sandboxes[timeout] = VerifierSandbox(self.spec.verifier, self.spec.verifier_params, timeout)
+        return box.score(completions, answers)
 
 
 def builtin_tasks() -> dict[str, Path]:
@@ -152,9 +170,10 @@ def check_task_data(spec: TaskSpec) -> None:
         check_data_file(p, a["format"], fields)
 
 
-def load_task(ref: str, seed: int) -> Task:
+def load_task(ref: str, seed: int, model=None, max_new_tokens: int | None = None, log=print) -> Task:
     """The spec and its train / eval data; any failure to read the data is a one-line ValueError naming the
-    task (a missing, empty, malformed or non-UTF-8 file is the user's input, not a bug to show a traceback of)."""
+    task (a missing, empty, malformed or non-UTF-8 file is the user's input, not a bug to show a traceback of).
+    With ``model`` (a ``ModelConfig``), the rows that model cannot take are dropped (``fit_to_model``)."""
     spec = resolve_task_spec(ref)
     try:
         train, eval_ = GENERATORS[spec.kind](seed, **spec.params)
@@ -166,4 +185,61 @@ def load_task(ref: str, seed: int) -> Task:
         raise ValueError(f"task {spec.name!r}: cannot load its data: {type(cause).__name__}: {first}") from None
     if len(train) == 0 or len(eval_) == 0:
         raise ValueError(f"task {spec.name!r}: no data ({len(train)} train rows, {len(eval_)} eval rows)")
-    return Task(spec, train, eval_)
+    task = Task(spec, train, eval_)
+    if model is None:
+        return task
+    from gspo_bench.models import tokenizer_and_context
+
+    tok, context = tokenizer_and_context(model.name, model.trust_remote_code)
+    return fit_to_model(task, tok, context, max_new_tokens or spec.max_new_tokens, log)
+
+
+def fit_to_model(task: Task, tok, context: int, max_new_tokens: int, log=print) -> Task:
+    """Drop the rows a model cannot take, so no batch is ever padded to an unbounded width.
+
+    The rule: a row stays when its prompt has at most ``P = min(max_prompt_tokens, context - max_new_tokens)``
+    tokens and prompt + target + eos at most ``context`` tokens (the warm start trains on prompt + target,
+    the supervised answer;
+    a rollout holds prompt + ``max_new_tokens``). Counting is cheap and bounded: a text of ``b`` UTF-8
+    bytes has at most ``b + 2`` tokens, so a row short enough in bytes is kept untokenized, and one with more
+    characters than the limit times the longest vocabulary entry is dropped untokenized (a 10 MB prompt is
+    never tokenized; a tokenizer that normalises text away, e.g. collapses runs of spaces, may see such a
+    row dropped that would have fit); only rows in between are tokenized. Drops are logged with their count; a task left with no
+    train or no eval row is a ValueError.
+    """
+    P = min(task.spec.max_prompt_tokens or context, context - max_new_tokens)
+    if P < 1:
+        raise ValueError(f"task {task.name!r}: max_new_tokens={max_new_tokens} leaves no room for a prompt in the "
+                         f"model's context of {context} tokens")
+    longest = max(1, max((len(t) for t in tok.get_vocab()), default=1))
+
+    def exact(text: str) -> int:
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    def upper(text: str) -> int:  # no token is shorter than a byte; 2 for a tokenizer's leading piece
+        return len(text.encode("utf-8", "replace")) + 2
+
+    def keep(split) -> list[int]:
+        ok = []
+        # the answer as the warm start trains on it: ``target`` (e.g. the worked solution), else ``answer``
+        for i, (p, a) in enumerate(zip(split["prompt"], split["target" if "target" in split.column_names
+                                                           else "answer"])):
+            if len(p) > longest * P or len(p) + len(a) > longest * context:
+                continue  # surely too long: more characters than that many tokens can hold
+            if upper(p) <= P and upper(p) + upper(a) + 1 <= context:
+                ok.append(i)  # surely fits
+            elif (n_p := exact(p)) <= P and n_p + exact(a) + 1 <= context:
+                ok.append(i)
+        return ok
+
+    kept = {name: keep(split) for name, split in (("train", task.train), ("eval", task.eval))}
+    dropped = {name: len(split) - len(kept[name]) for name, split in (("train", task.train), ("eval", task.eval))}
+    if not any(dropped.values()):
+        return task
+    log(f"[data] task {task.name!r}: dropped {dropped['train']} of {len(task.train)} train rows and {dropped['eval']} "
+        f"of {len(task.eval)} eval rows longer than the model takes (prompt > {P} tokens, or prompt + answer > "
+        f"{context})")
+    if not kept["train"] or not kept["eval"]:
+        raise ValueError(f"task {task.name!r}: no {'train' if not kept['train'] else 'eval'} row fits the model "
+                         f"(prompt <= {P} tokens, prompt + answer <= {context})")
+    return Task(task.spec, task.train.select(kept["train"]), task.eval.select(kept["eval"]))

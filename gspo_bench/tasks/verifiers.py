@@ -279,9 +279,10 @@ def verify_math(completion: str, answer: str) -> float:
     """1.0 when ``math-verify`` finds the completion's answer equivalent to the reference.
 
     Needs the optional extra: ``pip install 'gspo-bench[math]'``. A GSM8K-style
-    reference is cut to what follows its last ``####`` first. Parsing and
-    comparing are bounded by math-verify's SIGALRM timeout, which only
-    works on the main thread, so elsewhere they run without one.
+    reference is cut to what follows its last ``####`` first. Runs call it
+    in the verifier worker (``sandbox.py``), whose time limit (1 s by
+    default) holds even where math-verify's own SIGALRM timeout (5 s, main
+    thread only) cannot, e.g. inside one huge ``9**9**9**9``.
     """
     try:
         from math_verify import parse, verify

@@ -74,16 +74,18 @@ class RLStepPruning(PyTorchLightningPruningCallback):
         self.run_id = getattr(trainer.logger, "run_id", None)
         if self.run_id:
             self._trial.set_user_attr(RUN_ATTR, self.run_id)
+        # evaluations are the module's own (not Lightning's validation loop): hear each one as it is recorded
+        pl_module.eval_listeners.append(lambda step, metrics: self.on_eval(pl_module, step, metrics))
 
-    def on_validation_end(self, trainer, pl_module) -> None:
-        score = trainer.callback_metrics.get(self.monitor)
-        if trainer.sanity_checking or score is None:
+    def on_eval(self, pl_module, step: int, metrics: dict[str, float]) -> None:
+        score = metrics.get(self.monitor)
+        if score is None or step == 0:  # step 0 is the warm start: the same for every trial
             return
-        self.step = pl_module.rl_step
-        self._trial.report(float(score), step=self.step)
+        self.step = step
+        self._trial.report(float(score), step=step)
         # the last evaluation ends the trial anyway: its objective decides, a prune would only throw it away
-        if self.step < pl_module.cfg.train.steps and self._trial.should_prune():
-            raise optuna.TrialPruned(f"pruned at RL step {self.step} ({self.monitor} = {float(score):.4f})")
+        if step < pl_module.cfg.train.steps and self._trial.should_prune():
+            raise optuna.TrialPruned(f"pruned at RL step {step} ({self.monitor} = {float(score):.4f})")
 
 
 def prepare(req: TuneRequest, cfg: RunConfig, uri: str, storage, log) -> Shared:
@@ -104,7 +106,9 @@ def prepare(req: TuneRequest, cfg: RunConfig, uri: str, storage, log) -> Shared:
         else:
             exp_id = exp.experiment_id
     seed = cfg.seeds[0]
-    task = load_task(cfg.task, seed)
+    from gspo_bench.runner import _max_new
+
+    task = load_task(cfg.task, seed, cfg.model, _max_new(cfg), log)
     ws = warm_start(task, cfg.model, cfg.warmstart, seed, task.spec.max_new_tokens, progress=cfg.train.progress,
                     log=log)
     if ws.cached:

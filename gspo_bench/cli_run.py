@@ -1,0 +1,59 @@
+"""``run``'s command body, and what any command prints when a signal stops it."""
+
+from __future__ import annotations
+
+import shlex
+
+from rich.table import Table
+
+from gspo_bench.config import RunConfig
+
+
+def run_command(cfg: RunConfig, args, console) -> int:
+    from gspo_bench.runner import run, validate
+
+    uri = validate(cfg)
+    console.print(f"[bold]gspo_bench[/bold] preset={cfg.preset} task={cfg.task} model={cfg.model.name} "
+                  f"algos={','.join(cfg.algos)} seeds={cfg.seeds} steps={cfg.train.steps}"
+                  + (" (resuming unfinished runs)" if args.resume else ""))
+    results = run(cfg, log=console.print, resume=args.resume)
+    console.print(results_table(results, f"{cfg.task} / {cfg.model.name} / preset {cfg.preset}"))
+    console.print(f"MLflow: mlflow ui --backend-store-uri {uri}  (experiment '{cfg.tracking.experiment}')")
+    return 0 if all(r.status == "FINISHED" for r in results) else 1
+
+
+def results_table(results: list, title: str) -> Table:
+    table = Table(title=title)
+    for col in ("algo", "seed", "status", "reward first→last", "eval pass@1 start→end", "clip/frac (last)",
+                "collapses", "wall s"):
+        table.add_column(col)
+    for r in results:
+        f, l = r.first.get("reward/mean"), r.last.get("reward/mean")
+        table.add_row(r.algo, str(r.seed), r.status,
+                      f"{f:.3f}→{l:.3f}" if f is not None and l is not None else "-",
+                      f"{r.eval_start:.3f}→{r.eval_end:.3f}" if r.eval_end is not None else "-",
+                      f"{r.last.get('clip/frac', float('nan')):.4f}", str(r.collapse_events), f"{r.seconds:.0f}")
+    return table
+
+
+def interrupted(e, args, console) -> int:
+    """What a signal's stop prints (no traceback): where it stopped, the runs that ended, how to go on."""
+    console.print(f"gspo-bench: stopped by {e.name}{' ' + e.where if e.where else ''}", style="yellow")
+    killed = [r for r in e.results if r.status == "KILLED"]
+    for r in killed:
+        at = (f"checkpoint at RL step {e.checkpoint_step}" if e.checkpoint_step else "no checkpoint yet: it "
+              "will start over")
+        console.print(f"  {r.algo} seed {r.seed}: run {r.run_id} marked KILLED ({at})")
+    done = [r for r in e.results if r.status != "KILLED"]
+    if done:
+        console.print(results_table(done, "runs that ended before the signal"))
+    else:
+        console.print("  no run had ended before the signal")
+    argv = list(getattr(args, "argv", []))
+    if args.cmd == "run":
+        again = argv if "--resume" in argv else argv + ["--resume"]
+        console.print(f"resume: python -m gspo_bench {shlex.join(again)}", soft_wrap=True)
+    elif args.cmd in ("suite", "tune"):
+        console.print(f"resume: run the same command again: python -m gspo_bench {shlex.join(argv)}",
+                      soft_wrap=True)
+    return e.exit_code

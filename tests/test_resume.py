@@ -1,0 +1,293 @@
+"""Checkpoints and resume (issue 14, part 1): a run killed with ``kill -9`` or stopped by SIGTERM/SIGINT
+continues as the same MLflow run to the same metric history as an uninterrupted run; orphans are marked
+KILLED; signals end commands with 130/143 and no traceback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+import torch
+
+from gspo_bench import checkpoint, interrupts, lifecycle
+from gspo_bench.config import ConfigError, load_config
+from gspo_bench.runner import run
+from tests.conftest import tiny_overrides
+
+# wall times and throughputs differ from run to run; everything else must match to the digit
+VOLATILE = ("time/", "throughput/")
+
+
+def histories(uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    client = mlflow.MlflowClient(uri)
+    keys = client.get_run(run_id).data.metrics
+    return {k: sorted((m.step, m.value) for m in client.get_metric_history(run_id, k))
+            for k in keys if not k.startswith(VOLATILE)}
+
+
+def runs_of(uri: str, experiment: str) -> list:
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    return [] if exp is None else client.search_runs([exp.experiment_id])
+
+
+# -- in process: every piece of state (PPO's critic and two optimisers, DAPO's dynamic sampling, a stale
+# sampler's queue, the collapse detector) survives a stop at a step boundary ---------------------------------
+def _cfg(mixed_task, uri, experiment, **train):
+    o = tiny_overrides(mixed_task, uri, rollout={"staleness": 1},
+                       train={"steps": 5, "eval_every": 2, "checkpoint_every": 2, **train},
+                       tracking={"tracking_uri": uri, "experiment": experiment})
+    return load_config("smoke", overrides={**o, "algos": ["ppo", "dapo"]})
+
+
+class _SignalAt:
+    """A callback that delivers ``signum`` to this process at the end of RL step ``step`` of ``algo``."""
+
+    def __init__(self, algo: str, step: int, signum=signal.SIGTERM):
+        self.algo, self.step, self.signum = algo, step, signum
+
+    def __call__(self, module):
+        if module.name == self.algo and module.rl_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+def test_a_stopped_run_resumes_to_the_uninterrupted_history(mixed_task, tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path}/m.db"
+    monkeypatch.chdir(tmp_path)
+    quiet = dict(log=lambda *a, **k: None)
+    straight = {r.algo: r for r in run(_cfg(mixed_task, uri, "straight"), **quiet)}
+    assert all(r.status == "FINISHED" for r in straight.values())
+
+    # SIGTERM at the end of dapo's step 3 (ppo finished before it): checkpoint at 3, KILLED, Interrupted
+    hook = _SignalAt("dapo", 3)
+    original = checkpoint.Checkpointer.after_step
+
+    def after_step(self, module):
+        hook(module)
+        original(self, module)
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "after_step", after_step)
+    with interrupts.handle_signals(echo=lambda m: None), pytest.raises(interrupts.Interrupted) as info:
+        run(_cfg(mixed_task, uri, "stopped"), **quiet)
+    e = info.value
+    assert e.signum == signal.SIGTERM and e.exit_code == 143 and e.checkpoint_step == 3
+    assert [(r.algo, r.status) for r in e.results] == [("ppo", "FINISHED"), ("dapo", "KILLED")]
+    [killed] = [r for r in runs_of(uri, "stopped") if r.data.tags["algo"] == "dapo"]
+    assert killed.info.status == "KILLED" and killed.data.tags["gspo_bench.checkpoint_step"] == "3"
+    assert "SIGTERM at RL step 3" in killed.data.tags["killed_reason"]
+    assert checkpoint.load(mlflow.MlflowClient(uri), killed.info.run_id)["rl_step"] == 3
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "after_step", original)
+    resumed = {r.algo: r for r in run(_cfg(mixed_task, uri, "stopped"), resume=True, **quiet)}
+    # ppo had finished: --resume finds nothing to continue and runs it afresh; dapo continues its own run
+    assert resumed["dapo"].run_id == killed.info.run_id
+    runs = runs_of(uri, "stopped")
+    assert sorted((r.data.tags["algo"], r.info.status) for r in runs) == [
+        ("dapo", "FINISHED"), ("ppo", "FINISHED"), ("ppo", "FINISHED")]
+    assert "killed_reason" not in mlflow.MlflowClient(uri).get_run(killed.info.run_id).data.tags
+    assert checkpoint.load(mlflow.MlflowClient(uri), killed.info.run_id) is None  # finished: nothing to resume
+    for algo in ("ppo", "dapo"):
+        want = histories(uri, straight[algo].run_id)
+        assert histories(uri, resumed[algo].run_id) == want, algo
+        assert resumed[algo].eval_end == straight[algo].eval_end and resumed[algo].eval_log == straight[algo].eval_log
+    assert {"collapse/events", "dynamic/kept_groups", "critic/grad_norm"} & set(want)  # the state really mattered
+
+
+def test_an_orphaned_running_run_is_marked_killed_and_never_averaged(mixed_task, tmp_path, monkeypatch):
+    from gspo_bench.reporting.leaderboard import load_runs, summarise
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    monkeypatch.chdir(tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    client = mlflow.MlflowClient(uri)
+    exp = client.create_experiment("orphans")
+    orphan = client.create_run(exp, tags={"algo": "grpo", "seed": "0", "preset": "smoke", "tuning": "default",
+                                          "gspo_bench.host": socket.gethostname(), "gspo_bench.pid": str(dead.pid),
+                                          "gspo_bench.config": "x"})
+    client.log_metric(orphan.info.run_id, "eval/pass1", 0.9, step=0)
+    cfg = load_config("smoke", overrides={**tiny_overrides(mixed_task, uri, tracking={"experiment": "orphans"}),
+                                          "algos": ["grpo"]})
+    [res] = run(cfg, log=lambda *a, **k: None)
+    got = client.get_run(orphan.info.run_id)
+    assert got.info.status == "KILLED" and f"pid {dead.pid}" in got.data.tags["killed_reason"]
+    assert res.status == "FINISHED" and res.run_id != orphan.info.run_id
+    rows = summarise(load_runs(uri, "orphans"))
+    assert sorted((r["status"], r["n"]) for r in rows) == [("FINISHED", 1), ("KILLED", 1)]
+    [fin] = [r for r in rows if r["status"] == "FINISHED"]
+    assert fin["warm_pass1"] != 0.9  # the orphan's numbers are counted, never averaged in
+
+
+def test_orphan_rules(monkeypatch):
+    class Run:
+        def __init__(self, status, **tags):
+            self.info = type("I", (), {"status": status})()
+            self.data = type("D", (), {"tags": tags})()
+
+    me = socket.gethostname()
+    alive = Run("RUNNING", **{"gspo_bench.host": me, "gspo_bench.pid": str(os.getpid()),
+                              "gspo_bench.pid_start": lifecycle._start_time(os.getpid())})
+    assert lifecycle.orphan_reason(alive) is None
+    reused = Run("RUNNING", **{"gspo_bench.host": me, "gspo_bench.pid": str(os.getpid()),
+                               "gspo_bench.pid_start": "1"})  # our pid, another process's start time
+    assert "is gone" in lifecycle.orphan_reason(reused)
+    now = 1_000_000.0
+    far = Run("RUNNING", **{"gspo_bench.host": "node-7", "gspo_bench.pid": "12", "gspo_bench.heartbeat": str(now - 60)})
+    assert lifecycle.orphan_reason(far, now=now) is None  # another host, beating a minute ago: alive
+    assert "no step from host node-7" in lifecycle.orphan_reason(far, now=now + lifecycle.ORPHAN_AFTER_S)
+    assert lifecycle.orphan_reason(Run("RUNNING")) is None  # not ours (no owner tags): left alone
+    assert lifecycle.orphan_reason(Run("FINISHED", **far.data.tags), now=now * 2) is None
+
+
+def test_config_digest_ignores_only_where_and_how_often():
+    base = {"train": {"lr": 1e-3, "progress": True, "checkpoint_every": 10}, "tracking": {"experiment": "a"},
+            "resolved": {"warmstart": {"path": "/a", "pass1": 0.4}}}
+    same = {"train": {"lr": 1e-3, "progress": False, "checkpoint_every": 0}, "tracking": {"experiment": "b"},
+            "resolved": {"warmstart": {"path": "/b", "pass1": 0.4}}}
+    other = {**same, "train": {**same["train"], "lr": 2e-3}}
+    assert lifecycle.config_digest(base) == lifecycle.config_digest(same) != lifecycle.config_digest(other)
+
+
+def test_atomic_save_keeps_the_old_checkpoint_when_a_write_fails(tmp_path):
+    path = tmp_path / "ckpt" / "last.pt"
+    checkpoint.atomic_save({"rl_step": 1, "w": torch.ones(3)}, path)
+    with pytest.raises(Exception):
+        checkpoint.atomic_save({"rl_step": 2, "bad": lambda: None}, path)  # not picklable: fails mid-write
+    assert torch.load(path, weights_only=True)["rl_step"] == 1
+    assert [p.name for p in path.parent.iterdir()] == ["last.pt"]  # no temporary file left behind
+
+
+def test_a_remote_artifact_store_gets_the_checkpoint_as_an_artifact(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path}/m.db"
+    monkeypatch.chdir(tmp_path)
+    client = mlflow.MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("remote")).info.run_id
+    assert checkpoint.load(client, run_id) is None
+    monkeypatch.setattr(checkpoint, "_local_dir", lambda uri: None)  # as with an mlflow server's artifacts
+    where = checkpoint.save(client, run_id, {"rl_step": 4, "w": torch.arange(3.0)})
+    assert where.startswith("artifact checkpoint/last.pt")
+    assert [a.path for a in client.list_artifacts(run_id, "checkpoint")] == ["checkpoint/last.pt"]
+    got = checkpoint.load(client, run_id)
+    assert got["rl_step"] == 4 and torch.equal(got["w"], torch.arange(3.0))
+
+
+def test_checkpoint_every_must_be_a_non_negative_int():
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ConfigError, match="train.checkpoint_every"):
+            load_config("smoke", overrides={"train": {"checkpoint_every": bad}})
+
+
+# -- through the command line, as a user (or a scheduler) does it ------------------------------------------------
+CLI = [sys.executable, "-m", "gspo_bench", "run", "--preset", "smoke", "--algos", "grpo", "--steps", "8",
+       "--set", "train.eval_every=2", "--set", "train.checkpoint_every=2", "--no-progress"]
+
+
+def _cli(tmp_path, experiment, *extra, **popen):
+    return subprocess.Popen(CLI + ["--tracking-uri", f"sqlite:///{tmp_path}/m.db", "--experiment", experiment,
+                                   *extra], cwd=tmp_path, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, **popen)
+
+
+def _wait_for(predicate, proc, what: str, timeout: float = 600.0):
+    t0 = time.time()
+    while not predicate():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before {what}:\n{out[-2000:]}\n{err[-2000:]}")
+        if time.time() - t0 > timeout:
+            proc.kill()
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _checkpointed(uri, experiment):
+    def ok():
+        runs = runs_of(uri, experiment)
+        return bool(runs) and "gspo_bench.checkpoint_step" in runs[0].data.tags
+    return ok
+
+
+@pytest.fixture(scope="module")
+def straight_cli(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("straight")
+    proc = _cli(tmp, "straight")
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err[-3000:]
+    uri = f"sqlite:///{tmp}/m.db"
+    [r] = runs_of(uri, "straight")
+    return histories(uri, r.info.run_id)
+
+
+def test_kill_9_then_resume_gives_the_same_history_in_one_run(straight_cli, tmp_path):
+    uri = f"sqlite:///{tmp_path}/m.db"
+    proc = _cli(tmp_path, "crash")
+    _wait_for(_checkpointed(uri, "crash"), proc, "its first checkpoint")
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    [r] = runs_of(uri, "crash")
+    assert r.info.status == "RUNNING" and int(r.data.tags["gspo_bench.checkpoint_step"]) < 8  # killed mid-run
+
+    again = _cli(tmp_path, "crash", "--resume")
+    out, err = again.communicate(timeout=900)
+    assert again.returncode == 0, err[-3000:]
+    assert f"continuing run {r.info.run_id} from its checkpoint" in out
+    [done] = runs_of(uri, "crash")  # one MLflow run, FINISHED, none RUNNING
+    assert done.info.run_id == r.info.run_id and done.info.status == "FINISHED"
+    got = histories(uri, done.info.run_id)
+    assert got == straight_cli  # every metric at every step, to the digit
+    assert got["eval/pass1"][-1][0] == 8
+
+
+# what a SLURM job step sees: Lightning then takes the job for a SLURM one (its own SIGTERM/SIGUSR1 handling)
+SLURM = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "gspo", "SLURM_JOB_ID": "4242", "SLURM_NODELIST": "localhost",
+         "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
+
+
+def test_sigterm_of_a_preempted_slurm_job_stops_with_143_and_the_run_resumes(straight_cli, tmp_path):
+    uri = f"sqlite:///{tmp_path}/m.db"
+    proc = _cli(tmp_path, "term", env={**os.environ, **SLURM})
+    _wait_for(_checkpointed(uri, "term"), proc, "its first checkpoint")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 143, err[-3000:]
+    assert "Traceback" not in err + out
+    assert "stopped by SIGTERM" in out and "--resume" in out.split("resume: ", 1)[1]
+    [r] = runs_of(uri, "term")
+    assert r.info.status == "KILLED" and "SIGTERM" in r.data.tags["killed_reason"]
+    step = int(r.data.tags["gspo_bench.checkpoint_step"])
+    assert f"checkpoint at RL step {step}" in out
+
+    again = _cli(tmp_path, "term", "--resume")
+    out, err = again.communicate(timeout=900)
+    assert again.returncode == 0, err[-3000:]
+    [done] = runs_of(uri, "term")
+    assert done.info.run_id == r.info.run_id and done.info.status == "FINISHED"
+    assert histories(uri, done.info.run_id) == straight_cli
+
+
+def test_sigint_during_the_warm_start_exits_130_without_a_traceback(tmp_path):
+    env = {**os.environ, "GSPO_BENCH_CACHE": str(tmp_path / "empty-cache")}
+    proc = _cli(tmp_path, "ws", env=env)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    _wait_for(lambda: any("warm start: supervised" in ln for ln in lines), proc, "the warm start")
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    err = proc.stderr.read()
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
+    out = "".join(lines)
+    assert proc.returncode == 130, out[-2000:] + err[-2000:]
+    assert "Traceback" not in out + err
+    assert "stopped by SIGINT during the warm start of seed 0" in out
+    assert not runs_of(f"sqlite:///{tmp_path}/m.db", "ws")  # nothing was started, nothing left RUNNING
+    assert not [p for p in Path(tmp_path / "empty-cache").rglob(".tmp-*")]
