@@ -174,7 +174,7 @@ def claims_command(args, console) -> int:
     except OSError as e:
         raise ConfigError(f"--out {args.out!r}: {e.strerror or e}") from None
     specs = claims(args.margin)
-    runs, missing = cl.load(uris, {e for c in specs for e in c.experiments})
+    runs, missing = cl.load(uris, {e for c in specs for e in c.experiments}, cl.needed_metrics(specs))
     results = cl.evaluate(specs, runs)
     fig_dir = out.parent / out.stem
     figures = {}

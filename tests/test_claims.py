@@ -107,6 +107,8 @@ def test_every_claim_names_known_experiments_and_terms():
         assert (ablated.experiment, ablated.sign, dict(ablated.where)) == ("dapo-ablation", -1, {
             "algo": "dapo", "tuning": off})
         assert part.region == (0.0, math.inf) and part.decisive
+    # every history a measure or a figure reads is loaded (the entropy reading of clip-higher included)
+    assert set(cl.needed_metrics(specs)) == {"eval/pass1", "clip/frac", "mismatch/kl", "policy/entropy"}
 
 
 def test_claims_command_writes_the_page(tmp_path_factory, tmp_path, capsys):

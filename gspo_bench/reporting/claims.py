@@ -27,7 +27,17 @@ from gspo_bench.reporting.leaderboard import FINISHED, RunData, _seed_key
 from gspo_bench.reporting.paired import PairedStat, paired_summary
 
 REPRODUCED, REFUTED, UNDECIDED, NOT_RUN = "reproduced", "refuted", "not decided", "not run"
-METRICS = ("eval/pass1", "clip/frac", "mismatch/kl")
+METRICS = ("eval/pass1",)  # always loaded; ``needed_metrics`` adds what the claims measure and draw
+
+
+def needed_metrics(specs) -> tuple[str, ...]:
+    """Every metric history the claims read: the measures' keys (``log10:KEY``, ``mean:KEY``) and the curves'."""
+    keys = list(METRICS)
+    for c in specs:
+        keys.append(c.curve_metric)
+        keys += [t.measure.split(":", 1)[1] for p in c.parts for t in p.terms
+                 if t.measure.startswith(("log10:", "mean:"))]
+    return tuple(dict.fromkeys(keys))
 
 
 @dataclass
@@ -140,7 +150,8 @@ def evaluate(claims: tuple[Claim, ...], runs: dict[str, list[RunData]]) -> list[
     return out
 
 
-def load(uris: dict[str, str], experiments: set[str]) -> tuple[dict[str, list[RunData]], dict[str, str]]:
+def load(uris: dict[str, str], experiments: set[str],
+         metrics: tuple[str, ...] = METRICS) -> tuple[dict[str, list[RunData]], dict[str, str]]:
     """Runs of each experiment from its tracking URI (``uris[name]``); an experiment that is not there is
     reported in the second dict (name -> reason), not raised."""
     from gspo_bench.config import ConfigError
@@ -149,7 +160,7 @@ def load(uris: dict[str, str], experiments: set[str]) -> tuple[dict[str, list[Ru
     runs, missing = {}, {}
     for name in sorted(experiments):
         try:
-            runs[name] = load_runs(uris[name], name, metrics=METRICS)
+            runs[name] = load_runs(uris[name], name, metrics=metrics)
         except ConfigError as e:
             missing[name] = str(e)
     return runs, missing
