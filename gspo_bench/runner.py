@@ -295,11 +295,6 @@ def _trainer(cfg: RunConfig, module, logger, callbacks: tuple) -> tuple[L.Traine
     return trainer, collapse
 
 
-def _max_new(cfg: RunConfig) -> int | None:
-    """The response cap when the config sets one (else the task's own, ``rollout.max_new_tokens: auto``)."""
-    return cfg.rollout.max_new_tokens if isinstance(cfg.rollout.max_new_tokens, int) else None
-
-
 def run(cfg: RunConfig, log=print, keep_modules: bool = False, resume: bool = False) -> list[RunResult]:
     """All algorithms x seeds of ``cfg``; returns one result per run. ``resume``: continue unfinished runs
     from their checkpoints. A signal ends it with ``interrupts.Interrupted`` carrying the results so far."""
@@ -309,7 +304,7 @@ def run(cfg: RunConfig, log=print, keep_modules: bool = False, resume: bool = Fa
     try:
         for seed in cfg.seeds:
             try:
-                task = load_task(cfg.task, seed, cfg.model, _max_new(cfg), log)
+                task = load_task(cfg.task, seed, cfg.model, cfg.rollout.response_cap(), log)
             except ValueError as e:  # bad data: one line before any warm start or MLflow run
                 raise ConfigError(str(e)) from None
             try:

@@ -293,3 +293,8 @@ def test_stress_presets_are_the_default_plus_one_stress(name):
     assert changed == SCENARIO_CHANGES[name]
     first = (Path(__file__).resolve().parents[1] / "gspo_bench" / "presets" / f"{name}.yaml").read_text().splitlines()[0]
     assert first.startswith("# Stress: ")  # the one-line description `list` shows
+
+
+def test_response_cap_is_the_set_cap_or_none_for_auto():
+    assert load_config("smoke").rollout.response_cap() is None  # auto: the task's own
+    assert load_config("smoke", overrides={"rollout": {"max_new_tokens": 12}}).rollout.response_cap() == 12

@@ -143,6 +143,10 @@ class RolloutConfig:
     """Seconds a verifier may spend on one completion (in a worker process, ``tasks/sandbox.py``); past it the
     reward is 0 and ``verify/timeouts`` counts it. 0 = call the verifier in this process, without a limit."""
 
+    def response_cap(self) -> int | None:
+        """``max_new_tokens`` when set, None for auto (the task's own)."""
+        return self.max_new_tokens if isinstance(self.max_new_tokens, int) else None
+
     def __post_init__(self):
         _numbers("rollout", self, "prompts_per_step", "group_size", "temperature", "max_gen_batches",
                  "overlong_penalty", "verify_timeout")

@@ -106,9 +106,7 @@ def prepare(req: TuneRequest, cfg: RunConfig, uri: str, storage, log) -> Shared:
         else:
             exp_id = exp.experiment_id
     seed = cfg.seeds[0]
-    from gspo_bench.runner import _max_new
-
-    task = load_task(cfg.task, seed, cfg.model, _max_new(cfg), log)
+    task = load_task(cfg.task, seed, cfg.model, cfg.rollout.response_cap(), log)
     ws = warm_start(task, cfg.model, cfg.warmstart, seed, task.spec.max_new_tokens, progress=cfg.train.progress,
                     log=log)
     if ws.cached:
