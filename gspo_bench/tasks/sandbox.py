@@ -6,8 +6,9 @@ and waits for each result at most ``timeout`` seconds. When one is late, the wor
 completion scores 0 and counts as a timeout, and a fresh worker takes the rest of the batch. The worker is
 forked (where the platform can), so verifiers registered at run time exist in it too; it ignores SIGINT
 (the parent decides what a Ctrl-C does), exits when the parent's end of the pipe closes (even after a
-``kill -9`` of the parent), and writes nothing: its stderr goes to ``/dev/null``, so no completion is ever
-echoed (``math-verify`` logs the input of every timeout).
+``kill -9`` of the parent: it closes its inherited copy of that end first), and holds none of the parent's
+standard streams: they go to ``/dev/null``, so no completion is ever echoed (``math-verify`` logs the input
+of every timeout) and a reader of the parent's output gets its EOF when the parent ends.
 
 ``timeout = 0`` calls the verifier in this process, without a limit.
 """
@@ -23,12 +24,17 @@ DEFAULT_TIMEOUT = 1.0  # seconds per completion (``rollout.verify_timeout``)
 STARTUP_TIMEOUT = 120.0  # seconds a new worker may take to be ready (a loaded 2-core machine, a spawn start)
 
 
-def _serve(conn, verifier: str, params: dict) -> None:
+def _serve(conn, parent_end, verifier: str, params: dict) -> None:
     """The worker: score (completion, answer) pairs in order, one message per result."""
+    # a forked worker holds copies of the parent's descriptors: drop the parent's end of the pipe, so the
+    # parent's death (even a kill -9) reaches this end as EOF, and its stdin/stdout/stderr, so a reader of
+    # the parent's output is not kept waiting by this process
+    parent_end.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
     logging.disable(logging.CRITICAL)
     from gspo_bench.tasks.verifiers import VERIFIERS
 
@@ -75,7 +81,7 @@ class VerifierSandbox:
         if not self._warm and self._ctx.get_start_method() == "fork":
             self._warm_up()
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_serve, args=(child, self.verifier, self.params), daemon=True,
+        self._proc = self._ctx.Process(target=_serve, args=(child, parent, self.verifier, self.params), daemon=True,
                                        name=f"gspo-bench-verifier-{self.verifier}")
         self._proc.start()
         child.close()
