@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import random
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -159,8 +160,6 @@ class Checkpointer:
     ``every`` steps, and on a pending SIGINT/SIGTERM a checkpoint and ``interrupts.Interrupted``."""
 
     def __init__(self, client, run_id: str, every: int, digest: str, elapsed_before: float = 0.0, log=print):
-        import time
-
         self.client, self.run_id, self.every, self.digest, self.log = client, run_id, every, digest, log
         self.clock, self.t0, self.before = time.perf_counter, time.perf_counter(), elapsed_before
         self.saved_step: int | None = None
@@ -174,8 +173,6 @@ class Checkpointer:
         self.client.set_tag(self.run_id, "gspo_bench.checkpoint_step", str(module.rl_step))
 
     def after_step(self, module) -> None:
-        import time
-
         from gspo_bench import interrupts
 
         self.client.set_tag(self.run_id, "gspo_bench.heartbeat", f"{time.time():.0f}")
