@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--eps-low", type=_eps, default=argparse.SUPPRESS,
                    help="lower clip offset ('none' = no lower bound)")
     r.add_argument("--eps-high", type=float, help="upper clip offset")
+    r.add_argument("--devices", type=int, help="processes per machine (Lightning devices; default 1): each "
+                   "samples its share of every step's prompts")
+    r.add_argument("--strategy", help="auto | ddp | fsdp (GPU only); auto is ddp with more than one process")
+    r.add_argument("--num-nodes", type=int, help="machines, launched by torchrun or SLURM (README: Scaling out)")
     r.add_argument("--resume", action="store_true", help="continue each algorithm x seed's unfinished run "
                    "(KILLED, FAILED, or RUNNING with its process gone) with the same settings in this experiment, "
                    "as the same MLflow run, from its last checkpoint (train.checkpoint_every); a run without one "
@@ -259,6 +263,9 @@ def overrides_from(args) -> dict:
     put("seeds", list(range(args.seeds)) if getattr(args, "seeds", None) is not None else None)
     put("train.lr", args.lr)
     put("train.minibatches", args.minibatches)
+    put("train.devices", getattr(args, "devices", None))
+    put("train.strategy", getattr(args, "strategy", None))
+    put("train.num_nodes", getattr(args, "num_nodes", None))
     if hasattr(args, "eps_low"):  # present only when given; None means "no lower bound"
         o.setdefault("loss", {})["eps_low"] = args.eps_low
     put("loss.eps_high", getattr(args, "eps_high", None))

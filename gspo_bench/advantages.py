@@ -145,16 +145,26 @@ def _masked_mean(x_BT: Tensor, valid_BT: Tensor) -> Tensor:
     return torch.where(valid_BT, x_BT, 0.0).sum() / torch.clamp(n, min=1)
 
 
-def whiten(x_BT: Tensor, mask_BT: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
-    """Masked normalisation to zero mean, unit variance (PPO convention); masked positions -> 0."""
+def whiten(x_BT: Tensor, mask_BT: Tensor, shift_mean: bool = True, eps: float = 1e-8, all_sum=None) -> Tensor:
+    """Masked normalisation to zero mean, unit variance (PPO convention); masked positions -> 0.
+
+    ``all_sum`` (multi-process): sums a tensor over ranks, so the mean and variance are the whole
+    rollout's, not this rank's share's."""
     if x_BT.shape != mask_BT.shape:
         raise ValueError(f"x shape {tuple(x_BT.shape)} != mask shape {tuple(mask_BT.shape)}")
     x_BT = _float(x_BT)
     valid_BT = mask_BT > 0
     n = valid_BT.sum()
-    mean = _masked_mean(x_BT, valid_BT)
+    if all_sum is None:
+        mean = _masked_mean(x_BT, valid_BT)
+    else:
+        n = all_sum(n)
+        # mean over every rank's valid positions
+        mean = all_sum(torch.where(valid_BT, x_BT, 0.0).sum()) / n.clamp(min=1)
     # Bessel-corrected masked variance: sum((x - mean)^2) / (n - 1)  (population when n <= 1)
     sq_sum = torch.where(valid_BT, (x_BT - mean).square(), 0.0).sum()
+    if all_sum is not None:
+        sq_sum = all_sum(sq_sum)
     var = sq_sum / torch.clamp(n - 1, min=1)
     # (x - mean) / sqrt(var + eps)
     out_BT = (x_BT - mean) * torch.rsqrt(var + eps)

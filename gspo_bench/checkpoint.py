@@ -134,11 +134,20 @@ def save(client, run_id: str, state: dict) -> str:
 
 
 def discard(client, run_id: str) -> None:
-    """Delete a FINISHED run's checkpoint when it lives on local disk (nothing is left to resume); a remote
-    artifact stays (MLflow's client cannot delete one)."""
-    local = _local_dir(client.get_run(run_id).info.artifact_uri)
+    """Delete a FINISHED run's checkpoint (nothing is left to resume): the file on local disk, or the remote
+    artifact where the artifact store can delete (a tracking server's proxied artifacts can); elsewhere it
+    stays."""
+    uri = client.get_run(run_id).info.artifact_uri
+    local = _local_dir(uri)
     if local is not None:
         (local / FILENAME).unlink(missing_ok=True)
+        return
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    try:
+        get_artifact_repository(uri, tracking_uri=client.tracking_uri).delete_artifacts(ARTIFACT_DIR)
+    except Exception:  # a store without deletion (or without the artifact): leave it
+        pass
 
 
 def load(client, run_id: str) -> dict | None:
@@ -173,11 +182,20 @@ class Checkpointer:
         self.client.set_tag(self.run_id, "gspo_bench.checkpoint_step", str(module.rl_step))
 
     def after_step(self, module) -> None:
-        from gspo_bench import interrupts
+        import signal
 
-        self.client.set_tag(self.run_id, "gspo_bench.heartbeat", f"{time.time():.0f}")
+        from gspo_bench import distributed, interrupts
+
         last = module.rl_step >= module.cfg.train.steps  # the run is about to end: nothing left to resume
         signum = interrupts.requested()
+        if module.world > 1:  # the ranks stop at the same step, or the others would wait for it forever
+            stop = not distributed.all_true(signum is None, "cpu")
+            signum = (signum or signal.SIGTERM) if stop else None
+        if self.run_id is None:  # a rank other than 0: rank 0 keeps the run's checkpoint and heartbeat
+            if signum is not None and not last:
+                raise interrupts.Interrupted(signum, f"at RL step {module.rl_step}")
+            return
+        self.client.set_tag(self.run_id, "gspo_bench.heartbeat", f"{time.time():.0f}")
         if not last and (signum is not None or (self.every and module.rl_step % self.every == 0)):
             self.save(module)
         if signum is not None and not last:

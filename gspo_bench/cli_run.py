@@ -10,16 +10,30 @@ from gspo_bench.config import RunConfig
 
 
 def run_command(cfg: RunConfig, args, console) -> int:
+    from gspo_bench.distributed import launch_rank_zero
     from gspo_bench.runner import run, validate
 
     uri = validate(cfg)
+    console.quiet = not launch_rank_zero()  # the other processes of a multi-process run train silently
     console.print(f"[bold]gspo_bench[/bold] preset={cfg.preset} task={cfg.task} model={cfg.model.name} "
                   f"algos={','.join(cfg.algos)} seeds={cfg.seeds} steps={cfg.train.steps}"
                   + (" (resuming unfinished runs)" if args.resume else ""))
     results = run(cfg, log=console.print, resume=args.resume)
     console.print(results_table(results, f"{cfg.task} / {cfg.model.name} / preset {cfg.preset}"))
-    console.print(f"MLflow: mlflow ui --backend-store-uri {uri}  (experiment '{cfg.tracking.experiment}')")
+    console.print(mlflow_hint(uri, cfg.tracking.experiment, results), soft_wrap=True)
     return 0 if all(r.status == "FINISHED" for r in results) else 1
+
+
+def mlflow_hint(uri: str, experiment: str, results: list) -> str:
+    """Where to look at the runs: the UI page that opens on the runs table (and, for a local store, the
+    command that serves it)."""
+    from gspo_bench.redact import redact
+    from gspo_bench.tracking import ui_url
+
+    exp_id = next((r.experiment_id for r in results if getattr(r, "experiment_id", None)), None)
+    serve = "" if uri.startswith(("http://", "https://")) else f"mlflow ui --backend-store-uri {redact(uri)}, then "
+    where = ui_url(uri, exp_id) if exp_id else f"experiment '{experiment}'"
+    return f"MLflow: {serve}open {where}"
 
 
 def results_table(results: list, title: str) -> Table:

@@ -243,34 +243,47 @@ def cispo_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_clip
 # ----------------------------------------------------------------------------- aggregation, KL
 
 
-def agg_loss(loss: Tensor, mask: Tensor, mode: str) -> Tensor:
+def agg_loss(loss: Tensor, mask: Tensor, mode: str, units: float | None = None) -> Tensor:
     """Reduce a per-token ``(B, T)`` or per-sequence ``(B,)`` loss to a scalar.
 
     ``mask`` is ``(B, T)``; for "seq-mean" it may also be ``(B,)`` (sequence
     lengths or validity). Empty sequences are left out of sequence means, and
     an all-empty batch gives 0 still attached to ``loss``'s graph.
+
+    ``units`` (multi-process training): the minibatch's unit count over all
+    ``W`` ranks (tokens for token-mean, non-empty sequences otherwise) divided
+    by ``W``; the sum over this rank's units is divided by it instead of by
+    this rank's own count, so the ranks' terms average to the whole
+    minibatch's mean (``distributed``).
     """
     if mode not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {mode!r}; allowed: {AGGREGATIONS}")
     mask = mask.to(loss.dtype)
+
+    def mean(x: Tensor, w: Tensor) -> Tensor:
+        if units is None:
+            return masked_mean(x, w)
+        # this rank's term: sum over its units / (N / W), N counted over every rank's units
+        return torch.where(w > 0, x * w, 0.0).sum() / (float(units) if units > 0 else 1.0)
+
     if mode == "seq-mean":
         if loss.dim() != 1 or mask.shape[0] != loss.shape[0] or mask.dim() not in (1, 2):
             raise ValueError(f"seq-mean needs loss (B,) and mask (B, T) or (B,); got {tuple(loss.shape)}, "
                              f"{tuple(mask.shape)}")
         len_B = mask.sum(-1) if mask.dim() == 2 else mask
         # seq-mean: mean over non-empty sequences
-        return masked_mean(loss, (len_B > 0).to(loss.dtype))
+        return mean(loss, (len_B > 0).to(loss.dtype))
     if loss.shape != mask.shape or loss.dim() != 2:
         raise ValueError(f"{mode} needs loss and mask of the same (B, T) shape; got {tuple(loss.shape)}, "
                          f"{tuple(mask.shape)}")
     if mode == "token-mean":
         # token-mean: sum(l * mask) / sum(mask) over the whole minibatch
-        return masked_mean(loss, mask)
+        return mean(loss, mask)
     len_B = mask.sum(-1)
     # per sequence: sum_t(l * mask) / |y_i|
     seq_B = torch.where(mask > 0, loss * mask, 0.0).sum(-1) / torch.where(len_B > 0, len_B, 1.0)
     # seq-mean-token-mean: mean over non-empty sequences of their token means
-    return masked_mean(seq_B, (len_B > 0).to(loss.dtype))
+    return mean(seq_B, (len_B > 0).to(loss.dtype))
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
@@ -319,7 +332,7 @@ def _check(hp: dict, logp, old_logp, advantages, mask) -> None:
 
 def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
                 rollout_logp: Tensor | None = None, correction: str = "none", correction_cap: float = 2.0,
-                **hparams) -> tuple[Tensor, dict[str, Tensor]]:
+                units: float | None = None, **hparams) -> tuple[Tensor, dict[str, Tensor]]:
     """Loss of algorithm ``name`` (a key of ``LOSSES``) and its detached 0-dim stats.
 
     ``hparams``: ``eps_low``, ``eps_high``, ``dual_clip_c``, ``kl_coef``,
@@ -335,6 +348,9 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
     ``mismatch/corrected_frac`` (the same average of "truncated": ``w > C``
     for tis, "masked": ``w < 1/C or w > C`` for mis). ``rollout_logp=None`` or
     ``correction="none"``: no weight, no new stats, a bit-identical loss.
+
+    ``units``: the minibatch's unit count over all ranks of a multi-process
+    step (``agg_loss``); ``None`` on one process.
     """
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; allowed: {', '.join(LOSSES)}")
@@ -364,7 +380,7 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
         # L_u <- min(w_u, C) L_u (tis) or [1/C <= w_u <= C] L_u (mis), before aggregation, KL untouched
         unit_loss, corrected = apply_correction(unit_loss, w, correction, cap)
         corr_stats = correction_stats(w, corrected, unit_w)
-    pg_loss = agg_loss(unit_loss, mask_BT, spec.aggregation)
+    pg_loss = agg_loss(unit_loss, mask_BT, spec.aggregation, units)
 
     kl_part = torch.zeros((), dtype=dtype, device=logp.device)
     if hp["kl_coef"] > 0:
@@ -375,7 +391,7 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
         # so its KL is the seq-mean of per-sequence token means
         kl_mode = "seq-mean-token-mean" if spec.aggregation == "seq-mean" else spec.aggregation
         # loss += kl_coef * kl_agg
-        kl_part = hp["kl_coef"] * agg_loss(kl_BT, mask_BT, kl_mode)
+        kl_part = hp["kl_coef"] * agg_loss(kl_BT, mask_BT, kl_mode, units)
     loss = pg_loss + kl_part
 
     with torch.no_grad():

@@ -16,11 +16,12 @@ from torchmetrics.aggregation import MaxMetric, MeanMetric, MinMetric
 
 
 def _reducer(key: str):
+    # this process's steps only: a multi-process step reduces over ranks itself (distributed.reduce_metrics)
     if key.endswith(("/min", "_min")):
-        return MinMetric(nan_strategy="disable")
+        return MinMetric(nan_strategy="disable", sync_on_compute=False)
     if key.endswith(("/max", "_max")):
-        return MaxMetric(nan_strategy="disable")
-    return MeanMetric(nan_strategy="disable")
+        return MaxMetric(nan_strategy="disable", sync_on_compute=False)
+    return MeanMetric(nan_strategy="disable", sync_on_compute=False)
 
 
 class StepStats:

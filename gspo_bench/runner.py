@@ -28,6 +28,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from transformers import AutoTokenizer
 
 from gspo_bench import __version__, algorithms, checkpoint
+from gspo_bench import distributed as ddp
 from gspo_bench import interrupts as signals
 from gspo_bench.callbacks import CollapseCallback, MismatchProbe, MoEFlipProbe, RatioSample
 from gspo_bench.config import ConfigError, Resolved, RunConfig, flatten, resolve_tracking_uri, to_dict
@@ -38,6 +39,7 @@ from gspo_bench.redact import redact, redact_nested
 from gspo_bench.rollout.datamodule import RolloutDataModule
 from gspo_bench.tasks import load_task, resolve_task_spec
 from gspo_bench.tasks.task import check_task_data
+from gspo_bench.tracking import NOTE_TAG, mark_experiment, run_description
 from gspo_bench.warmstart import WarmStart, warm_start
 
 
@@ -56,6 +58,7 @@ class RunResult:
     seconds: float = 0.0
     error: str | None = None
     module: object | None = None  # the trained LightningModule, only when asked for (tests, notebooks)
+    experiment_id: str | None = None
 
 
 class ProgressBar(RichProgressBar):
@@ -108,12 +111,31 @@ def validate(cfg: RunConfig) -> str:
         if algo not in algorithms.ALGORITHMS:
             raise ConfigError(f"algo {algo!r} has a loss but no algorithm class (algorithms: "
                               f"{', '.join(algorithms.names())})")
+    check_processes(cfg)
     try:
         check_task_data(resolve_task_spec(cfg.task))  # its data files, cheaply, before any warm start
         classify_model_ref(cfg.model.name)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return tracking_uri(cfg)
+
+
+def check_processes(cfg: RunConfig) -> None:
+    """A multi-process run splits each step's prompts evenly (whole groups per rank), and FSDP needs GPUs."""
+    t = cfg.train
+    n = t.devices * t.num_nodes
+    if n > 1 and cfg.rollout.prompts_per_step % n:
+        raise ConfigError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must divide evenly over "
+                          f"{n} processes (devices {t.devices} x num_nodes {t.num_nodes}): each rank samples whole "
+                          "groups of its share of the prompts")
+    if n > 1 and cfg.train.eval_prompts < n:
+        raise ConfigError(f"train.eval_prompts={t.eval_prompts} is fewer than the {n} processes sharing them")
+    if t.strategy == "fsdp":
+        import torch
+
+        if t.accelerator == "cpu" or not torch.cuda.is_available():
+            raise ConfigError("--strategy fsdp needs GPUs (Lightning runs FSDP on CUDA only); on CPU use "
+                              "--strategy ddp")
 
 
 def machine() -> str:
@@ -160,6 +182,7 @@ def make_logger(cfg: RunConfig, uri: str, algo: str, seed: int, resolved: dict, 
     (RUNNING, this process as its owner; params and the metrics it holds are not logged twice)."""
     if resume_run_id:
         logger = ResumedLogger(experiment_name=cfg.tracking.experiment, tracking_uri=uri, run_id=resume_run_id)
+        mark_experiment(logger.experiment, logger.experiment_id)
         logger.experiment.update_run(resume_run_id, status="RUNNING")
         for key, value in owner_tags().items():
             logger.experiment.set_tag(resume_run_id, key, value)
@@ -168,7 +191,9 @@ def make_logger(cfg: RunConfig, uri: str, algo: str, seed: int, resolved: dict, 
         return logger
     tags = {"algo": algo, "task": task_name, "model": cfg.model.name, "seed": str(seed), "preset": cfg.preset,
             "tuning": cfg.tuning, "moe": "unknown", "gspo_bench.version": __version__, "git.commit": git_commit(),
-            "machine": machine(), "gspo_bench.config": config_digest(resolved), **owner_tags(), **(tags or {})}
+            "machine": machine(), "gspo_bench.config": config_digest(resolved),
+            NOTE_TAG: run_description(algo, seed, cfg.preset, task_name, cfg.model.name, resolved),
+            **owner_tags(), **(tags or {})}
     if parent_run_id:  # MLflow's own nesting tag: the UI shows this run under its parent
         tags["mlflow.parentRunId"] = parent_run_id
     # what is written to MLflow is redacted (tracking.tracking_uri's password -> ***); the logger connects
@@ -178,6 +203,8 @@ def make_logger(cfg: RunConfig, uri: str, algo: str, seed: int, resolved: dict, 
     params = {k: ("null" if v is None else v) for k, v in flatten(resolved).items()}
     logger.log_hyperparams(params)
     logger.experiment.log_text(logger.run_id, yaml.safe_dump(resolved, sort_keys=False), "config.yaml")
+    if logger.run_id is not None:  # rank 0 (the others of a multi-process run hold no run)
+        mark_experiment(logger.experiment, logger.experiment_id)  # the UI opens it on runs and charts
     return logger
 
 
@@ -186,6 +213,8 @@ def prior_run(cfg: RunConfig, uri: str, algo: str, seed: int, digest: str, resum
     (``(None, None)`` when there is none: the run starts afresh)."""
     import mlflow
 
+    if not ddp.launch_rank_zero():  # rank 0 finds the run; the others get its checkpoint in setup()
+        return None, None
     client = mlflow.MlflowClient(uri)
     exp = client.get_experiment_by_name(cfg.tracking.experiment)
     if exp is None:
@@ -227,7 +256,7 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
     if state is not None:
         module.resume_state, dm.start_step = state, int(state["rl_step"])
     logger = make_logger(cfg, uri, algo, seed, resolved, task.name, tags, parent_run_id, run_name, resume_id)
-    result = RunResult(algo, seed, logger.run_id, "FAILED")
+    result = RunResult(algo, seed, logger.run_id, "FAILED", experiment_id=logger.experiment_id)
     ckpt = module.checkpointer = checkpoint.Checkpointer(logger.experiment, logger.run_id, cfg.train.checkpoint_every,
                                                          digest, state["elapsed_s"] if state else 0.0, log)
     collapse = None
@@ -236,7 +265,8 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
         with signals.deferred():
             trainer.fit(module, datamodule=dm)
         result.status = "FINISHED"
-        checkpoint.discard(logger.experiment, logger.run_id)
+        if logger.run_id is not None:  # rank 0 holds the run (and its checkpoint)
+            checkpoint.discard(logger.experiment, logger.run_id)
     except (signals.Interrupted, SIGTERMException) as caught:
         # SIGINT/SIGTERM: checkpointed at a step's end (or abandoned mid-step); Lightning's own SIGTERM
         # exception comes instead when the signal lands in the last step, which has no checkpoint
@@ -279,7 +309,8 @@ def _trainer(cfg: RunConfig, module, logger, callbacks: tuple) -> tuple[L.Traine
     # the stabilisers, as tags the leaderboard can split by (--by); routing_replay is what ran (none on dense)
     for key, value in {"moe": str(moe).lower(), "routing_replay": module.replay,
                        "correction": module.settings.rollout.correction,
-                       "rollout_dtype": module.settings.rollout.dtype}.items():
+                       "rollout_dtype": module.settings.rollout.dtype,
+                       "processes": str(cfg.train.devices * cfg.train.num_nodes)}.items():
         logger.experiment.set_tag(logger.run_id, key, value)
     collapse = CollapseCallback(cfg.collapse, log=module.checkpointer.log)
     # measurements first, so the collapse detector sees the step's full metrics
@@ -287,12 +318,28 @@ def _trainer(cfg: RunConfig, module, logger, callbacks: tuple) -> tuple[L.Traine
     if cfg.train.progress:
         callbacks.append(ProgressBar(leave=True))
     # evaluation is the module's own (PolicyModule.evaluate_now), so Lightning runs no validation loop
+    t = cfg.train
     trainer = L.Trainer(
-        max_epochs=1, max_steps=-1, logger=logger, callbacks=callbacks, accelerator=cfg.train.accelerator,
-        devices=1, precision=cfg.train.precision, num_sanity_val_steps=0, enable_checkpointing=False,
-        enable_model_summary=False, enable_progress_bar=cfg.train.progress, log_every_n_steps=1,
+        max_epochs=1, max_steps=-1, logger=logger, callbacks=callbacks, accelerator=t.accelerator,
+        devices=t.devices, num_nodes=t.num_nodes, strategy=strategy(t, moe), precision=t.precision,
+        num_sanity_val_steps=0, enable_checkpointing=False, enable_model_summary=False,
+        enable_progress_bar=t.progress and ddp.launch_rank_zero(), log_every_n_steps=1,
+        use_distributed_sampler=False,  # the datamodule shards the prompts itself (whole groups per rank)
     )
     return trainer, collapse
+
+
+def strategy(t, moe: bool):
+    """Lightning's strategy for ``train.strategy``: one process as before; DDP (gloo on CPU, NCCL on GPUs)
+    averaging gradients, with unused-parameter detection on MoE models (experts a minibatch never routes
+    to); or FSDP."""
+    if t.devices * t.num_nodes == 1 and t.strategy == "auto":
+        return "auto"
+    if t.strategy == "fsdp":
+        return "fsdp"
+    from lightning.pytorch.strategies import DDPStrategy
+
+    return DDPStrategy(find_unused_parameters=moe)
 
 
 def run(cfg: RunConfig, log=print, keep_modules: bool = False, resume: bool = False) -> list[RunResult]:
@@ -309,7 +356,7 @@ def run(cfg: RunConfig, log=print, keep_modules: bool = False, resume: bool = Fa
                 raise ConfigError(str(e)) from None
             try:
                 ws = warm_start(task, cfg.model, cfg.warmstart, seed, task.spec.max_new_tokens,
-                                progress=cfg.train.progress, log=log)
+                                progress=cfg.train.progress and ddp.launch_rank_zero(), log=log)
             except signals.Interrupted as e:
                 e.where = e.where or f"during the warm start of seed {seed}"
                 raise

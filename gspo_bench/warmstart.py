@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gspo_bench.config import ModelConfig, WarmStartConfig
@@ -179,10 +180,26 @@ def warm_start(task: Task, model_cfg: ModelConfig, ws: WarmStartConfig, seed: in
     """Return the cached warm-start checkpoint for this key, creating it if needed."""
     root = cache_dir() / "warmstart"
     path = root / cache_key(task, model_cfg, ws, seed)
+    if (cached := _cached(path)) is not None:
+        return cached
+    locks = cache_dir() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    # one process fine-tunes, the others (the ranks of a torchrun job, parallel workers) wait and load it
+    with FileLock(str(locks / f"warmstart-{path.name}.lock")):
+        if (cached := _cached(path)) is not None:
+            return cached
+        return _fine_tune(task, model_cfg, ws, seed, max_new_tokens, progress, device, log, root, path)
+
+
+def _cached(path: Path) -> WarmStart | None:
     meta_file = path / "warmstart.json"
-    if meta_file.is_file():
-        meta = json.loads(meta_file.read_text())
-        return WarmStart(path, meta["pass1"], meta["steps"], meta["seconds"], cached=True)
+    if not meta_file.is_file():
+        return None
+    meta = json.loads(meta_file.read_text())
+    return WarmStart(path, meta["pass1"], meta["steps"], meta["seconds"], cached=True)
+
+
+def _fine_tune(task, model_cfg, ws, seed, max_new_tokens, progress, device, log, root: Path, path: Path) -> WarmStart:
     torch.manual_seed(seed)
     model, tok = load_base(model_cfg, seed)
     t0 = time.perf_counter()

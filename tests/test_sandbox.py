@@ -7,7 +7,7 @@ import importlib.util
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gspo_bench.config import ConfigError, load_config, parse_sets
@@ -125,6 +125,9 @@ VALUES = st.one_of(st.text(max_size=30), st.sampled_from(["null", "true", "[0, 1
 
 
 @settings(max_examples=300, deadline=None)
+@example(items=["train.lr=\x1f\n"])  # found by CI: a raw newline once split the error across lines
+@example(items=["train.lr=\n"])
+@example(items=["tra\nin.lr=1"])
 @given(items=st.lists(st.tuples(st.sampled_from(KEYS), VALUES).map(lambda kv: f"{kv[0]}={kv[1]}")
                       | st.text(max_size=40), max_size=4))
 def test_any_set_items_give_a_config_or_one_config_error(items):

@@ -43,6 +43,7 @@ import torch
 from torchmetrics.aggregation import MeanMetric
 from transformers import AutoModelForCausalLM
 
+from gspo_bench import distributed as ddp
 from gspo_bench.config import Recipe, Resolved, RunConfig
 from gspo_bench.losses import LOSSES, policy_loss
 from gspo_bench.metrics import StepStats
@@ -131,6 +132,8 @@ class PolicyModule(L.LightningModule):
         self._eval_seen: set[str] = set()
         self.checkpointer = None  # set by the runner: checkpoints, heartbeat, a signal's clean stop
         self.resume_state: dict | None = None  # set by the runner to continue a run from its checkpoint
+        self.world = 1  # processes training together (set in setup)
+        self._units: dict[str, float] | None = None  # this minibatch's divisors on W > 1 processes
 
     @property
     def kl_coef(self) -> float:
@@ -177,11 +180,19 @@ class PolicyModule(L.LightningModule):
         return [("train/grad_norm", list(self.policy.parameters()))]
 
     def setup(self, stage: str) -> None:
+        rank, self.world = ddp.rank_world()
         dm = self.trainer.datamodule
         if dm is not None:
             dm.policy = self.policy
             # the sampler records its experts on MoE models: moe/routing_mismatch, and what r3 replays
             dm.record_routes = self.is_moe
+            dm.rank, dm.world = rank, self.world
+        if self.world > 1:
+            # every rank samples its own responses (a seed per rank), and continues rank 0's checkpoint
+            torch.manual_seed(self.seed * 1_000_003 + rank)
+            self.resume_state = ddp.broadcast_object(self.resume_state)
+            if dm is not None and self.resume_state is not None:
+                dm.start_step = int(self.resume_state["rl_step"])
 
     def optimizer_list(self) -> list:
         opts = self.optimizers()
@@ -222,24 +233,53 @@ class PolicyModule(L.LightningModule):
         for opt in self.optimizer_list():
             opt.zero_grad(set_to_none=True)
         # 2. minibatches: one optimiser step each, so all but the first are off policy
-        for rows in minibatch_indices(len(batch), self.cfg.train.minibatches, g):
+        for rows, units in self.minibatches(batch, g):
             rows = rows.to(batch.input_ids.device)
-            # 3. loss
-            loss = self.minibatch_loss(batch, prep, rows, stats)
-            stats.add({"train/loss": loss.detach()})
-            # 4. backward, unless the loss is already NaN/Inf
-            finite = bool(torch.isfinite(loss))
+            # 3. loss (on W > 1 processes: this rank's share of the minibatch's, x W)
+            self._units = units
+            if len(rows):
+                loss = self.minibatch_loss(batch, prep, rows, stats)
+                stats.add({"train/loss": loss.detach()})
+            else:  # no rows of this minibatch here: a zero loss on the graph, so the ranks' backwards pair up
+                loss = 0.0 * self.minibatch_loss(batch, prep, torch.arange(1, device=rows.device), StepStats())
+                self.trace.minibatches.pop()
+                # its share of the minibatch's loss is 0: the ranks' mean stays the whole minibatch's loss
+                stats.add({"train/loss": 0.0, "loss/policy": 0.0, "loss/kl": 0.0})
+            # 4. backward, unless the loss is already NaN/Inf (on any rank: all ranks skip together)
+            finite = ddp.all_true(bool(torch.isfinite(loss)), loss.device)
             if finite:
                 self.manual_backward(loss)
             # 5. clip and step
             self.clip_and_step(stats, finite)
-        # 6. logging, with the RL step as the step
+        self._units = None
+        # 6. logging, with the RL step as the step (metrics reduced over ranks: every rank logs the same)
         self.rl_step += 1
         metrics = {**batch.stats, **stats.reduce()}
         metrics["time/train_s"] = time.perf_counter() - t0
         metrics["time/step_s"] = metrics["time/train_s"] + batch.stats.get("time/gen_s", 0.0)
-        self.record(metrics)
+        self.record(ddp.reduce_metrics(metrics))
         return None
+
+    def minibatches(self, batch: RolloutBatch, g: torch.Generator):
+        """``(rows, units)`` per optimiser step. One process: the rollout's rows, ``units`` None. ``W``
+        processes: the global rollout (ranks' rows in rank order) is permuted and split as on one process;
+        each rank takes its rows of each minibatch, and ``units`` holds the minibatch's token and non-empty
+        sequence counts over all ranks divided by ``W``: the divisors that make the strategy's gradient
+        average the gradient of the whole minibatch's loss (``distributed``)."""
+        if self.world == 1:
+            for rows in minibatch_indices(len(batch), self.cfg.train.minibatches, g):
+                yield rows, None
+            return
+        lengths = ddp.all_gather_cat(batch.response_mask.sum(-1).float())
+        parts = minibatch_indices(len(lengths), self.cfg.train.minibatches, g)
+        rank = ddp.rank_world()[0]
+        for rows, tokens, seqs in ddp.local_minibatches(parts, lengths.cpu(), rank, self.world):
+            yield rows, {"token": tokens / self.world, "sequence": seqs / self.world}
+
+    def units(self, kind: str) -> float | None:
+        """The current minibatch's divisor for a mean over ``kind`` units ("token" or "sequence") on W > 1
+        processes (its count over all ranks / W); None on one process (the rows' own count)."""
+        return None if self._units is None else self._units[kind]
 
     def prepare(self, batch: RolloutBatch, stats: StepStats) -> dict[str, torch.Tensor]:
         """Tensors every minibatch needs: old (and reference) log-probs and advantages.
@@ -286,8 +326,9 @@ class PolicyModule(L.LightningModule):
             # the sampler/trainer correction: weights exp(old_logp - rollout_logp) at the loss's ratio unit
             extra.update(rollout_logp=batch.rollout_logp[rows], correction=r.correction,
                          correction_cap=r.correction_cap)
+        units = self.units("token" if LOSSES[self.name].aggregation == "token-mean" else "sequence")
         loss, st = policy_loss(self.name, logp=logp, old_logp=prep["old_logp"][rows],
-                               advantages=prep["advantages"][rows], mask=mask, **self.hp, **extra)
+                               advantages=prep["advantages"][rows], mask=mask, units=units, **self.hp, **extra)
         # H = mean over response tokens of the sampling distribution's entropy
         st["policy/entropy"] = (ent * mask).sum() / mask.sum().clamp(min=1)
         stats.add(st)
@@ -339,9 +380,10 @@ class PolicyModule(L.LightningModule):
             self._eval_seen.add(k)
 
     def record_eval(self) -> None:
-        """Log ``eval/*`` at the current RL step and tell the listeners."""
+        """Log ``eval/*`` at the current RL step and tell the listeners (on W > 1 processes each rank scored
+        its shard of the prompts, and torchmetrics' ``compute`` averages over all of them)."""
         metrics = {"eval/pass1": float(self._eval["pass1"].compute())}
-        if "reward" in self._eval_seen:
+        if self.trainer.datamodule.eval_samples:
             metrics["eval/reward_mean"] = float(self._eval["reward"].compute())
             metrics["eval/pass1_sampled"] = float(self._eval["pass1_sampled"].compute())
         if self.logger is not None:
@@ -361,7 +403,7 @@ class PolicyModule(L.LightningModule):
         self.eval_reset()
         for batch in self.trainer.datamodule.eval_dataloader():
             self.eval_batch(batch)
-        if "pass1" in self._eval_seen:
+        if "pass1" in self._eval_seen or (self.world > 1 and len(self.trainer.datamodule.eval_rows)):
             self.record_eval()
         self.policy.train(was_training)
 

@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModel
 
 from gspo_bench import advantages as adv
+from gspo_bench import distributed as ddp
 from gspo_bench.algorithms.base import PolicyModule, adamw, register_algorithm
 from gspo_bench.config import Recipe
 from gspo_bench.losses import kl_penalty
@@ -78,7 +79,9 @@ class PPO(PolicyModule):
             stats.add({"critic/explained_var": adv.explained_variance(values, returns, mask),
                        "critic/value_mean": values.sum() / mask.sum().clamp(min=1),
                        "critic/adv_raw_mean": advantages.sum() / mask.sum().clamp(min=1)})
-        out.update(advantages=adv.whiten(advantages, mask), returns=returns, values=values)
+        # whitened over the whole rollout's response tokens, every rank's included
+        out.update(advantages=adv.whiten(advantages, mask, all_sum=ddp.all_sum if self.world > 1 else None),
+                   returns=returns, values=values)
         return out
 
     def parameter_groups(self):
@@ -94,7 +97,9 @@ class PPO(PolicyModule):
         if c is not None:
             # V_clip = V_old + clamp(V - V_old, -c, c); loss = max((V - R)^2, (V_clip - R)^2)
             err = torch.maximum(err, (v_old + (v - v_old).clamp(-c, c) - ret).square())
-        # value loss = vf_coef * 0.5 * token-mean of the squared error
-        value_loss = self.cfg.loss.vf_coef * 0.5 * (err * mask).sum() / mask.sum().clamp(min=1)
+        # value loss = vf_coef * 0.5 * token-mean of the squared error (the minibatch's tokens on every rank)
+        tokens = self.units("token")
+        value_loss = self.cfg.loss.vf_coef * 0.5 * (err * mask).sum() / (
+            mask.sum().clamp(min=1) if tokens is None else (tokens if tokens > 0 else 1.0))
         stats.add({"critic/value_loss": value_loss.detach()})
         return policy + value_loss

@@ -183,35 +183,42 @@ def parse_sets(items: list[str] | tuple[str, ...]) -> dict:
     for item in items:
         key, eq, raw = item.partition("=")
         key = key.strip()
+        # what an error message echoes stays on one line: control characters are shown escaped
+        key_s, raw_s = _one_line(key), _one_line(raw)
         if not eq or not key:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. rollout.temperature=0.7")
         head, _, name = key.partition(".")
         if head == "preset" and not name:
-            raise ConfigError(f"--set {key}: choose the preset with --preset NAME")
+            raise ConfigError(f"--set {key_s}: choose the preset with --preset NAME")
         if head in sections:
             known = _field_types(sections[head])
             if not name:
-                raise ConfigError(f"--set {key}: {head} is a section; set one of its fields, e.g. "
+                raise ConfigError(f"--set {key_s}: {head} is a section; set one of its fields, e.g. "
                                   f"{head}.{next(iter(known))}=... (fields: {', '.join(known)})")
             if name not in known:
-                raise ConfigError(f"--set {key}: unknown field {name!r} in {head} (allowed: {', '.join(known)})")
+                raise ConfigError(f"--set {key_s}: unknown field {name!r} in {head} (allowed: {', '.join(known)})")
             tp, where = known[name], out.setdefault(head, {})
         elif head in top and not name:
             tp, where = top[head], out
         else:
-            raise ConfigError(f"--set {key}: unknown key (sections: {', '.join(sections)}; top-level fields: "
+            raise ConfigError(f"--set {key_s}: unknown key (sections: {', '.join(sections)}; top-level fields: "
                               f"{', '.join(top)})")
         try:
             value = load_yaml(raw)
         except yaml.YAMLError as e:
             first = str(e).strip().splitlines()[0]
-            raise ConfigError(f"--set {key}={raw}: not a YAML value ({first})") from None
+            raise ConfigError(f"--set {key_s}={raw_s}: not a YAML value ({first})") from None
         if not _type_ok(value, tp):
             got = "null" if value is None else f"{type(value).__name__} {value!r}"
             hint = "; quote it to pass a string" if value is not None and _type_ok("", tp) else ""
-            raise ConfigError(f"--set {key}={raw}: {key} takes {_type_name(tp)}, got {got}{hint}")
+            raise ConfigError(f"--set {key_s}={raw_s}: {key_s} takes {_type_name(tp)}, got {got}{hint}")
         where[name or head] = value
     return out
+
+
+def _one_line(text: str) -> str:
+    """Text as typed when printable, else its escaped repr (a newline in --set must not split an error)."""
+    return text if text.isprintable() else repr(text)
 
 
 def to_dict(cfg) -> dict:

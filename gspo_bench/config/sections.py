@@ -242,6 +242,12 @@ class TrainConfig:
     forward: str = "auto"
     """Training forward: auto (packed when supported, else hf) | packed (real tokens only, Qwen3 family) |
     hf (the transformers module over the padded batch)."""
+    devices: int = 1
+    """Processes per node (Lightning ``devices``); each samples its share of the prompts."""
+    strategy: str = "auto"
+    """Lightning strategy: auto (ddp when devices x num_nodes > 1) | ddp | fsdp (GPU only)."""
+    num_nodes: int = 1
+    """Machines (Lightning ``num_nodes``; launch with torchrun or SLURM)."""
 
     def __post_init__(self):
         _numbers("train", self, "minibatches", "lr", "critic_lr", "weight_decay", "max_grad_norm", "eval_every",
@@ -256,6 +262,11 @@ class TrainConfig:
         _check(self.eval_prompts > 0 and self.eval_samples >= 0, "train.eval_prompts must be > 0, eval_samples >= 0")
         _check(self.max_grad_norm >= 0, f"train.max_grad_norm={self.max_grad_norm} must be >= 0")
         _choice("train.forward", self.forward, ("auto", "packed", "hf"))
+        _choice("train.strategy", self.strategy, ("auto", "ddp", "fsdp"))
+        for key in ("devices", "num_nodes"):
+            value = getattr(self, key)
+            _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                   f"train.{key}={value!r} must be an int >= 1")
 
 
 @dataclass

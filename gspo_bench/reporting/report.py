@@ -52,6 +52,7 @@ from gspo_bench.reporting import figures
 from gspo_bench.config import ConfigError
 from gspo_bench.paths import probe_writable_dir
 from gspo_bench.redact import redact
+from gspo_bench.tracking import mark_experiment
 from gspo_bench.reporting.grouping import MISSING, by_slug, check_by, split_values
 from gspo_bench.reporting.leaderboard import (DEFAULT_BASELINE, DEFAULT_EXPERIMENT, FINISHED, NOTES, RunData,
                                               _seed_key, experiment_id, load_runs, no_runs_message, render, slug,
@@ -374,6 +375,7 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
 
 
 def log_report(client, exp_id: str, report: Report, experiment: str, n_runs: int) -> str:
+    mark_experiment(client, exp_id)
     run = client.create_run(exp_id, run_name="report",
                             tags={"kind": "report", "report.experiment": experiment, "report.runs": str(n_runs)})
     try:

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from gspo_bench import advantages as adv
+from gspo_bench import distributed as ddp
 from gspo_bench.config import RolloutConfig
 from gspo_bench.rollout.engine import Generation, generate, resolve_engine
 from gspo_bench.rollout.precision import SamplerWeights
@@ -49,6 +50,13 @@ class RolloutBatch:
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
+
+    def rows(self, idx: slice) -> "RolloutBatch":
+        """The rollout restricted to rows ``idx`` (e.g. one rank's share of a global batch); stats kept."""
+        return RolloutBatch(self.input_ids[idx], self.attention_mask[idx], self.prompt_len, self.response_mask[idx],
+                            None if self.rollout_logp is None else self.rollout_logp[idx], self.scores[idx],
+                            self.rewards[idx], self.advantages[idx], self.texts[idx], self.answers[idx],
+                            dict(self.stats), None if self.routes is None else self.routes[:, idx])
 
 
 def merge_generations(gens: list[Generation], pad_id: int) -> Generation:
@@ -111,6 +119,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.sampler = SamplerWeights(settings.dtype, settings.staleness)
         self.timeouts = 0  # verifier calls past their time limit since the last RL step's metrics
         self.start_step = 0  # a resumed run's next RL step (checkpoint.restore)
+        self.rank, self.world = 0, 1  # set by the module in setup(): this process's share of the prompts
         self.resume_rng: dict | None = None  # RNG states a resumed run restores right before its first rollout
 
     def wants_rollout_logp(self) -> bool:
@@ -130,6 +139,8 @@ class RolloutDataModule(L.LightningDataModule):
     def _prompts_for(self, step: int, round_: int) -> list[dict]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + step * 101 + round_)
         idx = torch.randint(len(self.task.train), (self.s.prompts_per_step,), generator=g).tolist()
+        if self.world > 1:  # the same draw on every rank, each taking its share: a group never straddles ranks
+            idx = idx[ddp.shard(len(idx), self.rank, self.world)]
         rows = self.task.train.select(idx)
         return [{"prompt": p, "answer": a} for p, a in zip(list(rows["prompt"]), list(rows["answer"]))]
 
@@ -154,7 +165,7 @@ class RolloutDataModule(L.LightningDataModule):
             set_rng_state(self.resume_rng)
             self.resume_rng = None
         t0 = time.perf_counter()
-        G, want = self.s.group_size, self.s.prompts_per_step
+        G, want = self.s.group_size, self.s.prompts_per_step // self.world
         kept_gens, kept_answers, kept_scores, kept_rewards = [], [], [], []
         dropped = rounds = n_groups = 0
         n_tokens = 0.0
@@ -249,6 +260,7 @@ class RolloutDataModule(L.LightningDataModule):
     def eval_dataloader(self):
         """The held-out rows in batches (``PolicyModule.evaluate_now``; not Lightning's validation loop)."""
         rows = [{"prompt": p, "answer": a} for p, a in zip(list(self.eval_rows["prompt"]), list(self.eval_rows["answer"]))]
+        rows = rows[self.rank::self.world]  # each rank scores its share; the eval metrics average over all
         return DataLoader(rows, batch_size=self.eval_batch, shuffle=False,
                           collate_fn=lambda b: {"prompt": [r["prompt"] for r in b], "answer": [r["answer"] for r in b]})
 

@@ -6,7 +6,12 @@ log-uniform within 5x of the config's), trains it from the shared warm start
 with ``runner.run_one`` and returns the objective. Storage is any SQLAlchemy
 URL (default ``sqlite:///optuna.db``); workers pointed at the same storage
 and study name share it through Optuna's own distributed mode, and running
-the command again continues the study.
+the command again continues the study. Workers on several machines share a
+PostgreSQL server (``postgresql+psycopg://user:pass@host/db``, the
+``postgres`` extra; ``docs/scaling-optuna.md``): a driver-less
+``postgresql://`` URL is read as psycopg 3, and the first-time table
+creation is serialised by an advisory lock (workers started together would
+otherwise race on ``CREATE TABLE``).
 
 Objective (maximised): the mean of ``eval/reward_mean`` over the trial's last
 ``LAST_EVALS`` evaluations (the final one and the one before; the step-0
@@ -51,6 +56,7 @@ OBJECTIVE = (f"mean {{metric}} over the last {LAST_EVALS} evals (step 0 excluded
              f"- {COLLAPSE_PENALTY} x collapse events")
 LR_FACTOR = 5.0  # --tune-lr: log-uniform over [lr / 5, lr * 5] around the config's lr
 RUN_ATTR, PARENT_ATTR = "mlflow_run_id", "mlflow_parent_run_id"
+SCHEMA_LOCK_KEY = 0x67_7370_6F62  # PostgreSQL advisory lock held while a worker creates Optuna's tables
 PRUNERS = "median[:STARTUP] | percentile:P[:STARTUP] | halving | hyperband | threshold:LOWER | none"
 
 
@@ -122,6 +128,52 @@ def local_lock(url: str):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def driver_url(url: str) -> str:
+    """``url`` with a PostgreSQL driver: ``postgresql://`` (or ``postgres://``) becomes ``postgresql+psycopg://``.
+
+    SQLAlchemy reads a driver-less ``postgresql://`` as psycopg2; the ``postgres`` extra installs psycopg 3.
+    With psycopg 3 missing the URL stays for psycopg2 when that is there, else it is a ConfigError. Other
+    URLs (``sqlite:///``, ``postgresql+psycopg2://``, ``mysql+pymysql://``) are returned as they are.
+    """
+    import importlib.util
+
+    scheme, _, rest = url.partition("://")
+    if scheme.lower() not in ("postgresql", "postgres"):
+        return url
+    if importlib.util.find_spec("psycopg") is not None:
+        return f"postgresql+psycopg://{rest}"
+    if importlib.util.find_spec("psycopg2") is not None:
+        return f"postgresql://{rest}"
+    raise ConfigError(f"storage {redact(url)!r} is unreachable: no PostgreSQL driver (install the postgres extra: "
+                      f"pip install -e '.[postgres]', i.e. psycopg 3)")
+
+
+@contextlib.contextmanager
+def server_lock(url: str):
+    """On PostgreSQL, hold a session advisory lock: one worker at a time creates Optuna's tables.
+
+    Workers started together on a fresh database otherwise race in ``CREATE TABLE`` (PostgreSQL raises
+    ``duplicate key value violates unique constraint "pg_type_typname_nsp_index"`` in all but one). Other
+    URLs: no lock (SQLite has ``local_lock``).
+    """
+    if not url.lower().startswith(("postgresql:", "postgresql+")):
+        yield
+        return
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    engine = sqlalchemy.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
+            try:
+                yield
+            finally:
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": SCHEMA_LOCK_KEY})
+    finally:
+        engine.dispose()
+
+
 class StaleTrial:
     """A heartbeat-stale trial (its worker died): end its MLflow run KILLED, then Optuna's retry re-queues it."""
 
@@ -156,7 +208,7 @@ def open_storage(url: str, heartbeat: int | None = None, retries: int = 0, track
 
     if "://" not in url:
         raise ConfigError(f"storage {url!r} is not a database URL (e.g. {DEFAULT_STORAGE} or "
-                          "postgresql://user:pass@host/db)")
+                          "postgresql+psycopg://user:pass@host/db)")
     path = _sqlite_path(url)
     if path is not None and not path.parent.resolve().is_dir():
         raise ConfigError(f"storage {url!r} is unreachable: directory {str(path.parent)!r} does not exist")
@@ -169,15 +221,19 @@ def open_storage(url: str, heartbeat: int | None = None, retries: int = 0, track
               "heartbeat_stale_trial_callback" if new_name else "failed_trial_callback": StaleTrial(tracking_uri,
                                                                                                      retries)}
     engine = {"connect_args": {"timeout": 60}} if path is not None else None  # SQLite: wait for the other writers
+    target = driver_url(url)  # connect with this; messages name the URL as given, redacted
     try:
-        with local_lock(url), warnings.catch_warnings():
+        with local_lock(url), server_lock(target), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine, **kw)
+            return optuna.storages.RDBStorage(target, engine_kwargs=engine, **kw)
     except Exception as e:  # driver missing, refused connection, bad URL: all one-line errors
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        hint = (" (install the URL's database driver, e.g. pip install psycopg2-binary for postgresql://)"
-                if isinstance(e, ImportError) else "")
-        raise ConfigError(f"storage {redact(url)!r} is unreachable: {type(e).__name__}: {first}{hint}") from None
+        hint = ""
+        if isinstance(e, ImportError):
+            hint = (" (install the postgres extra: pip install -e '.[postgres]', i.e. psycopg 3)"
+                    if target.lower().startswith("postgresql+psycopg:") else " (install the URL's database driver)")
+        raise ConfigError(f"storage {redact(url)!r} is unreachable: {type(e).__name__}: {redact(first)}{hint}"
+                          ) from None
 
 
 def make_pruner(spec: str, steps: int = 0):

@@ -29,6 +29,7 @@ from optuna_integration.pytorch_lightning import PyTorchLightningPruningCallback
 
 from gspo_bench.config import ConfigError, RunConfig, deep_merge, load_config
 from gspo_bench.redact import redact, redact_nested
+from gspo_bench.tracking import mark_experiment
 from gspo_bench.tuning.study import (LR_FACTOR, OBJECTIVE, PARENT_ATTR, RUN_ATTR, Progress, StudyOutcome, TrialFailed,
                                TuneRequest, best_of, counts, fmt_params, local_lock, make_pruner, objective_value,
                                wait_for_attr, write_best)
@@ -105,6 +106,7 @@ def prepare(req: TuneRequest, cfg: RunConfig, uri: str, storage, log) -> Shared:
                 exp_id = client.get_experiment_by_name(cfg.tracking.experiment).experiment_id
         else:
             exp_id = exp.experiment_id
+        mark_experiment(client, exp_id)  # the UI opens it on runs and charts
     seed = cfg.seeds[0]
     task = load_task(cfg.task, seed, cfg.model, cfg.rollout.response_cap(), log)
     ws = warm_start(task, cfg.model, cfg.warmstart, seed, task.spec.max_new_tokens, progress=cfg.train.progress,

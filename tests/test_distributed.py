@@ -1,0 +1,168 @@
+"""Multi-process training on CPU over gloo: the aggregation arithmetic by hand, the metric reduction across
+two real processes, 2 processes against 1 on the same global batch (DAPO: token-mean; GSPO: sequence-mean),
+and ``run --devices 2`` end to end through Lightning's own launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from gspo_bench import distributed as ddp
+from gspo_bench.config import ConfigError, load_config
+from gspo_bench.losses import agg_loss, policy_loss
+from gspo_bench.runner import check_processes
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- the arithmetic ------------------------------------------------------------------------------------------
+def test_each_rank_gets_its_rows_of_every_global_minibatch_and_the_whole_minibatchs_counts():
+    lengths = torch.tensor([3.0, 0.0, 2.0, 5.0, 1.0, 4.0])  # global rows 0-2 on rank 0, 3-5 on rank 1
+    parts = [torch.tensor([4, 0, 1]), torch.tensor([5, 3, 2])]
+    r0 = list(ddp.local_minibatches(parts, lengths, 0, 2))
+    r1 = list(ddp.local_minibatches(parts, lengths, 1, 2))
+    assert [m.tolist() for m, _, _ in r0] == [[0, 1], [2]]
+    assert [m.tolist() for m, _, _ in r1] == [[1], [2, 0]]
+    # tokens = 1 + 3 + 0 and 4 + 5 + 2; non-empty sequences = 2 (row 1 is empty) and 3, the same on both ranks
+    assert [(t, s) for _, t, s in r0] == [(4.0, 2.0), (11.0, 3.0)] == [(t, s) for _, t, s in r1]
+
+
+def test_rank_terms_average_to_the_global_token_mean_not_to_a_mean_of_rank_means():
+    # rank 0 holds 1 token of loss 1.0; rank 1 holds 3 tokens of loss 3.0; the minibatch has N = 4 tokens
+    loss0, mask0 = torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([[1.0, 0.0, 0.0]])
+    loss1, mask1 = torch.tensor([[3.0, 3.0, 3.0]]), torch.tensor([[1.0, 1.0, 1.0]])
+    # each rank divides by N / W = 2: terms 1/2 and 9/2, whose mean (what DDP's gradient average sees) is
+    # (1 + 9) / 4 = 2.5, the token mean over all 4 tokens
+    t0, t1 = agg_loss(loss0, mask0, "token-mean", units=2.0), agg_loss(loss1, mask1, "token-mean", units=2.0)
+    assert (float(t0), float(t1)) == (0.5, 4.5) and float((t0 + t1) / 2) == 2.5
+    # a mean of per-rank means would say (1 + 3) / 2 = 2.0
+    assert float((agg_loss(loss0, mask0, "token-mean") + agg_loss(loss1, mask1, "token-mean")) / 2) == 2.0
+    # sequence means count non-empty sequences: rank 0 has 2 (one of them empty), rank 1 has 1, N = 2 in all
+    seq0, smask0 = torch.tensor([2.0, 7.0]), torch.tensor([[1.0], [0.0]])
+    seq1, smask1 = torch.tensor([4.0]), torch.tensor([[1.0]])
+    s0, s1 = agg_loss(seq0, smask0, "seq-mean", units=1.0), agg_loss(seq1, smask1, "seq-mean", units=1.0)
+    assert float((s0 + s1) / 2) == 3.0  # (2 + 4) / 2: the empty sequence's 7.0 stays out
+
+
+def test_units_none_leaves_the_single_process_loss_bit_identical():
+    torch.manual_seed(0)
+    logp, old = torch.randn(3, 5) * 0.1 - 2, torch.randn(3, 5) * 0.1 - 2
+    mask, adv = (torch.rand(3, 5) > 0.3).float(), torch.randn(3)
+    for name in ("dapo", "gspo", "grpo"):
+        a, _ = policy_loss(name, logp=logp, old_logp=old, advantages=adv, mask=mask)
+        b, _ = policy_loss(name, logp=logp, old_logp=old, advantages=adv, mask=mask, units=None)
+        assert torch.equal(a, b)
+
+
+def _reduce_worker(rank: int, port: int, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        metrics = {"reward/mean": [0.25, 0.75][rank], "ratio/max": [1.5, 1.2][rank], "ratio/min": [0.9, 0.7][rank],
+                   "time/gen_s": [2.0, 3.0][rank], "throughput/gen_tokens_per_s": [100.0, 50.0][rank],
+                   "clip/frac": [float("nan"), 0.1][rank]}
+        if rank == 1:
+            metrics["moe/only_here"] = 4.0
+        torch.save(ddp.reduce_metrics(metrics), Path(out) / f"r{rank}.pt")
+        assert ddp.all_true(rank == 0, "cpu") is False and ddp.all_true(True, "cpu") is True
+        total = ddp.all_sum(torch.tensor([float(rank + 1)]))
+        assert float(total) == 3.0
+        assert ddp.broadcast_object({"from": rank}) == {"from": 0}
+    finally:
+        dist.destroy_process_group()
+
+
+def test_step_metrics_reduce_across_two_real_processes(tmp_path):
+    mp.spawn(_reduce_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = torch.load(tmp_path / "r0.pt"), torch.load(tmp_path / "r1.pt")
+    assert r0 == pytest.approx(r1, nan_ok=True)
+    assert r0["reward/mean"] == 0.5 and r0["ratio/max"] == 1.5 and r0["ratio/min"] == 0.7
+    assert r0["time/gen_s"] == 3.0  # the slowest rank's time
+    assert r0["throughput/gen_tokens_per_s"] == 150.0  # both ranks' tokens
+    assert r0["moe/only_here"] == 4.0
+    assert r0["clip/frac"] != r0["clip/frac"]  # a NaN on one rank stays NaN
+
+
+def test_bad_process_layouts_are_config_errors():
+    cfg = load_config("smoke", overrides={"rollout": {"prompts_per_step": 6}, "train": {"devices": 4}})
+    with pytest.raises(ConfigError, match="prompts_per_step=6 must divide evenly over 4 processes"):
+        check_processes(cfg)
+    with pytest.raises(ConfigError, match="fsdp needs GPUs"):
+        check_processes(load_config("smoke", overrides={"train": {"strategy": "fsdp", "accelerator": "cpu"}}))
+    with pytest.raises(ConfigError, match="train.devices"):
+        load_config("smoke", overrides={"train": {"devices": 0}})
+    with pytest.raises(ConfigError, match="train.strategy"):
+        load_config("smoke", overrides={"train": {"strategy": "horovod"}})
+
+
+# -- two processes against one -----------------------------------------------------------------------------
+def _torchrun(n: int, out: Path, algos: list[str], cache: Path) -> None:
+    out.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GSPO_BENCH_CACHE": str(cache)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}", f"--master-port={_free_port()}",
+           str(ROOT / "tests" / "ddp_step.py"), str(out), *algos]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_two_processes_end_one_rl_step_with_the_parameters_of_one(tmp_path):
+    algos = ["dapo", "gspo"]  # token-mean, and sequence-mean with a sequence ratio
+    cache = tmp_path / "cache"
+    _torchrun(1, tmp_path / "one", algos, cache)
+    _torchrun(2, tmp_path / "two", algos, cache)
+    for algo in algos:
+        one, two = torch.load(tmp_path / "one" / f"{algo}.pt"), torch.load(tmp_path / "two" / f"{algo}.pt")
+        assert (one["world"], two["world"]) == (1, 2)
+        moved = max(float((one["after"][k] - one["before"][k]).abs().max()) for k in one["after"])
+        assert moved > 1e-3, f"{algo}: the step did not move the parameters"
+        gap = max(float((one["after"][k] - two["after"][k]).abs().max()) for k in one["after"])
+        # float tolerance; a mean of per-rank means instead of the global token count is off by ~8e-3 here
+        assert gap < 1e-4, f"{algo}: 2 processes ended {gap:.2e} away from 1 (the step moved {moved:.2e})"
+        # the gradient the strategy averaged is the global one, and the logged loss is the global loss
+        for key in ("train/grad_norm", "train/loss", "reward/mean"):
+            assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-4, abs=1e-7), key
+        # the eval split is sharded (4 prompts each) and its pass@1 averaged over all 8
+        assert two["eval"] == one["eval"]
+
+
+@pytest.mark.slow
+def test_run_on_two_processes_logs_one_mlflow_run_per_algorithm(tmp_path):
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text("warmstart: {enabled: false}\nrollout: {prompts_per_step: 4, group_size: 4}\n"
+                   "train: {steps: 2, minibatches: 2, eval_every: 1, eval_prompts: 8, eval_samples: 2}\n")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.run([sys.executable, "-m", "gspo_bench", "run", "--preset", "smoke", "--config", str(cfg),
+                           "--algos", "grpo,gspo", "--devices", "2", "--strategy", "ddp", "--tracking-uri", uri,
+                           "--experiment", "ddp", "--no-progress"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("== grpo (seed 0) ==") == 1  # rank 1 trains silently
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("ddp").experiment_id])
+    assert sorted(r.data.tags["algo"] for r in runs) == ["grpo", "gspo"]  # one run per algorithm, not per rank
+    for run in runs:
+        assert run.info.status == "FINISHED"
+        assert run.data.params["train.devices"] == "2" and run.data.tags["processes"] == "2"
+        for key in ("reward/mean", "train/loss", "clip/frac", "train/grad_norm"):
+            # one value per RL step: rank 1 logged nothing
+            assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2], key
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/pass1")] == [0, 1, 2]
+        assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"config.yaml"}
