@@ -138,6 +138,21 @@ def check_processes(cfg: RunConfig) -> None:
                               "--strategy ddp")
 
 
+def fsdp_fallback(cfg: RunConfig, log) -> RunConfig:
+    """Under FSDP each rank holds a shard of every parameter, and the fast engine and the packed forward read
+    whole ones: sampling and the training forward fall back to transformers' own (``hf``), and say so."""
+    from dataclasses import replace
+
+    if cfg.train.strategy != "fsdp":
+        return cfg
+    if cfg.rollout.engine in ("auto", "fast") or cfg.train.forward in ("auto", "packed"):
+        log("[fsdp] the fast engine and the packed forward read whole parameters, which FSDP shards: "
+            "sampling and training use transformers' own (engine hf, forward hf)")
+    return replace(cfg, rollout=replace(cfg.rollout, engine="hf" if cfg.rollout.engine in ("auto", "fast")
+                                        else cfg.rollout.engine),
+                   train=replace(cfg.train, forward="hf"))
+
+
 def machine() -> str:
     import platform
 
@@ -347,6 +362,7 @@ def run(cfg: RunConfig, log=print, keep_modules: bool = False, resume: bool = Fa
     from their checkpoints. A signal ends it with ``interrupts.Interrupted`` carrying the results so far."""
     quiet()
     uri = validate(cfg)
+    cfg = fsdp_fallback(cfg, log)
     results: list[RunResult] = []
     try:
         for seed in cfg.seeds:

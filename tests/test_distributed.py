@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 from gspo_bench import distributed as ddp
 from gspo_bench.config import ConfigError, load_config
 from gspo_bench.losses import agg_loss, policy_loss
-from gspo_bench.runner import check_processes
+from gspo_bench.runner import check_processes, fsdp_fallback
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,6 +110,14 @@ def test_bad_process_layouts_are_config_errors():
         load_config("smoke", overrides={"train": {"strategy": "horovod"}})
 
 
+def test_fsdp_falls_back_to_transformers_sampling_and_forward_and_says_so():
+    said = []
+    cfg = fsdp_fallback(load_config("smoke", overrides={"train": {"strategy": "fsdp"}}), said.append)
+    assert (cfg.rollout.engine, cfg.train.forward) == ("hf", "hf") and "FSDP shards" in said[0]
+    same = load_config("smoke", overrides={"train": {"devices": 2}})
+    assert fsdp_fallback(same, said.append) is same and len(said) == 1  # DDP keeps the fast engine
+
+
 # -- two processes against one -----------------------------------------------------------------------------
 def _torchrun(n: int, out: Path, algos: list[str], cache: Path) -> None:
     out.mkdir()
@@ -166,3 +174,45 @@ def test_run_on_two_processes_logs_one_mlflow_run_per_algorithm(tmp_path):
             assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2], key
         assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/pass1")] == [0, 1, 2]
         assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"config.yaml"}
+
+
+@pytest.mark.slow
+def test_a_two_process_run_stopped_by_ctrl_c_resumes_as_the_same_run(tmp_path):
+    import signal
+    import time
+
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text("warmstart: {enabled: false}\nrollout: {prompts_per_step: 4, group_size: 4}\n"
+                   "train: {steps: 6, minibatches: 2, eval_every: 2, eval_prompts: 8, eval_samples: 0, "
+                   "checkpoint_every: 1}\n")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    cmd = [sys.executable, "-m", "gspo_bench", "run", "--preset", "smoke", "--config", str(cfg), "--algos", "gspo",
+           "--devices", "2", "--tracking-uri", uri, "--experiment", "stop", "--no-progress"]
+    client = mlflow.MlflowClient(uri)
+    client.create_experiment("stop")  # the store's tables exist before the run and this test both read it
+    # its own session, as a terminal's foreground job: Ctrl-C reaches rank 0 and the rank Lightning started
+    first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=open(tmp_path / "first.log", "w"),
+                             stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.5)
+        try:
+            runs = client.search_runs([client.get_experiment_by_name("stop").experiment_id])
+        except Exception:  # not created yet
+            continue
+        if runs and int(runs[0].data.tags.get("gspo_bench.checkpoint_step", "0")) >= 2:
+            break
+    os.killpg(first.pid, signal.SIGINT)
+    assert first.wait(timeout=120) == 130, (tmp_path / "first.log").read_text()[-3000:]
+    [killed] = client.search_runs([client.get_experiment_by_name("stop").experiment_id])
+    assert killed.info.status == "KILLED" and "resume from RL step" in killed.data.tags["killed_reason"]
+    again = subprocess.run(cmd + ["--resume"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"continuing run {killed.info.run_id}" in again.stdout
+    [run] = client.search_runs([client.get_experiment_by_name("stop").experiment_id])
+    assert run.info.run_id == killed.info.run_id and run.info.status == "FINISHED"
+    # every step once: what the first part logged is not logged again, and the rest is there
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")) == [1, 2, 3, 4, 5, 6]
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "eval/pass1")) == [0, 2, 4, 6]
