@@ -79,7 +79,14 @@ def measure(out: str, steps: int) -> None:
         comm["metrics_allgather_ms"] = _timed(lambda: distributed.reduce_metrics(steps_seen[-1]), 20)
     if rank == 0:
         skip = 1 if steps > 1 else 0  # the first step pays one-off costs (compiles, caches)
-        row = {"processes": world, "threads_per_process": torch.get_num_threads(), "steps": steps,
+        import sys
+
+        from gspo_bench.runner import git_commit
+
+        command = (f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} torchrun --nproc-per-node {world} "
+                   f"-m gspo_bench.scale_out {' '.join(sys.argv[1:])}")
+        row = {"command": command, "commit": git_commit(), "processes": world,
+               "threads_per_process": torch.get_num_threads(), "steps": steps,
                "prompts_per_step": cfg.rollout.prompts_per_step, "group_size": cfg.rollout.group_size,
                "rows_per_rank": cfg.rollout.prompts_per_step * cfg.rollout.group_size // world,
                "minibatches": cfg.train.minibatches, "params": n_params,
@@ -92,6 +99,7 @@ def measure(out: str, steps: int) -> None:
 
 def report(one: str, two: str, out: str, command: str, commit: str) -> str:
     a, b = json.loads(Path(one).read_text()), json.loads(Path(two).read_text())
+    made = "; ".join(f"`{r['command']}` at `{r['commit']}`" for r in (a, b) if "command" in r)
     mb = b["minibatches"]
     comm_step = mb * b["grad_allreduce_ms"] + b["lengths_allgather_ms"] + mb * b["flag_allreduce_ms"] + (
         b["metrics_allgather_ms"] * 2)  # the step's metrics, and the checkpoint's stop/go flag
@@ -102,7 +110,7 @@ def report(one: str, two: str, out: str, command: str, commit: str) -> str:
     lines = [
         "# Scaling out: what 2 processes on a 2-core CPU show",
         "",
-        f"Made by `{command}` at commit `{commit}`.",
+        f"Made by `{command}` at commit `{commit}`" + (f", from the measurements of {made}." if made else "."),
         "",
         f"Default preset (tiny-dense, arith, {b['prompts_per_step']} prompts x {b['group_size']} samples, {mb} "
         f"minibatches), GRPO, seed 0, cached warm start; {a['steps']} RL steps each, the first left out of the means. Each process uses "
