@@ -24,6 +24,7 @@ import lightning as L
 import yaml
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.loggers.logger import DummyLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from transformers import AutoTokenizer
 
@@ -190,11 +191,22 @@ def resolved_settings(cfg: RunConfig, algo: str, seed: int, ws: WarmStart, setti
     return redact_nested(resolved)
 
 
+class OtherRankLogger(DummyLogger):
+    """The logger of a rank other than 0: every call does nothing, and there is no run (rank 0 holds it)."""
+
+    run_id = None
+    experiment_id = None
+
+
 def make_logger(cfg: RunConfig, uri: str, algo: str, seed: int, resolved: dict, task_name: str,
                 tags: dict | None = None, parent_run_id: str | None = None, run_name: str | None = None,
                 resume_run_id: str | None = None) -> MLFlowLogger:
     """A new MLflow run with its tags, params and ``config.yaml``; or, with ``resume_run_id``, that run again
-    (RUNNING, this process as its owner; params and the metrics it holds are not logged twice)."""
+    (RUNNING, this process as its owner; params and the metrics it holds are not logged twice). A rank other
+    than 0 of a multi-process run gets a logger that records nothing, and never opens the store (torchrun
+    starts every rank at once: two processes creating a new sqlite store's tables would collide)."""
+    if not ddp.launch_rank_zero():
+        return OtherRankLogger()
     if resume_run_id:
         logger = ResumedLogger(experiment_name=cfg.tracking.experiment, tracking_uri=uri, run_id=resume_run_id)
         mark_experiment(logger.experiment, logger.experiment_id)

@@ -150,7 +150,7 @@ def test_two_processes_end_one_rl_step_with_the_parameters_of_one(tmp_path):
 
 
 @pytest.mark.slow
-def test_run_on_two_processes_logs_one_mlflow_run_per_algorithm(tmp_path):
+def test_run_on_two_processes_logs_one_mlflow_run_per_algorithm_and_fills_the_global_batch(tmp_path):
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text("warmstart: {enabled: false}\nrollout: {prompts_per_step: 4, group_size: 4}\n"
                    "train: {steps: 2, minibatches: 2, eval_every: 1, eval_prompts: 8, eval_samples: 2}\n")
@@ -158,14 +158,15 @@ def test_run_on_two_processes_logs_one_mlflow_run_per_algorithm(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
     proc = subprocess.run([sys.executable, "-m", "gspo_bench", "run", "--preset", "smoke", "--config", str(cfg),
-                           "--algos", "grpo,gspo", "--devices", "2", "--strategy", "ddp", "--tracking-uri", uri,
+                           "--algos", "grpo,gspo,dapo", "--devices", "2", "--strategy", "ddp", "--tracking-uri", uri,
                            "--experiment", "ddp", "--no-progress"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("== grpo (seed 0) ==") == 1  # rank 1 trains silently
     client = mlflow.MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("ddp").experiment_id])
-    assert sorted(r.data.tags["algo"] for r in runs) == ["grpo", "gspo"]  # one run per algorithm, not per rank
+    # one run per algorithm, not per rank
+    assert sorted(r.data.tags["algo"] for r in runs) == ["dapo", "grpo", "gspo"]
     for run in runs:
         assert run.info.status == "FINISHED"
         assert run.data.params["train.devices"] == "2" and run.data.tags["processes"] == "2"
@@ -174,6 +175,9 @@ def test_run_on_two_processes_logs_one_mlflow_run_per_algorithm(tmp_path):
             assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2], key
         assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/pass1")] == [0, 1, 2]
         assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"config.yaml"}
+    # DAPO's dynamic sampling fills the global batch: each rank its 2 groups, 4 in all at every step
+    [dapo] = [r for r in runs if r.data.tags["algo"] == "dapo"]
+    assert [m.value for m in client.get_metric_history(dapo.info.run_id, "dynamic/kept_groups")] == [4.0, 4.0]
 
 
 @pytest.mark.slow
@@ -216,3 +220,31 @@ def test_a_two_process_run_stopped_by_ctrl_c_resumes_as_the_same_run(tmp_path):
     # every step once: what the first part logged is not logged again, and the rest is there
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")) == [1, 2, 3, 4, 5, 6]
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "eval/pass1")) == [0, 2, 4, 6]
+
+
+@pytest.mark.slow
+def test_torchrun_with_two_nodes_on_localhost_trains_as_one_run(tmp_path):
+    """The multi-machine path (``torchrun --nnodes 2``, ``--num-nodes 2``), with both "nodes" on this machine:
+    every rank starts at once (both reach the warm start together), and only rank 0 may open the store."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text("rollout: {prompts_per_step: 4, group_size: 4}\nwarmstart: {max_steps: 5}\n"
+                   "train: {steps: 2, minibatches: 2, eval_every: 1, eval_prompts: 8, eval_samples: 0}\n")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"  # a new store: a second process creating its tables would collide
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GSPO_BENCH_CACHE": str(tmp_path / "cache")}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    port = _free_port()
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
+         str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "gspo_bench", "run", "--preset",
+         "smoke", "--config", str(cfg), "--algos", "grpo,gspo", "--devices", "1", "--num-nodes", "2",
+         "--tracking-uri", uri, "--experiment", "nodes", "--no-progress"],
+        cwd=tmp_path, env=env, stdout=open(tmp_path / f"node{rank}.log", "w"), stderr=subprocess.STDOUT)
+        for rank in (0, 1)]
+    for rank, node in enumerate(nodes):
+        assert node.wait(timeout=600) == 0, (tmp_path / f"node{rank}.log").read_text()[-3000:]
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("nodes").experiment_id])
+    assert sorted(r.data.tags["algo"] for r in runs) == ["grpo", "gspo"]
+    for run in runs:
+        assert run.info.status == "FINISHED" and run.data.tags["processes"] == "2"
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")) == [1, 2]

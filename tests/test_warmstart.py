@@ -150,3 +150,32 @@ def test_warmstart_command_reports_the_band(tmp_path, monkeypatch):
     assert len(cached) == 2
     assert main(args) == 0 and len(list((tmp_path / "cache" / "warmstart").iterdir())) == 2
     assert main(["warmstart", "--seeds", "0"]) == 2
+
+
+def _warm_start_in_a_process(cache: str, out: str) -> None:
+    import json
+    import os
+
+    os.environ["GSPO_BENCH_CACHE"] = cache
+    task = load_task("arith", 0)
+    ws_cfg = WarmStartConfig(target_pass1=1.0, max_steps=20, eval_every=10, eval_prompts=16, lr=3e-3)
+    got = warm_start(task, ModelConfig("tiny-dense"), ws_cfg, 0, 8, progress=False, log=lambda *a: None)
+    with open(out, "w") as fh:
+        json.dump({"cached": got.cached, "path": str(got.path)}, fh)
+
+
+def test_processes_started_together_fine_tune_once_and_the_others_load_it(tmp_path):
+    # the ranks of a torchrun job reach the warm start at the same moment: one fine-tunes, the others wait
+    import json
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_warm_start_in_a_process, args=(str(tmp_path / "cache"), str(tmp_path / f"{i}.json")))
+             for i in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+        assert p.exitcode == 0
+    got = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2)]
+    assert sorted(g["cached"] for g in got) == [False, True] and got[0]["path"] == got[1]["path"]
