@@ -123,7 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "model.generate on the same batch, (b) training tokens/s, (c) the full RL step (median after "
                        "warm-up) on the fast path and the transformers path, (d) matmul FLOP/s and MFU, and rollout "
                        "time against max_new_tokens. Prints tables, then JSON (or writes it to --json).")
-    b.add_argument("--preset", default="cpu-bench", help=f"one of: {', '.join(presets())} (default cpu-bench)")
+    b.add_argument("--preset", default=None, help=f"one of: {', '.join(presets())} (default cpu-bench; with --whole, "
+                   "default)")
+    b.add_argument("--whole", action="store_true", help="instead: time `run --algos all` (one seed) end to end and "
+                   "split it into warm start, rollout, train, eval and overhead, with completions per hour")
     b.add_argument("--config", action="append", default=[], metavar="YAML", help="config file(s) over the preset")
     _set_flag(b)
     b.add_argument("--model", type=_csv, help="model(s), comma list, e.g. tiny-dense,tiny-moe (default: the preset's)")

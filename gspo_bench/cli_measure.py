@@ -23,6 +23,10 @@ def bench_command(args, console) -> int:
     from gspo_bench.reporting.bench_report import markdown, plot_scaling, rich_tables
     from gspo_bench.runner import git_commit
 
+    if args.whole:
+        return whole_command(args, console)
+    args.preset = args.preset or "cpu-bench"
+
     try:
         scaling = () if args.scaling.lower() == "none" else tuple(int(x) for x in args.scaling.split(",") if x.strip())
     except ValueError:
@@ -77,6 +81,36 @@ def bench_command(args, console) -> int:
         Path(args.markdown).write_text(text)
         console.print(f"wrote {args.markdown}")
     return 0
+
+
+def whole_command(args, console) -> int:
+    """``bench --whole``: ``run --algos all`` timed end to end, by phase."""
+    import json
+    import shlex
+    from pathlib import Path
+
+    from gspo_bench import bench_whole
+    from gspo_bench.runner import git_commit
+
+    over = parse_sets(args.sets)
+    if args.model:
+        over["model"] = {"name": args.model[0]}
+    if args.task:
+        over["task"] = args.task
+    preset = args.preset or "default"
+    console.print(f"[bold]bench --whole[/bold] preset={preset}: run --algos all, one seed")
+    res = bench_whole.whole_benchmark(preset, tuple(args.config), over, log=console.print)
+    console.print(bench_whole.rich_table(res))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(res, indent=2))
+        console.print(f"wrote {args.json}")
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(bench_whole.markdown(res, "python -m gspo_bench " + shlex.join(args.argv),
+                                                            git_commit()))
+        console.print(f"wrote {args.markdown}")
+    return 0 if all(s == "FINISHED" for s in res["statuses"]) else 1
 
 
 def warmstart_command(args, console) -> int:

@@ -60,6 +60,8 @@ class RunResult:
     error: str | None = None
     module: object | None = None  # the trained LightningModule, only when asked for (tests, notebooks)
     experiment_id: str | None = None
+    clock: dict = field(default_factory=dict)  # seconds in rollout, train and eval (PolicyModule.clock)
+    completions: dict = field(default_factory=dict)  # completions generated for training and for eval
 
 
 class ProgressBar(RichProgressBar):
@@ -324,6 +326,7 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
     result.eval_start, result.eval_end = module.eval_history[0][1] if module.eval_history else None, (
         module.eval_history[-1][1] if module.eval_history else None)
     result.eval_log = list(module.eval_log)
+    result.clock, result.completions = dict(module.clock), dict(dm.sampled)
     result.collapse_events = len(collapse.events) if collapse is not None else 0
     logger.experiment.log_metric(logger.run_id, "time/wall_s", result.seconds)
     if keep_module:

@@ -130,7 +130,7 @@ def _torchrun(n: int, out: Path, algos: list[str], cache: Path) -> None:
 
 @pytest.mark.slow
 def test_two_processes_end_one_rl_step_with_the_parameters_of_one(tmp_path):
-    algos = ["dapo", "gspo"]  # token-mean, and sequence-mean with a sequence ratio
+    algos = ["dapo", "gspo", "ppo"]  # token-mean; sequence-mean with a sequence ratio; PPO: whitening, critic
     cache = tmp_path / "cache"
     _torchrun(1, tmp_path / "one", algos, cache)
     _torchrun(2, tmp_path / "two", algos, cache)

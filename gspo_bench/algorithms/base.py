@@ -133,6 +133,8 @@ class PolicyModule(L.LightningModule):
         self.checkpointer = None  # set by the runner: checkpoints, heartbeat, a signal's clean stop
         self.resume_state: dict | None = None  # set by the runner to continue a run from its checkpoint
         self.world = 1  # processes training together (set in setup)
+        # seconds spent in each phase of this run (``bench --whole``): sampling, the update, evaluation
+        self.clock = {"rollout_s": 0.0, "train_s": 0.0, "eval_s": 0.0}
         self._units: dict[str, float] | None = None  # this minibatch's divisors on W > 1 processes
 
     @property
@@ -257,6 +259,8 @@ class PolicyModule(L.LightningModule):
         metrics = {**batch.stats, **stats.reduce()}
         metrics["time/train_s"] = time.perf_counter() - t0
         metrics["time/step_s"] = metrics["time/train_s"] + batch.stats.get("time/gen_s", 0.0)
+        self.clock["rollout_s"] += batch.stats.get("time/gen_s", 0.0)
+        self.clock["train_s"] += metrics["time/train_s"]
         self.record(ddp.reduce_metrics(metrics))
         return None
 
@@ -398,6 +402,7 @@ class PolicyModule(L.LightningModule):
         """Held-out evaluation of the policy as it is now: before the first step, every ``eval_every`` steps
         and after the last (our own loop, not Lightning's validation loop, so a resumed run evaluates at the
         same steps as an uninterrupted one)."""
+        t0 = time.perf_counter()
         was_training = self.policy.training
         self.policy.eval()
         self.eval_reset()
@@ -406,6 +411,7 @@ class PolicyModule(L.LightningModule):
         if "pass1" in self._eval_seen or (self.world > 1 and len(self.trainer.datamodule.eval_rows)):
             self.record_eval()
         self.policy.train(was_training)
+        self.clock["eval_s"] += time.perf_counter() - t0
 
     def records_state(self) -> dict:
         """What the module has recorded so far (a checkpoint's ``records``)."""

@@ -120,6 +120,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.timeouts = 0  # verifier calls past their time limit since the last RL step's metrics
         self.start_step = 0  # a resumed run's next RL step (checkpoint.restore)
         self.rank, self.world = 0, 1  # set by the module in setup(): this process's share of the prompts
+        self.sampled = {"train": 0, "eval": 0}  # completions generated (``bench --whole``)
         self.resume_rng: dict | None = None  # RNG states a resumed run restores right before its first rollout
 
     def wants_rollout_logp(self) -> bool:
@@ -211,6 +212,7 @@ class RolloutDataModule(L.LightningDataModule):
         last_tok = gen.input_ids[:, gen.prompt_len:].gather(1, (lengths.long() - 1).clamp(min=0)[:, None])[:, 0]
         truncated = (lengths >= self.s.max_new_tokens) & (last_tok != self.tokenizer.eos_token_id)
         sampled = torch.cat(all_scores)
+        self.sampled["train"] += len(sampled)
         stats = {
             "reward/mean": float(sampled.mean()),
             "reward/std": float(sampled.std(unbiased=False)),
@@ -243,6 +245,7 @@ class RolloutDataModule(L.LightningDataModule):
                           greedy=True)
         out = {"pass1": self.score(greedy.texts, answers)}
         k = self.eval_samples
+        self.sampled["eval"] += len(prompts) * (1 + k)
         if k:
             sampled = generate(self.s.engine, policy, self.tokenizer, [p for p in prompts for _ in range(k)],
                                max_new_tokens=self.s.max_new_tokens, temperature=self.s.temperature,
