@@ -81,7 +81,7 @@ def summary(d: dict) -> str:
 
 
 def rich_table(d: dict) -> Table:
-    table = Table(title=summary(d))
+    table = Table(title="run --algos all, by phase")
     for col in ("phase", "seconds", "share"):
         table.add_column(col)
     for row in rows(d):

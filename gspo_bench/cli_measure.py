@@ -101,6 +101,7 @@ def whole_command(args, console) -> int:
     console.print(f"[bold]bench --whole[/bold] preset={preset}: run --algos all, one seed")
     res = bench_whole.whole_benchmark(preset, tuple(args.config), over, log=console.print)
     console.print(bench_whole.rich_table(res))
+    console.print(bench_whole.summary(res), soft_wrap=True)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(res, indent=2))
