@@ -100,6 +100,7 @@ def whole_command(args, console) -> int:
     preset = args.preset or "default"
     console.print(f"[bold]bench --whole[/bold] preset={preset}: run --algos all, one seed")
     res = bench_whole.whole_benchmark(preset, tuple(args.config), over, log=console.print)
+    res.update(command="python -m gspo_bench " + shlex.join(args.argv), commit=git_commit())
     console.print(bench_whole.rich_table(res))
     console.print(bench_whole.summary(res), soft_wrap=True)
     if args.json:
@@ -108,8 +109,7 @@ def whole_command(args, console) -> int:
         console.print(f"wrote {args.json}")
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown).write_text(bench_whole.markdown(res, "python -m gspo_bench " + shlex.join(args.argv),
-                                                            git_commit()))
+        Path(args.markdown).write_text(bench_whole.markdown(res, res["command"], res["commit"]))
         console.print(f"wrote {args.markdown}")
     return 0 if all(s == "FINISHED" for s in res["statuses"]) else 1
 
