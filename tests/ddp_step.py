@@ -3,7 +3,8 @@
 Used by ``test_distributed.py``: ``torchrun --nproc-per-node N tests/ddp_step.py OUT ALGO...`` writes
 rank 0's policy parameters after the step (and before it) to ``OUT/<algo>.pt``. Every rank builds the same
 global rollout (the whole batch, sampled with a fixed seed from the same policy) and trains on its share of
-it, so 1 and N processes see the same global batch, as the equivalence test needs.
+it, so 1 and N processes see the same global batch, as the equivalence test needs. 8 minibatches of 2 of the
+16 rows: a rank often has no row of a minibatch, and must still take part in its update.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def main(out: str, *algos: str) -> None:
     cfg = load_config("smoke", overrides={
         "task": str(task_ref), "warmstart": {"enabled": False}, "model": {"name": os.environ.get("MODEL", "tiny-dense")},
         "rollout": {"prompts_per_step": 4, "group_size": 4},
-        "train": {"steps": 1, "minibatches": 4, "eval_prompts": 8, "eval_samples": 0, "progress": False,
+        "train": {"steps": 1, "minibatches": 8, "eval_prompts": 8, "eval_samples": 0, "progress": False,
                   "lr": 1e-3, "devices": world, "accelerator": "cpu"}})
     task = load_task(cfg.task, seed, cfg.model, cfg.rollout.response_cap(), lambda *a: None)
     ws = warm_start(task, cfg.model, cfg.warmstart, seed, task.spec.max_new_tokens, progress=False,

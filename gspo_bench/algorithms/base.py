@@ -242,9 +242,9 @@ class PolicyModule(L.LightningModule):
             if len(rows):
                 loss = self.minibatch_loss(batch, prep, rows, stats)
                 stats.add({"train/loss": loss.detach()})
-            else:  # no rows of this minibatch here: a zero loss on the graph, so the ranks' backwards pair up
-                loss = 0.0 * self.minibatch_loss(batch, prep, torch.arange(1, device=rows.device), StepStats())
-                self.trace.minibatches.pop()
+            else:  # no rows of this minibatch here: a zero loss that reaches every trained parameter, so the
+                # ranks' backwards pair up (its gradient is exactly 0, never NaN)
+                loss = 0.0 * sum(p.reshape(-1)[0] for p in self.parameters() if p.requires_grad)
                 # its share of the minibatch's loss is 0: the ranks' mean stays the whole minibatch's loss
                 stats.add({"train/loss": 0.0, "loss/policy": 0.0, "loss/kl": 0.0})
             # 4. backward, unless the loss is already NaN/Inf (on any rank: all ranks skip together)
