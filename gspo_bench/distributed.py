@@ -7,12 +7,16 @@ from the launcher's environment before any process group exists
 (``launch_rank_zero``), and from ``torch.distributed`` once the Trainer has made
 one (``rank_world``). Only rank 0 talks to MLflow and prints.
 
-The contract's aggregations stay exact across ranks (``minibatch_units``):
+The contract's aggregations stay exact across ranks (``local_minibatches``):
 rank ``r`` backpropagates ``W * sum_{its units} l / N`` where ``N`` counts the
 minibatch's units (tokens for token-mean, non-empty sequences otherwise) on
 *every* rank, so the strategy's gradient average over ``W`` ranks is the
 gradient of ``sum_{all units} l / N``: a global token mean, not a mean of
 per-rank means.
+
+Also here: what a multi-process run asks of its config (``check_processes``),
+the FSDP fallback to transformers' own sampling and forward, and the
+Lightning strategy for ``train.strategy``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import os
 
 import torch
 import torch.distributed as dist
+
+from gspo_bench.config import ConfigError, RunConfig
 
 # how a step metric combines across ranks; everything else is the mean of the ranks' values (rewards and
 # losses exactly: every rank holds the same number of rollouts, and each rank's loss is W x its share)
@@ -128,3 +134,50 @@ def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
         else:
             out[key] = float(sum(values) / len(values))
     return out
+
+
+# -- what a multi-process run asks of its config, and Lightning's strategy for it ---------------------------
+def check_processes(cfg: RunConfig) -> None:
+    """A multi-process run splits each step's prompts evenly (whole groups per rank), and FSDP needs GPUs."""
+    t = cfg.train
+    n = t.devices * t.num_nodes
+    if n > 1 and cfg.rollout.prompts_per_step % n:
+        raise ConfigError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must divide evenly over "
+                          f"{n} processes (devices {t.devices} x num_nodes {t.num_nodes}): each rank samples whole "
+                          "groups of its share of the prompts")
+    if n > 1 and cfg.train.eval_prompts < n:
+        raise ConfigError(f"train.eval_prompts={t.eval_prompts} is fewer than the {n} processes sharing them")
+    if t.strategy == "fsdp":
+        import torch
+
+        if t.accelerator == "cpu" or not torch.cuda.is_available():
+            raise ConfigError("--strategy fsdp needs GPUs (Lightning runs FSDP on CUDA only); on CPU use "
+                              "--strategy ddp")
+
+
+def fsdp_fallback(cfg: RunConfig, log) -> RunConfig:
+    """Under FSDP each rank holds a shard of every parameter, and the fast engine and the packed forward read
+    whole ones: sampling and the training forward fall back to transformers' own (``hf``), and say so."""
+    from dataclasses import replace
+
+    if cfg.train.strategy != "fsdp":
+        return cfg
+    if cfg.rollout.engine in ("auto", "fast") or cfg.train.forward in ("auto", "packed"):
+        log("[fsdp] the fast engine and the packed forward read whole parameters, which FSDP shards: "
+            "sampling and training use transformers' own (engine hf, forward hf)")
+    return replace(cfg, rollout=replace(cfg.rollout, engine="hf" if cfg.rollout.engine in ("auto", "fast")
+                                        else cfg.rollout.engine),
+                   train=replace(cfg.train, forward="hf"))
+
+
+def strategy(t, moe: bool):
+    """Lightning's strategy for ``train.strategy``: one process as before; DDP (gloo on CPU, NCCL on GPUs)
+    averaging gradients, with unused-parameter detection on MoE models (experts a minibatch never routes
+    to); or FSDP."""
+    if t.devices * t.num_nodes == 1 and t.strategy == "auto":
+        return "auto"
+    if t.strategy == "fsdp":
+        return "fsdp"
+    from lightning.pytorch.strategies import DDPStrategy
+
+    return DDPStrategy(find_unused_parameters=moe)

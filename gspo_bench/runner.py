@@ -114,46 +114,13 @@ def validate(cfg: RunConfig) -> str:
         if algo not in algorithms.ALGORITHMS:
             raise ConfigError(f"algo {algo!r} has a loss but no algorithm class (algorithms: "
                               f"{', '.join(algorithms.names())})")
-    check_processes(cfg)
+    ddp.check_processes(cfg)
     try:
         check_task_data(resolve_task_spec(cfg.task))  # its data files, cheaply, before any warm start
         classify_model_ref(cfg.model.name)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return tracking_uri(cfg)
-
-
-def check_processes(cfg: RunConfig) -> None:
-    """A multi-process run splits each step's prompts evenly (whole groups per rank), and FSDP needs GPUs."""
-    t = cfg.train
-    n = t.devices * t.num_nodes
-    if n > 1 and cfg.rollout.prompts_per_step % n:
-        raise ConfigError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must divide evenly over "
-                          f"{n} processes (devices {t.devices} x num_nodes {t.num_nodes}): each rank samples whole "
-                          "groups of its share of the prompts")
-    if n > 1 and cfg.train.eval_prompts < n:
-        raise ConfigError(f"train.eval_prompts={t.eval_prompts} is fewer than the {n} processes sharing them")
-    if t.strategy == "fsdp":
-        import torch
-
-        if t.accelerator == "cpu" or not torch.cuda.is_available():
-            raise ConfigError("--strategy fsdp needs GPUs (Lightning runs FSDP on CUDA only); on CPU use "
-                              "--strategy ddp")
-
-
-def fsdp_fallback(cfg: RunConfig, log) -> RunConfig:
-    """Under FSDP each rank holds a shard of every parameter, and the fast engine and the packed forward read
-    whole ones: sampling and the training forward fall back to transformers' own (``hf``), and say so."""
-    from dataclasses import replace
-
-    if cfg.train.strategy != "fsdp":
-        return cfg
-    if cfg.rollout.engine in ("auto", "fast") or cfg.train.forward in ("auto", "packed"):
-        log("[fsdp] the fast engine and the packed forward read whole parameters, which FSDP shards: "
-            "sampling and training use transformers' own (engine hf, forward hf)")
-    return replace(cfg, rollout=replace(cfg.rollout, engine="hf" if cfg.rollout.engine in ("auto", "fast")
-                                        else cfg.rollout.engine),
-                   train=replace(cfg.train, forward="hf"))
 
 
 def machine() -> str:
@@ -351,7 +318,7 @@ def _trainer(cfg: RunConfig, module, logger, callbacks: tuple) -> tuple[L.Traine
     t = cfg.train
     trainer = L.Trainer(
         max_epochs=1, max_steps=-1, logger=logger, callbacks=callbacks, accelerator=t.accelerator,
-        devices=t.devices, num_nodes=t.num_nodes, strategy=strategy(t, moe), precision=t.precision,
+        devices=t.devices, num_nodes=t.num_nodes, strategy=ddp.strategy(t, moe), precision=t.precision,
         num_sanity_val_steps=0, enable_checkpointing=False, enable_model_summary=False,
         enable_progress_bar=t.progress and ddp.launch_rank_zero(), log_every_n_steps=1,
         use_distributed_sampler=False,  # the datamodule shards the prompts itself (whole groups per rank)
@@ -359,25 +326,12 @@ def _trainer(cfg: RunConfig, module, logger, callbacks: tuple) -> tuple[L.Traine
     return trainer, collapse
 
 
-def strategy(t, moe: bool):
-    """Lightning's strategy for ``train.strategy``: one process as before; DDP (gloo on CPU, NCCL on GPUs)
-    averaging gradients, with unused-parameter detection on MoE models (experts a minibatch never routes
-    to); or FSDP."""
-    if t.devices * t.num_nodes == 1 and t.strategy == "auto":
-        return "auto"
-    if t.strategy == "fsdp":
-        return "fsdp"
-    from lightning.pytorch.strategies import DDPStrategy
-
-    return DDPStrategy(find_unused_parameters=moe)
-
-
 def run(cfg: RunConfig, log=print, keep_modules: bool = False, resume: bool = False) -> list[RunResult]:
     """All algorithms x seeds of ``cfg``; returns one result per run. ``resume``: continue unfinished runs
     from their checkpoints. A signal ends it with ``interrupts.Interrupted`` carrying the results so far."""
     quiet()
     uri = validate(cfg)
-    cfg = fsdp_fallback(cfg, log)
+    cfg = ddp.fsdp_fallback(cfg, log)
     results: list[RunResult] = []
     try:
         for seed in cfg.seeds:

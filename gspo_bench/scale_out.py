@@ -43,7 +43,8 @@ def measure(out: str, steps: int) -> None:
     from gspo_bench import algorithms, distributed
     from gspo_bench.config import load_config
     from gspo_bench.rollout.datamodule import RolloutDataModule
-    from gspo_bench.runner import quiet, strategy
+    from gspo_bench.distributed import strategy
+    from gspo_bench.runner import quiet
     from gspo_bench.tasks import load_task
     from gspo_bench.warmstart import warm_start
 

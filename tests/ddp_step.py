@@ -24,7 +24,8 @@ from gspo_bench import algorithms  # noqa: E402
 from gspo_bench import distributed as ddp  # noqa: E402
 from gspo_bench.config import load_config  # noqa: E402
 from gspo_bench.rollout.datamodule import RolloutDataModule  # noqa: E402
-from gspo_bench.runner import quiet, strategy  # noqa: E402
+from gspo_bench.distributed import strategy  # noqa: E402
+from gspo_bench.runner import quiet  # noqa: E402
 from gspo_bench.tasks import load_task, register_verifier  # noqa: E402
 from gspo_bench.warmstart import warm_start  # noqa: E402
 

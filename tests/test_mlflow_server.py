@@ -15,14 +15,9 @@ are ``report``'s, not ``run``'s (``test_redact`` covers ``report`` against a ser
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -32,74 +27,19 @@ import yaml
 
 from gspo_bench.redact import MASK
 from gspo_bench.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, NOTE_TAG
+from tests.mlflow_server import running_server
 
 PASSWORD = "s3cretPW"
 EXPERIMENT = "served"
 STEPS = 3
-# what ``mlflow server`` imports beyond mlflow-skinny's client
-SERVER_MODULES = ("flask", "fastapi", "uvicorn", "sqlalchemy", "alembic")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _missing_piece(log: str) -> str:
-    """The line of a dead server's log that says what is missing (an import, an option), else its tail."""
-    lines = [x.strip() for x in log.splitlines() if x.strip()]
-    for line in reversed(lines):
-        if "Error" in line or "No module named" in line or "No such option" in line:
-            return line
-    return " | ".join(lines[-3:]) or "no output"
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group: mlflow, uvicorn and its worker
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """``mlflow server`` on a free 127.0.0.1 port: SQLite backend, proxied artifacts, one worker."""
-    missing = [m for m in SERVER_MODULES if importlib.util.find_spec(m) is None]
-    if missing:
-        pytest.skip(f"mlflow server needs {', '.join(missing)} (install `mlflow`, not `mlflow-skinny`)")
-    root = tmp_path_factory.mktemp("server")
-    port = _free_port()
-    log_path = root / "server.log"
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no job runner process: faster start
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-             "--backend-store-uri", f"sqlite:///{root}/backend.db", "--artifacts-destination", str(root / "artifacts"),
-             "--workers", "1"],
-            cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None:
-                pytest.skip(f"mlflow server exited ({proc.returncode}) before answering /health: "
-                            f"{_missing_piece(log_path.read_text())}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"mlflow server did not answer /health within 60 s; its log:\n{log_path.read_text()}")
-            time.sleep(0.5)
-        yield SimpleNamespace(port=port, root=root, artifacts=root / "artifacts", log=log_path,
-                              url=f"http://127.0.0.1:{port}", secret_url=f"http://alice:{PASSWORD}@127.0.0.1:{port}")
-    finally:
-        _stop(proc)
+    with running_server(tmp_path_factory.mktemp("server")) as s:
+        s.secret_url = f"http://alice:{PASSWORD}@127.0.0.1:{s.port}"
+        yield s
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,6 @@ run read back from the server, every artifact downloaded, every file written) fo
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import mlflow
@@ -24,6 +17,7 @@ from rich.table import Table
 from gspo_bench.__main__ import main
 from gspo_bench.redact import MASK, RedactingConsole, redact, redact_nested
 from gspo_bench.tuning.study import redact as study_redact
+from tests.mlflow_server import running_server
 
 ENV = {"FOO_PASSWORD": "hunter22", "HF_TOKEN": "hf_AbC/123", "SHORT_TOKEN": "abc", "EMPTY_PASSWORD": "",
        "PATH": "/usr/bin", "HOME_DIR_TOKENISH": "notasecret"}
@@ -115,47 +109,11 @@ def test_the_console_redacts_strings_and_rendered_tables(monkeypatch):
 PASSWORD = "s3cretPW"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def mlflow_server(tmp_path):
-    """``mlflow server`` on a free localhost port with a SQLite store and proxied artifacts; its base URL."""
-    port = _free_port()
-    root = tmp_path / "server"
-    root.mkdir()
-    log = open(root / "server.log", "w")
-    proc = subprocess.Popen(
-        ["nice", "-n", "15", sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
-         f"sqlite:///{root}/m.db", "--serve-artifacts", "--artifacts-destination", str(root / "art"), "--host",
-         "127.0.0.1", "--port", str(port), "--workers", "1"],
-        cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.skip(f"mlflow server did not start within 60 s (exit {proc.poll()}): "
-                            f"{(root / 'server.log').read_text()[-500:]}")
-            time.sleep(0.5)
-        yield f"127.0.0.1:{port}"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group (uvicorn and its workers)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        log.close()
+    """``mlflow server`` on a free localhost port with a SQLite store and proxied artifacts; its host:port."""
+    with running_server(tmp_path / "server") as s:
+        yield f"127.0.0.1:{s.port}"
 
 
 def _files_containing(root: Path, needle: str) -> list[str]:

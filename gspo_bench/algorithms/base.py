@@ -40,10 +40,10 @@ from typing import ClassVar
 
 import lightning as L
 import torch
-from torchmetrics.aggregation import MeanMetric
 from transformers import AutoModelForCausalLM
 
 from gspo_bench import distributed as ddp
+from gspo_bench.algorithms.evaluation import HeldOutEval
 from gspo_bench.config import Recipe, Resolved, RunConfig
 from gspo_bench.losses import LOSSES, policy_loss
 from gspo_bench.metrics import StepStats
@@ -89,7 +89,7 @@ class StepTrace:
     minibatches: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (rows, logp (b, T))
 
 
-class PolicyModule(L.LightningModule):
+class PolicyModule(HeldOutEval, L.LightningModule):
     name: ClassVar[str] = ""
     """Registry key, and the loss it trains with (``losses.LOSSES``)."""
     recipe: ClassVar[Recipe] = Recipe()
@@ -128,7 +128,7 @@ class PolicyModule(L.LightningModule):
         self.eval_history: list[tuple[int, float]] = []  # (rl_step, eval pass@1)
         self.eval_log: list[tuple[int, dict[str, float]]] = []  # (rl_step, every eval/* metric)
         self.eval_listeners: list = []  # fn(rl_step, eval metrics), e.g. the collapse detector
-        self._eval: dict[str, MeanMetric] = {}
+        self._eval: dict = {}  # HeldOutEval's torchmetrics means
         self._eval_seen: set[str] = set()
         self.checkpointer = None  # set by the runner: checkpoints, heartbeat, a signal's clean stop
         self.resume_state: dict | None = None  # set by the runner to continue a run from its checkpoint
@@ -371,47 +371,6 @@ class PolicyModule(L.LightningModule):
             self.evaluate_now()
         if self.checkpointer is not None:
             self.checkpointer.after_step(self)
-
-    def eval_reset(self) -> None:
-        # torchmetrics means over every eval prompt (pass1) and every sampled completion (reward, pass1_sampled)
-        self._eval = {"pass1": MeanMetric(), "reward": MeanMetric(), "pass1_sampled": MeanMetric()}
-        self._eval_seen = set()
-
-    def eval_batch(self, batch: dict) -> None:
-        out = self.trainer.datamodule.evaluate(self.policy, batch)
-        for k, v in out.items():
-            self._eval[k].update(v.float().cpu())
-            self._eval_seen.add(k)
-
-    def record_eval(self) -> None:
-        """Log ``eval/*`` at the current RL step and tell the listeners (on W > 1 processes each rank scored
-        its shard of the prompts, and torchmetrics' ``compute`` averages over all of them)."""
-        metrics = {"eval/pass1": float(self._eval["pass1"].compute())}
-        if self.trainer.datamodule.eval_samples:
-            metrics["eval/reward_mean"] = float(self._eval["reward"].compute())
-            metrics["eval/pass1_sampled"] = float(self._eval["pass1_sampled"].compute())
-        if self.logger is not None:
-            self.logger.log_metrics(metrics, step=self.rl_step)
-        self.eval_history.append((self.rl_step, metrics["eval/pass1"]))
-        self.eval_log.append((self.rl_step, metrics))
-        for listener in self.eval_listeners:
-            listener(self.rl_step, metrics)
-
-    @torch.no_grad()
-    def evaluate_now(self) -> None:
-        """Held-out evaluation of the policy as it is now: before the first step, every ``eval_every`` steps
-        and after the last (our own loop, not Lightning's validation loop, so a resumed run evaluates at the
-        same steps as an uninterrupted one)."""
-        t0 = time.perf_counter()
-        was_training = self.policy.training
-        self.policy.eval()
-        self.eval_reset()
-        for batch in self.trainer.datamodule.eval_dataloader():
-            self.eval_batch(batch)
-        if "pass1" in self._eval_seen or (self.world > 1 and len(self.trainer.datamodule.eval_rows)):
-            self.record_eval()
-        self.policy.train(was_training)
-        self.clock["eval_s"] += time.perf_counter() - t0
 
     def records_state(self) -> dict:
         """What the module has recorded so far (a checkpoint's ``records``)."""
