@@ -189,7 +189,7 @@ class Checkpointer:
         last = module.rl_step >= module.cfg.train.steps  # the run is about to end: nothing left to resume
         signum = interrupts.requested()
         if module.world > 1:  # the ranks stop at the same step, or the others would wait for it forever
-            stop = not distributed.all_true(signum is None, "cpu")
+            stop = not distributed.all_true(signum is None, module.device)  # NCCL: a device tensor
             signum = (signum or signal.SIGTERM) if stop else None
         if self.run_id is None:  # a rank other than 0: rank 0 keeps the run's checkpoint and heartbeat
             if signum is not None and not last:

@@ -250,11 +250,9 @@ def agg_loss(loss: Tensor, mask: Tensor, mode: str, units: float | None = None) 
     lengths or validity). Empty sequences are left out of sequence means, and
     an all-empty batch gives 0 still attached to ``loss``'s graph.
 
-    ``units`` (multi-process training): the minibatch's unit count over all
-    ``W`` ranks (tokens for token-mean, non-empty sequences otherwise) divided
-    by ``W``; the sum over this rank's units is divided by it instead of by
-    this rank's own count, so the ranks' terms average to the whole
-    minibatch's mean (``distributed``).
+    ``units`` (W > 1 ranks): the minibatch's unit count (tokens for token-mean,
+    else non-empty sequences) over all ranks / W, the divisor of this rank's sum,
+    so the ranks' terms average to the whole minibatch's mean (``distributed``).
     """
     if mode not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {mode!r}; allowed: {AGGREGATIONS}")
@@ -349,8 +347,7 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
     for tis, "masked": ``w < 1/C or w > C`` for mis). ``rollout_logp=None`` or
     ``correction="none"``: no weight, no new stats, a bit-identical loss.
 
-    ``units``: the minibatch's unit count over all ranks of a multi-process
-    step (``agg_loss``); ``None`` on one process.
+    ``units``: ``agg_loss``'s divisor on W > 1 ranks; ``None`` on one process.
     """
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; allowed: {', '.join(LOSSES)}")

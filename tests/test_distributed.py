@@ -193,8 +193,8 @@ def test_a_two_process_run_stopped_by_ctrl_c_resumes_as_the_same_run(tmp_path):
 
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text("warmstart: {enabled: false}\nrollout: {prompts_per_step: 4, group_size: 4}\n"
-                   "train: {steps: 6, minibatches: 2, eval_every: 2, eval_prompts: 8, eval_samples: 0, "
-                   "checkpoint_every: 1}\n")
+                   "train: {steps: 12, minibatches: 2, eval_every: 4, eval_prompts: 8, eval_samples: 0, "
+                   "checkpoint_every: 1}\n")  # 12 steps: the signal lands well before the last
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
@@ -217,15 +217,16 @@ def test_a_two_process_run_stopped_by_ctrl_c_resumes_as_the_same_run(tmp_path):
     os.killpg(first.pid, signal.SIGINT)
     assert first.wait(timeout=120) == 130, (tmp_path / "first.log").read_text()[-3000:]
     [killed] = client.search_runs([client.get_experiment_by_name("stop").experiment_id])
-    assert killed.info.status == "KILLED" and "resume from RL step" in killed.data.tags["killed_reason"]
+    assert killed.info.status == "KILLED" and "resume from RL step" in killed.data.tags["killed_reason"], (
+        (tmp_path / "first.log").read_text()[-3000:])
     again = subprocess.run(cmd + ["--resume"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert f"continuing run {killed.info.run_id}" in again.stdout
     [run] = client.search_runs([client.get_experiment_by_name("stop").experiment_id])
     assert run.info.run_id == killed.info.run_id and run.info.status == "FINISHED"
     # every step once: what the first part logged is not logged again, and the rest is there
-    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")) == [1, 2, 3, 4, 5, 6]
-    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "eval/pass1")) == [0, 2, 4, 6]
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")) == list(range(1, 13))
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "eval/pass1")) == [0, 4, 8, 12]
 
 
 @pytest.mark.slow

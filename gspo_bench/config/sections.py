@@ -263,10 +263,8 @@ class TrainConfig:
         _check(self.max_grad_norm >= 0, f"train.max_grad_norm={self.max_grad_norm} must be >= 0")
         _choice("train.forward", self.forward, ("auto", "packed", "hf"))
         _choice("train.strategy", self.strategy, ("auto", "ddp", "fsdp"))
-        for key in ("devices", "num_nodes"):
-            value = getattr(self, key)
-            _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-                   f"train.{key}={value!r} must be an int >= 1")
+        for key, v in (("devices", self.devices), ("num_nodes", self.num_nodes)):
+            _check(type(v) is int and v >= 1, f"train.{key}={v!r} must be an int >= 1")
 
 
 @dataclass
