@@ -165,7 +165,8 @@ def bench_training(model, gen, minibatches: int, forwards, warmup: int, repeats:
 
         def step():
             for idx in torch.arange(len(ids)).chunk(minibatches):
-                logp, _ = response_logp(model, ids[idx], attn[idx], P, with_entropy=True, forward=fwd)
+                logp, _ = response_logp(model, ids[idx], attn[idx], P, with_entropy=True, forward=fwd,
+                                        share_prompts=True)
                 (logp * mask[idx]).sum().backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)

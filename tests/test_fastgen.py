@@ -132,6 +132,25 @@ def test_greedy_fast_generate_equals_greedy_hf_generate(qwen):
     assert 0 < check_layout(a, tok, VARIED, eos) < len(VARIED)
 
 
+def test_groups_of_one_prompt_share_its_prefill_and_sample_as_alone(qwen, monkeypatch):
+    # a rollout's layout: every prompt G times. The prefill runs once per distinct prompt, yet greedy rows
+    # equal transformers' and sampled log-probs equal a fresh forward over the finished rollout
+    model, tok, eos = qwen
+    grouped = [p for p in VARIED[:4] for _ in range(3)]
+    widths = []
+    orig = FastDecoder.prefill
+    monkeypatch.setattr(FastDecoder, "prefill", lambda self, ids, *a: widths.append(len(ids)) or orig(self, ids, *a))
+    a = fast_generate(model, tok, grouped, max_new_tokens=8, greedy=True)
+    assert widths == [4]
+    assert a.texts == hf_generate(model, tok, grouped, max_new_tokens=8, greedy=True).texts
+    assert a.texts[0] == a.texts[1] == a.texts[2]
+    g = fast_generate(model, tok, grouped, max_new_tokens=8, temperature=0.7, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        fresh, _, _ = forward_response(model, g.input_ids, g.attention_mask, g.prompt_len, temperature=0.7)
+    torch.testing.assert_close(g.rollout_logp, fresh * g.response_mask, atol=1e-4, rtol=1e-4)
+    assert len(set(g.texts)) > 4  # the samples of one prompt differ: the shared cache was copied, not aliased
+
+
 @pytest.mark.parametrize("name, short, sharp", [("tiny-dense", "Hello world", False), ("tiny-moe", "7*8-2=", False),
                                                 ("tiny-dense", "7+8=", True), ("tiny-moe", "7+8=", True)])
 def test_left_padding_does_not_change_a_rows_output(name, short, sharp):

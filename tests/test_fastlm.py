@@ -161,6 +161,71 @@ def test_gradients_equal_transformers(name, sharp):
     assert nonzero == len(params)
 
 
+def grouped_batch(seed: int):
+    """Groups of rows sharing a prompt (as a rollout's G samples do) in shuffled order, plus a lone row."""
+    ids, attn, P = ragged_batch(seed, [3, 7, 1, 5, 3, 7, 1, 3], [6, 2, 1, 4, 3, 5, 2, 1], T)
+    for b, a in ((4, 0), (5, 1), (6, 2), (7, 0)):  # rows 4 and 7 repeat row 0's prompt, 5 row 1's, 6 row 2's
+        ids[b, :P], attn[b, :P] = ids[a, :P], attn[a, :P]
+    return ids, attn, P
+
+
+def test_prompt_owners_point_at_each_groups_first_row():
+    ids, attn, P = grouped_batch(6)
+    assert fastlm.prompt_owners(ids, attn, P).tolist() == [0, 1, 2, 3, 0, 1, 2, 0]
+    # what sits under the padding does not matter; one real token more does
+    ids2, attn2 = ids.clone(), attn.clone()
+    assert attn[4, 0] == 0
+    ids2[4, 0] = 77
+    assert fastlm.prompt_owners(ids2, attn2, P).tolist() == [0, 1, 2, 3, 0, 1, 2, 0]
+    attn2[7, P - 4] = 1
+    assert fastlm.prompt_owners(ids2, attn2, P).tolist() == [0, 1, 2, 3, 0, 1, 2, 7]
+
+
+@pytest.mark.parametrize("name", ["tiny-dense", "tiny-moe"])
+def test_shared_prompts_give_the_same_logp_and_gradients(name):
+    model, _ = build_builtin(name, 2)
+    sharpen(model)
+    model.train()
+    ids, attn, P = grouped_batch(7)
+    mask = attn[:, P:].float()
+    params = dict(model.named_parameters())
+
+    def run(share):
+        model.zero_grad(set_to_none=True)
+        logp, ent, _ = fastlm.packed_response_logp(model, ids, attn, P, 0.7, with_entropy=True, share_prompts=share)
+        (logp * mask * torch.arange(1, T + 1)).sum().backward()
+        return logp.detach(), ent, {n: (torch.zeros_like(p) if p.grad is None else p.grad.clone())
+                                    for n, p in params.items()}
+
+    lp_s, ent_s, g_s = run(True)
+    lp, ent, g = run(False)
+    torch.testing.assert_close(lp_s, lp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_s, ent, atol=1e-5, rtol=1e-5)
+    assert (lp_s[mask == 0] == 0).all() and (lp_s[mask == 1] < 0).all()
+    for n in params:
+        scale = g[n].abs().max().item()
+        assert (g_s[n] - g[n]).abs().max().item() <= 1e-4 * scale + 1e-7, n
+    # and against transformers' own padded forward
+    with torch.no_grad():
+        want, _, _ = forward_response(model, ids, attn, P, 0.7)
+    torch.testing.assert_close(lp_s, want * mask, atol=1e-5, rtol=1e-5)
+
+
+def test_shared_prompts_really_compute_each_prompt_once():
+    model, _ = build_builtin("tiny-dense", 0)
+    ids, attn, P = grouped_batch(8)
+    seen = []
+    # the tokens the layers run on: what the embedding looks up
+    hook = model.model.embed_tokens.register_forward_hook(lambda m, i, o: seen.append(o.shape[0]))
+    with torch.no_grad():
+        fastlm.packed_response_logp(model, ids, attn, P, share_prompts=False)
+        fastlm.packed_response_logp(model, ids, attn, P, share_prompts=True)
+    hook.remove()
+    resp = int(attn[:, P:].sum())
+    # unshared: every real cell; shared: the four distinct prompts (3 + 7 + 1 + 5 tokens) and every response
+    assert seen == [int(attn.sum()), 16 + resp]
+
+
 # ----------------------------------------------------------------------------- building blocks
 
 

@@ -23,6 +23,33 @@ def test_critic_values_one_per_response_token(tmp_path):
     assert torch.equal(v, torch.zeros(2, 2))
 
 
+def test_packed_critic_equals_the_transformers_critic_in_value_and_gradient(tmp_path):
+    from tests.test_fastlm import grouped_batch
+
+    model, _ = build_builtin("tiny-dense", 3)
+    model.save_pretrained(tmp_path)
+    packed, hf = Critic(str(tmp_path), forward="packed"), Critic(str(tmp_path), forward="hf")
+    assert packed.packed and not hf.packed
+    for c in (packed, hf):
+        torch.manual_seed(0)
+        torch.nn.init.normal_(c.head.weight)  # a nonzero head, so the trunk's gradient is not zero
+    ids, attn, P = grouped_batch(9)
+    mask = attn[:, P:].float()
+    grads = []
+    for c in (packed, hf):
+        v = c(ids, attn, P)
+        ((v * mask) ** 2).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in c.named_parameters()})
+        vals = v.detach() * mask
+        if c is packed:
+            first = vals
+            assert (v.detach()[mask == 0] == 0).all()
+    torch.testing.assert_close(first, vals, atol=1e-5, rtol=1e-5)
+    assert first.abs().min() >= 0 and first[mask == 1].abs().min() > 0
+    for n, g in grads[1].items():
+        assert (grads[0][n] - g).abs().max() <= 1e-4 * g.abs().max() + 1e-7, n
+
+
 def test_ppo_trains_critic_and_keeps_reference_frozen(mixed_task, tracking_uri):
     cfg = load_config("smoke", overrides={**tiny_overrides(mixed_task, tracking_uri), "algos": ["ppo"],
                                           "tracking": {"tracking_uri": tracking_uri, "experiment": "ppo-parts"}})

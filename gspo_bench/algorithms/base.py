@@ -210,16 +210,16 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         ids, attn = (batch.input_ids, batch.attention_mask) if rows is None else (
             batch.input_ids[rows], batch.attention_mask[rows])
 
-        def forward():
+        def forward(share: bool):  # a group's rows compute their prompt once, unless routes are replayed
             return response_logp(model, ids, attn, batch.prompt_len, self.settings.rollout.temperature,
-                                 with_entropy, self.cfg.train.forward)
+                                 with_entropy, self.cfg.train.forward, share)
 
         if not self.is_moe or (replay is None and record is None):
-            return forward()
+            return forward(True)
         layout = GridLayout(attn, rows, uses_packed(model, self.cfg.train.forward))
         with RouterHooks(model) as hooks:
             hooks.replay = None if replay is None else layout.gather(replay)
-            out = forward()
+            out = forward(False)
             if record is not None:
                 layout.scatter(record, hooks.take())
         return out

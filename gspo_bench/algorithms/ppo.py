@@ -22,21 +22,31 @@ from gspo_bench.config import Recipe
 from gspo_bench.losses import kl_penalty
 from gspo_bench.metrics import StepStats
 from gspo_bench.rollout.datamodule import RolloutBatch
-from gspo_bench.rollout.engine import position_ids
+from gspo_bench.rollout import fastlm
+from gspo_bench.rollout.engine import position_ids, uses_packed
 
 
 class Critic(torch.nn.Module):
-    """V(s_t) for every response position: a transformer trunk plus a linear head."""
+    """V(s_t) for every response position: a transformer trunk plus a linear head.
 
-    def __init__(self, model_path: str, trust_remote_code: bool = False):
+    ``forward`` as ``train.forward``: ``packed`` (or ``auto`` on a Qwen3-family trunk) runs ``fastlm``
+    over the real tokens only, each group's prompt once; ``hf`` the transformers module, padded.
+    """
+
+    def __init__(self, model_path: str, trust_remote_code: bool = False, forward: str = "auto"):
         super().__init__()
         self.trunk = AutoModel.from_pretrained(model_path, trust_remote_code=trust_remote_code, dtype=torch.float32)
         hidden = self.trunk.config.hidden_size
         self.head = torch.nn.Linear(hidden, 1)
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
+        self.packed = uses_packed(self.trunk, forward)
 
     def forward(self, input_ids, attention_mask, prompt_len: int) -> torch.Tensor:
+        if self.packed:
+            h, resp = fastlm.packed_states(self.trunk, input_ids, attention_mask, prompt_len, share_prompts=True)
+            v = self.head(h.float()).squeeze(-1)
+            return torch.zeros(resp.shape, dtype=v.dtype, device=v.device).masked_scatter(resp, v)
         h = self.trunk(input_ids=input_ids, attention_mask=attention_mask,
                        position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state
         # the state before emitting response token t is position P-1+t, as for the policy's logits
@@ -53,7 +63,7 @@ class PPO(PolicyModule):
 
     def __init__(self, cfg, model_path: str, seed: int, settings):
         super().__init__(cfg, model_path, seed, settings)
-        self.critic = Critic(model_path, cfg.model.trust_remote_code)
+        self.critic = Critic(model_path, cfg.model.trust_remote_code, cfg.train.forward)
 
     def configure_optimizers(self):
         t = self.cfg.train

@@ -102,18 +102,19 @@ def uses_packed(model, forward: str = "auto") -> bool:
 
 
 def response_logp(model, input_ids, attention_mask, prompt_len: int, temperature: float = 1.0,
-                  with_entropy: bool = False, forward: str = "auto"):
+                  with_entropy: bool = False, forward: str = "auto", share_prompts: bool = False):
     """(log-probs, entropy or None) of the response block, (B, T) each, zero where the mask is 0.
 
     ``forward``: ``packed`` runs ``fastlm`` over the real tokens only (Qwen3
     family), ``hf`` the transformers module over the padded batch, ``auto``
-    the first that supports the model.
+    the first that supports the model. ``share_prompts`` (packed only): rows
+    with the same prompt compute it once (``fastlm.packed_states``).
     """
     from gspo_bench.rollout import fastlm
 
     if uses_packed(model, forward):
         logp, ent, _ = fastlm.packed_response_logp(model, input_ids, attention_mask, prompt_len, temperature,
-                                                   with_entropy)
+                                                   with_entropy, share_prompts)
         return logp, ent
     mask = attention_mask[:, prompt_len:].to(torch.float32)
     logp, ent, _ = forward_response(model, input_ids, attention_mask, prompt_len, temperature, with_entropy)

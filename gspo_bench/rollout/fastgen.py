@@ -4,6 +4,8 @@ One ``generate`` call samples a whole rollout batch:
 
 1. prefill: the left-padded prompt block in one pass (causal + padding mask),
    writing keys and values into a cache sized for ``P + max_new_tokens``;
+   rows with the same prompt (a group's samples) are prefilled once and
+   their cache rows copied (prefix sharing);
 2. decode: one token per step for every *unfinished* row, under
    ``torch.inference_mode``. Attention reads the cache up to the current
    column with batched matmuls (grouped-query heads share their key/value
@@ -41,8 +43,8 @@ PROCESSORS = {"suppress_tokens": (None, []), "begin_suppress_tokens": (None, [])
 def unsupported_reason(model) -> str | None:
     """None when this engine samples exactly what ``generate`` would (architecture and logits processors)."""
     reason = fastlm.unsupported_reason(model)
-    if reason is not None:
-        return reason
+    if reason is not None or not hasattr(model, "lm_head"):
+        return reason or "a bare decoder stack (no LM head) cannot sample"
     gc = getattr(model, "generation_config", None)
     used = [k for k, off in PROCESSORS.items() if gc is not None and getattr(gc, k, None) not in off]
     return f"generation_config asks for {', '.join(used)}" if used else None
@@ -179,7 +181,9 @@ def _decode(model, ids, attn_mask, max_new_tokens, eos_ids, temperature, greedy,
     dec = FastDecoder(model)
     B, P = ids.shape
     dev, width = ids.device, P + max_new_tokens
-    cache = KVCache(len(model.model.layers), B, dec.kv_heads, width, dec.head_dim, dec.param.dtype, dev)
+    # prefix sharing: the rows of one prompt (a group's G samples) are prefilled once, then their cache copied
+    firsts, group = torch.unique(fastlm.prompt_owners(ids, attn_mask, P), return_inverse=True)
+    cache = KVCache(len(model.model.layers), len(firsts), dec.kv_heads, width, dec.head_dim, dec.param.dtype, dev)
     cos, sin = fastlm.rope(model, torch.arange(width, device=dev), dec.param.dtype)
     n_pad = (attn_mask == 0).sum(-1)
     key_ok = torch.ones(B, width, dtype=torch.bool, device=dev)
@@ -191,10 +195,12 @@ def _decode(model, ids, attn_mask, max_new_tokens, eos_ids, temperature, greedy,
     rows = torch.arange(B, device=dev)
     eos = torch.tensor(eos_ids, device=dev)
     done = torch.zeros(B, dtype=torch.bool, device=dev)
-    logits = dec.prefill(ids, attn_mask, cache, cos, sin)
+    logits = dec.prefill(ids[firsts], attn_mask[firsts], cache, cos, sin)[group]
+    if len(firsts) < B:
+        cache.keep(group)
     if hooks is not None:
-        # prefill routed every prompt cell, row-major; padding cells stay -1 (never attended to)
-        prompt = hooks.take().view(routes.shape[0], B, P, -1)
+        # prefill routed every prompt cell of each distinct prompt, row-major; padding cells stay -1
+        prompt = hooks.take().view(routes.shape[0], len(firsts), P, -1)[:, group]
         routes[:, :, :P] = torch.where(attn_mask.bool()[None, :, :, None], prompt, -1).to(routes.dtype)
     steps = 0
     for s in range(max_new_tokens):

@@ -36,8 +36,8 @@ def unsupported_reason(model) -> str | None:
         return "sliding-window attention layers"
     if mtype == "qwen3_moe" and getattr(cfg, "sliding_window", None) is not None:
         return "sliding-window attention (qwen3_moe applies config.sliding_window to every layer)"
-    if not hasattr(model, "lm_head") or not hasattr(getattr(model, "model", None), "layers"):
-        return "not a *ForCausalLM with model.layers"
+    if not hasattr(_base(model), "layers") or not hasattr(_base(model), "embed_tokens"):
+        return "neither a *ForCausalLM with model.layers nor its bare decoder stack"
     if getattr(cfg, "_attn_implementation", "sdpa") not in ("sdpa", "eager", None):
         return f"attention implementation {cfg._attn_implementation!r}"
     return None
@@ -76,8 +76,13 @@ class LayerRefs:
                                                            mlp.down_proj.weight)
 
 
+def _base(model):
+    """The decoder stack: ``model.model`` of a *ForCausalLM, or the model itself when it is that stack."""
+    return model.model if hasattr(model, "lm_head") else model
+
+
 def layer_refs(model) -> list[LayerRefs]:
-    return [LayerRefs(layer) for layer in model.model.layers]
+    return [LayerRefs(layer) for layer in _base(model).layers]
 
 
 def moe_mlp(mlp, x: torch.Tensor) -> torch.Tensor:
@@ -133,54 +138,84 @@ def rope(model, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tens
     supports (default, linear, yarn, llama3, ...) comes out right.
     """
     probe = torch.empty(0, dtype=dtype, device=positions.device)
-    cos, sin = model.model.rotary_emb(probe, positions[None])
+    cos, sin = _base(model).rotary_emb(probe, positions[None])
     half = sin.shape[-1] // 2
     sin_rot = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
     return cos[0, :, None], sin_rot[0, :, None]
 
 
-def packed_response_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
-                         temperature: float = 1.0, with_entropy: bool = False):
-    """Per-token log-probs (B, T) of the response block, computed over packed real tokens only.
+def prompt_owners(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """owner (B,): for every row, the first row whose prompt block (tokens and padding) is the same."""
+    B = input_ids.shape[0]
+    block = torch.where(attention_mask[:, :prompt_len].bool(), input_ids[:, :prompt_len], -1)
+    _, group = torch.unique(block, dim=0, return_inverse=True)
+    rows = torch.arange(B, device=input_ids.device)
+    first = torch.full((B,), B, dtype=torch.long, device=input_ids.device).scatter_reduce(0, group, rows, "amin")
+    return first[group]
 
-    Same contract as ``engine.forward_response`` (rollout layout: left-padded
-    prompts, responses from column P, ``attention_mask`` marks real tokens), but
-    the linear layers run on the N real tokens, attention on each sequence
-    left-aligned with a causal mask, and the LM head only at the positions that
-    predict a response token. Positions outside the response mask get 0.
+
+def packed_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
+                  share_prompts: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Final-norm hidden states (N, H) at the positions that predict a response token, and the response
+    mask (B, T) saying where those N states belong.
+
+    ``model``: a *ForCausalLM or its bare decoder stack (a critic's trunk). Rollout layout: left-padded
+    prompts, responses from column P, ``attention_mask`` marks real tokens. The linear layers run on the
+    real tokens only, attention on each sequence left-aligned with a causal mask. ``share_prompts``: rows
+    with the same prompt (the G samples of a group) compute it once, and every row's keys and values read
+    that one copy (prefix sharing; the gradient sums over the rows). The flat tokens are then no longer
+    every real cell, so routing replay's hooks need ``share_prompts=False``.
     """
+    base = _base(model)
     B, W = input_ids.shape
-    eps = model.config.rms_norm_eps
+    dev = input_ids.device
+    eps = base.config.rms_norm_eps
     real = attention_mask.bool()
+    rows = torch.arange(B, device=dev)
+    owner = prompt_owners(input_ids, attention_mask, prompt_len) if share_prompts else rows
+    # computed cells: every real response cell, and the real prompt cells of each group's first row
+    own = real.clone()
+    own[:, :prompt_len] &= (owner == rows)[:, None]
+    # packed index of every computed cell; a shared prompt cell reads its owner's
+    idx = own.flatten().long().cumsum(0).view(B, W) - 1
+    src = torch.cat((idx[owner, :prompt_len], idx[:, prompt_len:]), dim=1)
     # pos_t = number of real tokens before t in its row (position ids, as in the rollout)
     pos = attention_mask.long().cumsum(-1) - 1
-    rows = torch.arange(B, device=input_ids.device)[:, None].expand(B, W)[real]
-    flat_pos = pos[real]
-    lmax = int(flat_pos.max()) + 1
-    # slot of each real token in the left-aligned (B, lmax) attention layout
-    slot = rows * lmax + flat_pos
+    lmax = int(pos.max()) + 1
+    slot = rows[:, None] * lmax + pos  # slot of each cell in the left-aligned (B, lmax) attention layout
+    n = int(own.sum())
+    # which packed token fills each slot (n = a zero row: the right padding of short rows)
+    fill = torch.full((B * lmax,), n, dtype=torch.long, device=dev).index_put_((slot[real],), src[real])
+    out_slot = slot[own]  # each packed token's own slot, whose attention output it keeps
 
     def attend(q, k, v):
         hq, d = q.shape[1], q.shape[2]
 
-        def spread(t):  # (N, h, D) -> (B, h, lmax, D), zeros at the right of short rows
-            buf = t.new_zeros(B * lmax, t.shape[1], d).index_copy(0, slot, t)
-            return buf.view(B, lmax, t.shape[1], d).transpose(1, 2)
+        def spread(t):  # (n, h, D) -> (B, h, lmax, D)
+            return F.pad(t, (0, 0, 0, 0, 0, 1))[fill].view(B, lmax, t.shape[1], d).transpose(1, 2)
 
         # causal attention per sequence; padding sits to the right of every real query, so no mask
         o = F.scaled_dot_product_attention(spread(q), spread(k), spread(v), is_causal=True,
                                            enable_gqa=q.shape[1] != k.shape[1])
-        return o.transpose(1, 2).reshape(B * lmax, hq * d)[slot]
+        return o.transpose(1, 2).reshape(B * lmax, hq * d)[out_slot]
 
-    x = model.model.embed_tokens(input_ids[real])
-    cos, sin = rope(model, flat_pos, x.dtype)
+    x = base.embed_tokens(input_ids[own])
+    cos, sin = rope(model, pos[own], x.dtype)
     for ref in layer_refs(model):
         x = layer_forward(ref, x, cos, sin, eps, attend)
     # response token at column c (c >= P) is predicted by the hidden state at column c - 1
     resp = real[:, prompt_len:]
-    packed_index = real.flatten().long().cumsum(0).view(B, W) - 1
-    src = packed_index[:, prompt_len - 1 : -1][resp]
-    h = _rms(x[src], model.model.norm.weight, eps)
+    return _rms(x[src[:, prompt_len - 1 : -1][resp]], base.norm.weight, eps), resp
+
+
+def packed_response_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
+                         temperature: float = 1.0, with_entropy: bool = False, share_prompts: bool = False):
+    """Per-token log-probs (B, T) of the response block, computed over packed real tokens only.
+
+    Same contract as ``engine.forward_response``, through ``packed_states``; the LM head runs only at
+    the positions that predict a response token. Positions outside the response mask get 0.
+    """
+    h, resp = packed_states(model, input_ids, attention_mask, prompt_len, share_prompts)
     logits = F.linear(h, model.lm_head.weight, model.lm_head.bias).float() / temperature
     target = input_ids[:, prompt_len:][resp]
     # log p(y_t) = z_{y_t} - logsumexp(z), z = logits / temperature
