@@ -26,7 +26,7 @@ if not console.is_terminal:  # logs and CI: don't squeeze tables into 80 columns
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2 (argparse's default prints usage too)
-        console.print(f"gspo-bench: error: {message} (see --help)", style="red", soft_wrap=True)
+        console.print(f"gspo-bench: error: {message} (see --help)", style="red", soft_wrap=True, markup=False)
         sys.exit(2)
 
 
@@ -141,8 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", metavar="FILE", help="write the JSON here instead of printing it")
     b.add_argument("--markdown", metavar="FILE", help="also write the tables as Markdown (e.g. results/bench.md)")
     b.add_argument("--figure", metavar="PNG", help="also draw the scaling curve(s)")
-    b.add_argument("--profile", metavar="FILE", help="torch.profiler op table of one full RL step per path, "
-                   "written to FILE")
+    b.add_argument("--profile", metavar="FILE", help="torch.profiler op table of one full RL step per path")
+    b.add_argument("--vs", metavar="trl", help="instead: the full RL step against TRL's GRPOTrainer (extra compare)")
     w = sub.add_parser("warmstart", help="warm start (or load from the cache) each model x seed and show where "
                        "greedy pass@1 lands: the warm-start band",
                        description="Runs the supervised warm start of --preset for every --model and seed (cached "
@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return interrupted(e, args, console)
     except ConfigError as e:
-        console.print(f"gspo-bench: error: {e}", style="red", soft_wrap=True)
+        console.print(f"gspo-bench: error: {e}", style="red", soft_wrap=True, markup=False)
         return 2
 
 

@@ -23,6 +23,10 @@ def bench_command(args, console) -> int:
     from gspo_bench.reporting.bench_report import markdown, plot_scaling, rich_tables
     from gspo_bench.runner import git_commit
 
+    if args.vs is not None:
+        from gspo_bench.bench_trl import vs_command
+
+        return vs_command(args, console)
     if args.whole:
         return whole_command(args, console)
     args.preset = args.preset or "cpu-bench"

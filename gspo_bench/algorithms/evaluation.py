@@ -7,14 +7,40 @@ uninterrupted one. Greedy pass@1 over the eval prompts and, with
 ``eval_samples`` k > 0, the mean reward and sampled pass@1 over k samples per
 prompt, aggregated with torchmetrics (on W > 1 processes each rank scores its
 share of the prompts, and ``compute`` averages over all of them).
+
+The step-0 evaluation scores the warm start, which every algorithm of a
+``run`` shares. When this process has already evaluated the same weights on
+the same rows and settings from the same random state, the result and the
+random state it left are reused (``START_EVALS``): the run is exactly what it
+would have been, minus the repeated evaluation.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
+from collections import OrderedDict
 
 import torch
 from torchmetrics.aggregation import MeanMetric
+
+
+# step-0 evaluations made in this process: key -> (metrics, torch RNG state after, eval completions, timeouts)
+START_EVALS: OrderedDict[str, tuple[dict, torch.Tensor, int, int]] = OrderedDict()
+START_EVALS_KEPT = 8
+
+
+def start_eval_key(policy, dm) -> str:
+    """What a step-0 evaluation's outcome depends on: the weights, the eval rows, the task and sampling
+    settings, and the random state the sampled completions draw from."""
+    h = hashlib.blake2b(digest_size=20)
+    for name, t in policy.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes())
+    h.update(repr((dm.task.spec, dm.s, dm.eval_samples, dm.eval_batch, dm.rank, dm.world,
+                   list(dm.eval_rows["prompt"]), list(dm.eval_rows["answer"]))).encode())
+    h.update(torch.get_rng_state().numpy().tobytes())
+    return h.hexdigest()
 
 
 class HeldOutEval:
@@ -32,19 +58,24 @@ class HeldOutEval:
             self._eval[k].update(v.float().cpu())
             self._eval_seen.add(k)
 
-    def record_eval(self) -> None:
-        """Log ``eval/*`` at the current RL step and tell the listeners (on W > 1 processes each rank scored
-        its shard of the prompts, and torchmetrics' ``compute`` averages over all of them)."""
+    def record_eval(self) -> dict[str, float]:
+        """Compute ``eval/*`` (on W > 1 processes each rank scored its shard of the prompts, and torchmetrics'
+        ``compute`` averages over all of them), then publish them."""
         metrics = {"eval/pass1": float(self._eval["pass1"].compute())}
         if self.trainer.datamodule.eval_samples:
             metrics["eval/reward_mean"] = float(self._eval["reward"].compute())
             metrics["eval/pass1_sampled"] = float(self._eval["pass1_sampled"].compute())
+        self.publish_eval(metrics)
+        return metrics
+
+    def publish_eval(self, metrics: dict[str, float]) -> None:
+        """Log ``eval/*`` at the current RL step and tell the listeners."""
         if self.logger is not None:
             self.logger.log_metrics(metrics, step=self.rl_step)
         self.eval_history.append((self.rl_step, metrics["eval/pass1"]))
         self.eval_log.append((self.rl_step, metrics))
         for listener in self.eval_listeners:
-            listener(self.rl_step, metrics)
+            listener(self.rl_step, dict(metrics))
 
     @torch.no_grad()
     def evaluate_now(self) -> None:
@@ -52,12 +83,31 @@ class HeldOutEval:
         and after the last (our own loop, not Lightning's validation loop, so a resumed run evaluates at the
         same steps as an uninterrupted one)."""
         t0 = time.perf_counter()
+        dm = self.trainer.datamodule
+        # one process on CPU (where the torch RNG state is all the sampler draws from): reuse a step-0 result
+        key = None
+        if self.rl_step == 0 and self.world == 1 and all(p.device.type == "cpu" for p in self.policy.parameters()):
+            key = start_eval_key(self.policy, dm)
+        if key in START_EVALS:
+            metrics, rng, completions, late = START_EVALS[key]
+            torch.set_rng_state(rng)
+            dm.sampled["eval"] += completions
+            dm.timeouts += late
+            self.publish_eval(dict(metrics))
+            self.clock["eval_s"] += time.perf_counter() - t0
+            return
+        before = (dm.sampled["eval"], dm.timeouts)
         was_training = self.policy.training
         self.policy.eval()
         self.eval_reset()
-        for batch in self.trainer.datamodule.eval_dataloader():
+        for batch in dm.eval_dataloader():
             self.eval_batch(batch)
-        if "pass1" in self._eval_seen or (self.world > 1 and len(self.trainer.datamodule.eval_rows)):
-            self.record_eval()
+        if "pass1" in self._eval_seen or (self.world > 1 and len(dm.eval_rows)):
+            metrics = self.record_eval()
+            if key is not None:
+                START_EVALS[key] = (dict(metrics), torch.get_rng_state(), dm.sampled["eval"] - before[0],
+                                    dm.timeouts - before[1])
+                while len(START_EVALS) > START_EVALS_KEPT:
+                    START_EVALS.popitem(last=False)
         self.policy.train(was_training)
         self.clock["eval_s"] += time.perf_counter() - t0

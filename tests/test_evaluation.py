@@ -1,0 +1,79 @@
+"""The held-out evaluation (gspo_bench.algorithms.evaluation): a step-0 result reused within a process."""
+
+from __future__ import annotations
+
+import torch
+
+from gspo_bench.algorithms import evaluation
+from gspo_bench.config import load_config
+from gspo_bench.models import build_builtin
+from gspo_bench.rollout.datamodule import RolloutDataModule
+from gspo_bench.runner import run
+from tests.conftest import tiny_overrides
+
+
+def _runs(mixed_task, tracking_uri, algos, experiment):
+    cfg = load_config("smoke", overrides={**tiny_overrides(mixed_task, tracking_uri), "algos": algos,
+                                          "tracking": {"tracking_uri": tracking_uri, "experiment": experiment}})
+    return {r.algo: r for r in run(cfg, log=lambda *a: None)}
+
+
+def test_a_reused_start_eval_leaves_the_run_exactly_as_without_it(mixed_task, tracking_uri, monkeypatch):
+    evaluated = []
+    orig = RolloutDataModule.evaluate
+    monkeypatch.setattr(RolloutDataModule, "evaluate", lambda self, policy, rows: evaluated.append(len(rows["prompt"]))
+                        or orig(self, policy, rows))
+    evaluation.START_EVALS.clear()
+    both = _runs(mixed_task, tracking_uri, ["grpo", "gspo"], "start-eval-shared")
+    assert all(r.status == "FINISHED" for r in both.values())
+    # 3 evaluations per run (steps 0, 1, 2) of 8 prompts in one batch; gspo's step 0 came from grpo's
+    assert len(evaluated) == 5
+    assert len(evaluation.START_EVALS) == 1
+    assert both["gspo"].eval_log[0] == both["grpo"].eval_log[0]
+    assert both["gspo"].completions["eval"] == both["grpo"].completions["eval"]
+    # gspo alone, nothing cached: every metric of every step is the same, to the digit (the sampled eval
+    # and the training rollouts drew from the random state the reused evaluation restored)
+    evaluation.START_EVALS.clear()
+    alone = _runs(mixed_task, tracking_uri, ["gspo"], "start-eval-alone")["gspo"]
+    assert len(evaluated) == 8
+    assert alone.eval_log == both["gspo"].eval_log
+    for step in ("first", "last"):
+        assert _untimed(getattr(alone, step)) == _untimed(getattr(both["gspo"], step))
+
+
+def _untimed(metrics: dict) -> dict:
+    # wall times and rates differ from run to run; every other metric must not
+    kept = {k: v for k, v in metrics.items() if not k.startswith(("time/", "throughput/"))}
+    assert "reward/mean" in kept and "train/loss" in kept
+    return kept
+
+
+class _DM:
+    """What ``start_eval_key`` reads from a datamodule."""
+
+    def __init__(self, spec="arith", samples=2):
+        self.task = type("T", (), {"spec": spec})()
+        self.s, self.eval_samples, self.eval_batch, self.rank, self.world = "settings", samples, 256, 0, 1
+        self.eval_rows = {"prompt": ["1+1="], "answer": ["2"]}
+
+
+def test_the_start_eval_key_changes_with_weights_rows_settings_and_random_state():
+    model, _ = build_builtin("tiny-dense", 0)
+    torch.manual_seed(0)
+    key = evaluation.start_eval_key(model, _DM())
+    torch.manual_seed(0)
+    assert evaluation.start_eval_key(model, _DM()) == key
+    torch.manual_seed(0)
+    assert evaluation.start_eval_key(model, _DM(samples=3)) != key
+    torch.manual_seed(0)
+    assert evaluation.start_eval_key(model, _DM(spec="other")) != key
+    torch.manual_seed(1)
+    assert evaluation.start_eval_key(model, _DM()) != key
+    torch.manual_seed(0)
+    dm = _DM()
+    dm.eval_rows = {"prompt": ["1+1="], "answer": ["3"]}
+    assert evaluation.start_eval_key(model, dm) != key
+    with torch.no_grad():
+        model.lm_head.weight[0, 0] += 1e-6
+    torch.manual_seed(0)
+    assert evaluation.start_eval_key(model, _DM()) != key
