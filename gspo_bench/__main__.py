@@ -65,7 +65,7 @@ def _shared_flags(c: argparse.ArgumentParser) -> None:
     c.add_argument("--steps", type=int, help="RL steps per algorithm")
     c.add_argument("--lr", type=float, help="policy learning rate")
     c.add_argument("--minibatches", type=int, help="optimiser steps per rollout")
-    c.add_argument("--engine", help="generation engine: auto | fast | hf | vllm (default auto: fast when it "
+    c.add_argument("--engine", help="generation engine: auto | fast | compiled | hf | vllm (default auto: fast when it "
                    "supports the model)")
     c.add_argument("--no-warmstart", action="store_true", help="skip the supervised warm start")
     c.add_argument("--on-collapse", help="continue | stop")

@@ -31,6 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from gspo_bench import algorithms
 from gspo_bench.algorithms.base import adamw
 from gspo_bench.config import ConfigError, RunConfig, deep_merge, load_config
+from gspo_bench.rollout import compiled
 from gspo_bench.rollout.datamodule import RolloutDataModule
 from gspo_bench.rollout.engine import generate, resolve_engine, response_logp
 from gspo_bench.tasks import load_task
@@ -139,13 +140,18 @@ def bench_generation(model, tok, prompts: list[str], max_new_tokens: int, temper
     out = {}
     for engine in engines:
         torch.manual_seed(0)
+        compiling = compiled.compile_seconds()["compile_s"]
         sec, gens = _median_time(lambda: generate(engine, model, tok, prompts, max_new_tokens=max_new_tokens,
                                                   temperature=temperature), warmup, repeats)
         tokens = statistics.median(float(g.response_mask.sum()) for g in gens)
         out[engine] = {"seconds": sec, "tokens": tokens, "tokens_per_s": tokens / sec,
                        "completions_per_s": len(prompts) / sec}
+        if engine == "compiled":  # the first call of each batch bucket compiled its graph (in the warm-up)
+            out[engine]["compile_s"] = compiled.compile_seconds()["compile_s"] - compiling
     if "fast" in out and "hf" in out:
         out["speedup"] = out["hf"]["seconds"] / out["fast"]["seconds"]
+    if "compiled" in out and "hf" in out:
+        out["compiled_speedup"] = out["hf"]["seconds"] / out["compiled"]["seconds"]
     return out
 
 
@@ -306,6 +312,8 @@ def run_bench(preset: str, config_files: tuple = (), overrides: dict | None = No
     res.matmul_gflops = matmul_gflops()
     log(f"matmul: {res.matmul_gflops:.0f} GFLOP/s fp32 ({torch.get_num_threads()} threads)")
     engines = ["fast" if p == "fast" else "hf" for p in opts.paths]
+    if "fast" in engines and resolve_engine("auto", model) == "fast" and compiled.supported(model, False):
+        engines.insert(engines.index("fast") + 1, "compiled")  # (a) also times the compiled decode step
     if "fast" in engines and resolve_engine("auto", model) != "fast":
         res.notes.append("the fast engine does not support this model; its rows use transformers")
     res.generation = bench_generation(model, tok, prompts, max_new, r.temperature,

@@ -162,11 +162,11 @@ def fsdp_fallback(cfg: RunConfig, log) -> RunConfig:
 
     if cfg.train.strategy != "fsdp":
         return cfg
-    if cfg.rollout.engine in ("auto", "fast") or cfg.train.forward in ("auto", "packed"):
+    if cfg.rollout.engine in ("auto", "fast", "compiled") or cfg.train.forward in ("auto", "packed"):
         log("[fsdp] the fast engine and the packed forward read whole parameters, which FSDP shards: "
             "sampling and training use transformers' own (engine hf, forward hf)")
-    return replace(cfg, rollout=replace(cfg.rollout, engine="hf" if cfg.rollout.engine in ("auto", "fast")
-                                        else cfg.rollout.engine),
+    own = cfg.rollout.engine in ("auto", "fast", "compiled")
+    return replace(cfg, rollout=replace(cfg.rollout, engine="hf" if own else cfg.rollout.engine),
                    train=replace(cfg.train, forward="hf"))
 
 

@@ -99,6 +99,11 @@ def test_bench_end_to_end(tmp_path, monkeypatch):
         assert gen[k]["tokens"] <= 128 * 8
         assert gen[k]["completions_per_s"] == pytest.approx(128 / gen[k]["seconds"])
     assert gen["speedup"] == pytest.approx(gen["hf"]["seconds"] / gen["fast"]["seconds"])
+    # the compiled decode step (dense model): its own row, the time spent compiling, and its ratio
+    assert list(gen) == ["fast", "compiled", "hf", "speedup", "compiled_speedup"]
+    assert gen["compiled"]["seconds"] > 0 and 0 < gen["compiled"]["tokens"] <= 128 * 8
+    assert gen["compiled"]["compile_s"] >= 0
+    assert gen["compiled_speedup"] == pytest.approx(gen["hf"]["seconds"] / gen["compiled"]["seconds"])
 
     tr = d["training"]
     for k in ("packed", "hf"):
@@ -125,7 +130,7 @@ def test_bench_end_to_end(tmp_path, monkeypatch):
     assert "(a) rollout generation" in md and "(b) training" in md and "(c) full RL step" in md
     assert "`python -m gspo_bench " + " ".join(argv) + "`" in md
     assert "![rollout time against max_new_tokens](s.png)" in md
-    assert "x reference" in md and "| fast | fast | rollout |" in md
+    assert "x reference" in md and "| fast | fast | rollout |" in md and "| compiled |" in md
     png = tmp_path / "s.png"
     assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
 

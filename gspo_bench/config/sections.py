@@ -116,7 +116,7 @@ class RolloutConfig:
     """Sampling temperature (log-probs for training use the same temperature)."""
     engine: str = "auto"
     """Generation engine: auto (fast when it supports the model, else hf) | fast (own KV-cache sampler,
-    Qwen3 family) | hf (transformers generate, any model) | vllm (optional GPU extra)."""
+    Qwen3 family) | compiled (fast, decode steps compiled: dense models) | hf (generate) | vllm (GPU extra)."""
     dynamic_sampling: Union[bool, str] = AUTO
     """DAPO: drop groups whose rewards all agree and resample; auto = on for dapo only."""
     max_gen_batches: int = 4

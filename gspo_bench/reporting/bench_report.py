@@ -21,6 +21,9 @@ def tables(d: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     title = "(a) rollout generation, one batch"
     if "speedup" in gen:
         title += f": fast engine {gen['speedup']:.2f}x model.generate (target >= {TARGETS['generation_vs_generate']:.0f}x)"
+    if "compiled_speedup" in gen:
+        title += (f"; compiled decode steps {gen['compiled_speedup']:.2f}x (compiling took "
+                  f"{gen['compiled']['compile_s']:.1f} s, in the warm-up)")
     out.append((title, ["engine", "s / rollout", "tokens", "tokens/s", "completions/s"], rows))
     tr = d["training"]
     rows = [[k, f"{v['seconds']:.3f}", f"{v['tokens']:.0f} ({v['padded_tokens']:.0f} padded)", f"{v['tokens_per_s']:.0f}",

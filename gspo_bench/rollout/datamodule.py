@@ -128,7 +128,7 @@ class RolloutDataModule(L.LightningDataModule):
         sampler's precision differs (the mismatch is the point), or when the engine gives them for free
         (the fast engine computes them anyway; ``generate`` would need every step's logits kept)."""
         return (self.s.old_logp_source == "rollout" or self.s.correction != "none" or self.s.dtype != "float32"
-                or self.s.staleness > 0 or resolve_engine(self.s.engine, self.policy) == "fast")
+                or self.s.staleness > 0 or resolve_engine(self.s.engine, self.policy) in ("fast", "compiled"))
 
     # -- scoring (the only place the verifier is called) ------------------------------------
     def score(self, texts: list[str], answers: list[str]) -> torch.Tensor:

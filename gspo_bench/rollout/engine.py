@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from gspo_bench.rollout.routing import RouterHooks, empty_grid, routers
 
-ENGINES = ("auto", "fast", "hf", "vllm")
+ENGINES = ("auto", "fast", "compiled", "hf", "vllm")
 
 
 @dataclass
@@ -184,8 +184,9 @@ def _finish(tokenizer, enc, resp: torch.Tensor, eos: list[int]) -> Generation:
 
 def fast_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
                   greedy: bool = False, return_logp: bool = True, generator=None,
-                  record_routes: bool = False) -> Generation:
-    """Sample with the fast engine (``fastgen``): same contract as ``hf_generate``."""
+                  record_routes: bool = False, compiled: bool = False) -> Generation:
+    """Sample with the fast engine (``fastgen``): same contract as ``hf_generate``. ``compiled``: its decode
+    steps through ``torch.compile`` with static shapes (``rollout.compiled``), where that serves the model."""
     from gspo_bench.rollout.fastgen import decode
 
     enc, eos = _encode(model, tokenizer, prompts)
@@ -194,7 +195,8 @@ def fast_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, 
         B, P = enc["input_ids"].shape
         routes = empty_grid(model, B, P + max_new_tokens, device=enc["input_ids"].device)
     resp, logp = decode(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new_tokens,
-                        eos_ids=eos, temperature=temperature, greedy=greedy, generator=generator, routes=routes)
+                        eos_ids=eos, temperature=temperature, greedy=greedy, generator=generator, routes=routes,
+                        compiled=compiled)
     gen = _finish(tokenizer, enc, resp, eos)
     if routes is not None:
         gen.routes = _recorded_only(routes[:, :, :gen.input_ids.shape[1]], gen.attention_mask)
@@ -204,11 +206,12 @@ def fast_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, 
 
 
 def resolve_engine(engine: str, model) -> str:
-    """``auto``: the fast engine when it supports the model, else transformers' generate."""
-    if engine == "auto":
+    """``auto``: the fast engine when it supports the model, else transformers' generate; ``compiled`` the
+    same with compiled decode steps (``fast_generate``)."""
+    if engine in ("auto", "compiled"):
         from gspo_bench.rollout.fastgen import unsupported_reason
 
-        return "fast" if unsupported_reason(model) is None else "hf"
+        return ("fast" if engine == "auto" else engine) if unsupported_reason(model) is None else "hf"
     return engine
 
 
@@ -225,8 +228,8 @@ def vllm_generate(*args, **kwargs) -> Generation:
 
 def generate(engine: str, model, *args, **kwargs) -> Generation:
     engine = resolve_engine(engine, model)
-    if engine == "fast":
-        return fast_generate(model, *args, **kwargs)
+    if engine in ("fast", "compiled"):
+        return fast_generate(model, *args, compiled=engine == "compiled", **kwargs)
     if engine == "hf":
         return hf_generate(model, *args, **kwargs)
     if engine == "vllm":

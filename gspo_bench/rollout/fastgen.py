@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from gspo_bench.rollout import compiled as compiled_step
 from gspo_bench.rollout import fastlm
 from gspo_bench.rollout.routing import RouterHooks
 
@@ -57,9 +58,12 @@ class KVCache:
     plain batched matmul over a column slice; values (rows * kv_heads, width, head_dim).
     """
 
-    def __init__(self, n_layers: int, rows: int, kv_heads: int, width: int, head_dim: int, dtype, device):
-        self.k = [torch.empty(rows * kv_heads, head_dim, width, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.v = [torch.empty(rows * kv_heads, width, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
+    def __init__(self, n_layers: int, rows: int, kv_heads: int, width: int, head_dim: int, dtype, device,
+                 zero: bool = False):
+        # zero: columns not written yet hold 0, not whatever memory held (a full-width step reads them, masked)
+        new = torch.zeros if zero else torch.empty
+        self.k = [new(rows * kv_heads, head_dim, width, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [new(rows * kv_heads, width, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
         self.kv_heads, self.width = kv_heads, width
 
     def keep(self, idx: torch.Tensor) -> None:
@@ -163,13 +167,17 @@ def sample(logits: torch.Tensor, temperature: float, greedy: bool, generator=Non
 @torch.inference_mode()
 def decode(model, ids: torch.Tensor, attn_mask: torch.Tensor, *, max_new_tokens: int, eos_ids: list[int],
            temperature: float = 1.0, greedy: bool = False, generator=None, compact_frac: float = 0.125,
-           routes: torch.Tensor | None = None):
+           routes: torch.Tensor | None = None, compiled: bool = False):
     """Sample up to ``max_new_tokens`` per row. Returns (tokens (B, T'), log-probs (B, T') or None), T' <= T,
     with whatever follows a row's first eos left for the caller to mask.
 
     ``routes``: a (layers, B, P + max_new_tokens, k) grid (``routing.empty_grid``) to fill with the experts
-    the router chose for every token fed to the model (MoE only; Rollout Routing Replay records them)."""
-    args = (model, ids, attn_mask, max_new_tokens, eos_ids, temperature, greedy, generator, compact_frac, routes)
+    the router chose for every token fed to the model (MoE only; Rollout Routing Replay records them).
+    ``compiled``: decode steps through ``compiled`` (static shapes, one compiled graph per batch bucket) where
+    it serves the model; elsewhere eager steps."""
+    compiled = compiled and compiled_step.supported(model, routes is not None)
+    args = (model, ids, attn_mask, max_new_tokens, eos_ids, temperature, greedy, generator, compact_frac, routes,
+            compiled)
     if routes is None:
         return _decode(*args, None)
     with RouterHooks(model) as hooks:
@@ -177,13 +185,17 @@ def decode(model, ids: torch.Tensor, attn_mask: torch.Tensor, *, max_new_tokens:
 
 
 def _decode(model, ids, attn_mask, max_new_tokens, eos_ids, temperature, greedy, generator, compact_frac,
-            routes, hooks):
+            routes, compiled, hooks):
     dec = FastDecoder(model)
     B, P = ids.shape
     dev, width = ids.device, P + max_new_tokens
+    step = dec.step
+    if compiled:  # a cache width rounded up to 16 columns: prompts of nearby lengths share a compiled graph
+        step, width = compiled_step.CompiledStep(dec), -(-width // 16) * 16
     # prefix sharing: the rows of one prompt (a group's G samples) are prefilled once, then their cache copied
     firsts, group = torch.unique(fastlm.prompt_owners(ids, attn_mask, P), return_inverse=True)
-    cache = KVCache(len(model.model.layers), len(firsts), dec.kv_heads, width, dec.head_dim, dec.param.dtype, dev)
+    cache = KVCache(len(model.model.layers), len(firsts), dec.kv_heads, width, dec.head_dim, dec.param.dtype, dev,
+                    zero=compiled)
     cos, sin = fastlm.rope(model, torch.arange(width, device=dev), dec.param.dtype)
     n_pad = (attn_mask == 0).sum(-1)
     key_ok = torch.ones(B, width, dtype=torch.bool, device=dev)
@@ -213,14 +225,20 @@ def _decode(model, ids, attn_mask, max_new_tokens, eos_ids, temperature, greedy,
         n_done = int(done.sum())
         if n_done == len(rows) or s + 1 == max_new_tokens:
             break
-        if n_done >= max(1, int(compact_frac * len(rows))):
+        keep = None
+        if compiled:  # down to the live rows' bucket, finished rows filling it up
+            fit = compiled_step.bucket(len(rows) - n_done, len(rows))
+            if fit < len(rows):
+                keep = torch.cat(((~done).nonzero()[:, 0], done.nonzero()[:, 0][:fit - len(rows) + n_done]))
+        elif n_done >= max(1, int(compact_frac * len(rows))):
             keep = (~done).nonzero()[:, 0]
+        if keep is not None:
             cache.keep(keep)
             rows, tok, done, n_pad = rows[keep], tok[keep], done[keep], n_pad[keep]
             bias = bias.view(-1, dec.kv_heads, 1, width)[keep].view(-1, 1, width)
         col = P + s
         # the token sampled at step s sits at column P + s, position P + s - (row's left padding)
-        logits = dec.step(tok, col - n_pad, col, bias, cache, cos, sin)
+        logits = step(tok, col - n_pad, col, bias, cache, cos, sin)
         if hooks is not None:
             # the token at column col of each live row was just routed
             routes[:, rows, col] = hooks.take().view(routes.shape[0], len(rows), -1).to(routes.dtype)
