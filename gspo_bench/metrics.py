@@ -15,6 +15,17 @@ import torch
 from torchmetrics.aggregation import MaxMetric, MeanMetric, MinMetric
 
 
+_POOL: dict = {}  # one reducer per key, reset for each step (constructing one costs 4x a reset)
+
+
+def _pooled(key: str):
+    m = _POOL.get(key)
+    if m is None:
+        m = _POOL[key] = _reducer(key)
+    m.reset()
+    return m
+
+
 def _reducer(key: str):
     # this process's steps only: a multi-process step reduces over ranks itself (distributed.reduce_metrics)
     if key.endswith(("/min", "_min")):
@@ -25,16 +36,27 @@ def _reducer(key: str):
 
 
 class StepStats:
-    """Accumulate dicts of 0-dim tensors/floats; ``reduce()`` returns plain floats."""
+    """Accumulate dicts of 0-dim tensors/floats; ``reduce()`` returns plain floats.
+
+    Values are kept as they come and handed to torchmetrics once per key in ``reduce`` (one update with
+    all of a step's values, not one per minibatch: the same mean, min and max, at a fraction of the calls,
+    and one device-to-host copy per key instead of one per value).
+    """
 
     def __init__(self):
-        self._m: dict = {}
+        self._v: dict[str, list] = {}
 
     def add(self, stats: dict) -> None:
         for k, v in stats.items():
-            if k not in self._m:
-                self._m[k] = _reducer(k)
-            self._m[k].update(torch.as_tensor(v, dtype=torch.float32).detach().cpu())
+            self._v.setdefault(k, []).append(v.detach() if isinstance(v, torch.Tensor) else v)
 
     def reduce(self) -> dict[str, float]:
-        return {k: float(m.compute()) for k, m in self._m.items()}
+        out = {}
+        for k, values in self._v.items():
+            dev = next((v.device for v in values if isinstance(v, torch.Tensor)), torch.device("cpu"))
+            col = torch.stack([v.to(dev, torch.float32).reshape(()) if isinstance(v, torch.Tensor)
+                               else torch.tensor(float(v), device=dev) for v in values])
+            m = _pooled(k)
+            m.update(col.cpu())
+            out[k] = float(m.compute())
+        return out

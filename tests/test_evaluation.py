@@ -24,21 +24,22 @@ def test_a_reused_start_eval_leaves_the_run_exactly_as_without_it(mixed_task, tr
     monkeypatch.setattr(RolloutDataModule, "evaluate", lambda self, policy, rows: evaluated.append(len(rows["prompt"]))
                         or orig(self, policy, rows))
     evaluation.START_EVALS.clear()
-    both = _runs(mixed_task, tracking_uri, ["grpo", "gspo"], "start-eval-shared")
+    both = _runs(mixed_task, tracking_uri, ["grpo", "dapo"], "start-eval-shared")
     assert all(r.status == "FINISHED" for r in both.values())
-    # 3 evaluations per run (steps 0, 1, 2) of 8 prompts in one batch; gspo's step 0 came from grpo's
+    # 3 evaluations per run (steps 0, 1, 2) of 8 prompts in one batch; dapo's step 0 came from grpo's
+    # (its rollout settings differ, those of its evaluation do not)
     assert len(evaluated) == 5
     assert len(evaluation.START_EVALS) == 1
-    assert both["gspo"].eval_log[0] == both["grpo"].eval_log[0]
-    assert both["gspo"].completions["eval"] == both["grpo"].completions["eval"]
-    # gspo alone, nothing cached: every metric of every step is the same, to the digit (the sampled eval
+    assert both["dapo"].eval_log[0] == both["grpo"].eval_log[0]
+    assert both["dapo"].completions["eval"] == both["grpo"].completions["eval"]
+    # dapo alone, nothing cached: every metric of every step is the same, to the digit (the sampled eval
     # and the training rollouts drew from the random state the reused evaluation restored)
     evaluation.START_EVALS.clear()
-    alone = _runs(mixed_task, tracking_uri, ["gspo"], "start-eval-alone")["gspo"]
+    alone = _runs(mixed_task, tracking_uri, ["dapo"], "start-eval-alone")["dapo"]
     assert len(evaluated) == 8
-    assert alone.eval_log == both["gspo"].eval_log
+    assert alone.eval_log == both["dapo"].eval_log
     for step in ("first", "last"):
-        assert _untimed(getattr(alone, step)) == _untimed(getattr(both["gspo"], step))
+        assert _untimed(getattr(alone, step)) == _untimed(getattr(both["dapo"], step))
 
 
 def _untimed(metrics: dict) -> dict:
@@ -53,7 +54,9 @@ class _DM:
 
     def __init__(self, spec="arith", samples=2):
         self.task = type("T", (), {"spec": spec})()
-        self.s, self.eval_samples, self.eval_batch, self.rank, self.world = "settings", samples, 256, 0, 1
+        self.s = type("S", (), {"engine": "auto", "max_new_tokens": 8, "temperature": 1.0, "verify_timeout": 1.0,
+                                "dynamic_sampling": False})()
+        self.eval_samples, self.eval_batch, self.rank, self.world = samples, 256, 0, 1
         self.eval_rows = {"prompt": ["1+1="], "answer": ["2"]}
 
 
@@ -67,6 +70,14 @@ def test_the_start_eval_key_changes_with_weights_rows_settings_and_random_state(
     assert evaluation.start_eval_key(model, _DM(samples=3)) != key
     torch.manual_seed(0)
     assert evaluation.start_eval_key(model, _DM(spec="other")) != key
+    torch.manual_seed(0)
+    dm = _DM()
+    dm.s.temperature = 0.7
+    assert evaluation.start_eval_key(model, dm) != key
+    torch.manual_seed(0)
+    dm = _DM()
+    dm.s.dynamic_sampling = True  # a training-only setting (DAPO's): the same evaluation
+    assert evaluation.start_eval_key(model, dm) == key
     torch.manual_seed(1)
     assert evaluation.start_eval_key(model, _DM()) != key
     torch.manual_seed(0)

@@ -57,6 +57,27 @@ def test_a_slow_verifier_in_a_run_is_a_zero_and_a_verify_timeouts_metric(mixed_t
     assert timeouts and timeouts[0].value >= 1  # 16 completions, a fifth of them slow, give at least one
 
 
+def test_a_hang_mid_batch_zeroes_that_completion_only(monkeypatch):
+    from gspo_bench.tasks import sandbox, verifiers
+
+    def hangs_on_h(completion: str, answer: str) -> float:
+        if completion == "h":
+            time.sleep(60)  # far past the limit: only the sandbox can stop it
+        return float(completion == answer)
+
+    monkeypatch.setitem(verifiers.VERIFIERS, "test_hangs_on_h", hangs_on_h)  # the forked worker sees it
+    monkeypatch.setattr(sandbox, "CHUNK", 3)  # batches of 3 inside one call, the buffer reused
+    box = VerifierSandbox("test_hangs_on_h", {}, 0.3)
+    completions = ["1", "2", "x", "h", "5", "6", "h", "8"]
+    answers = ["1", "0", "x", "h", "5", "0", "h", "8"]
+    t0 = time.perf_counter()
+    rewards, late = box.score(completions, answers)
+    # every reward before, between and after the two hangs is the verifier's own; each hang is a 0
+    assert rewards == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0] and late == 2 and box.timeouts == 2
+    assert time.perf_counter() - t0 < 2 * 0.3 + 5.0
+    assert box.score(["7"], ["7"]) == ([1.0], 0)  # a fresh worker serves the next call
+
+
 def test_a_verifier_raising_on_a_malformed_answer_is_an_error_naming_it():
     box = VerifierSandbox("countdown", {}, LIMIT)
     with pytest.raises(ValueError, match="countdown.*not-an-answer"):

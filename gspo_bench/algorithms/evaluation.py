@@ -37,8 +37,11 @@ def start_eval_key(policy, dm) -> str:
     for name, t in policy.state_dict().items():
         h.update(name.encode())
         h.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes())
-    h.update(repr((dm.task.spec, dm.s, dm.eval_samples, dm.eval_batch, dm.rank, dm.world,
-                   list(dm.eval_rows["prompt"]), list(dm.eval_rows["answer"]))).encode())
+    # the settings ``RolloutDataModule.evaluate`` reads (not the training-only ones, which differ by algorithm)
+    s = dm.s
+    h.update(repr((dm.task.spec, s.engine, s.max_new_tokens, s.temperature, s.verify_timeout, dm.eval_samples,
+                   dm.eval_batch, dm.rank, dm.world, list(dm.eval_rows["prompt"]),
+                   list(dm.eval_rows["answer"]))).encode())
     h.update(torch.get_rng_state().numpy().tobytes())
     return h.hexdigest()
 

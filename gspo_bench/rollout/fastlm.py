@@ -192,12 +192,13 @@ def packed_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
         hq, d = q.shape[1], q.shape[2]
 
         def spread(t):  # (n, h, D) -> (B, h, lmax, D)
-            return F.pad(t, (0, 0, 0, 0, 0, 1))[fill].view(B, lmax, t.shape[1], d).transpose(1, 2)
+            # index_select, not t[fill]: its backward is a plain index_add, not a sorted index_put
+            return F.pad(t, (0, 0, 0, 0, 0, 1)).index_select(0, fill).view(B, lmax, t.shape[1], d).transpose(1, 2)
 
         # causal attention per sequence; padding sits to the right of every real query, so no mask
         o = F.scaled_dot_product_attention(spread(q), spread(k), spread(v), is_causal=True,
                                            enable_gqa=q.shape[1] != k.shape[1])
-        return o.transpose(1, 2).reshape(B * lmax, hq * d)[out_slot]
+        return o.transpose(1, 2).reshape(B * lmax, hq * d).index_select(0, out_slot)
 
     x = base.embed_tokens(input_ids[own])
     cos, sin = rope(model, pos[own], x.dtype)
@@ -205,7 +206,7 @@ def packed_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
         x = layer_forward(ref, x, cos, sin, eps, attend)
     # response token at column c (c >= P) is predicted by the hidden state at column c - 1
     resp = real[:, prompt_len:]
-    return _rms(x[src[:, prompt_len - 1 : -1][resp]], base.norm.weight, eps), resp
+    return _rms(x.index_select(0, src[:, prompt_len - 1 : -1][resp]), base.norm.weight, eps), resp
 
 
 def packed_response_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
