@@ -27,6 +27,7 @@ def whole_benchmark(preset: str = "default", config_files: tuple = (), overrides
                     log=print) -> dict:
     """Time ``run`` with every algorithm on the first seed of ``preset``; returns the breakdown."""
     from gspo_bench import algorithms
+    from gspo_bench.rollout import compiled
     from gspo_bench.runner import machine, quiet, run
     from gspo_bench.tasks import load_task
     from gspo_bench.warmstart import warm_start
@@ -44,6 +45,7 @@ def whole_benchmark(preset: str = "default", config_files: tuple = (), overrides
         ws = warm_start(task, cfg.model, cfg.warmstart, seed, task.spec.max_new_tokens, progress=False, log=log)
         ws_s = time.perf_counter() - t0
         t1 = time.perf_counter()
+        compiling = compiled.compile_seconds()
         results = run(cfg, log=log)
         run_s = time.perf_counter() - t1
     wall = ws_s + run_s
@@ -65,6 +67,8 @@ def whole_benchmark(preset: str = "default", config_files: tuple = (), overrides
         # completions per hour of the whole benchmark: every sampled completion over the whole wall time
         "completions_per_hour": (train + evals) / wall * 3600,
         "train_completions_per_hour": train / wall * 3600,
+        # rollout.engine compiled: the first call of each decode shape (compile included), inside the phases
+        "compile": {k: v - compiling[k] for k, v in compiled.compile_seconds().items()},
     }
 
 
@@ -77,7 +81,9 @@ def summary(d: dict) -> str:
     return (f"run --algos all ({len(d['algos'])} algorithms, seed {d['seed']}, {d['steps']} RL steps, {ws}) on "
             f"preset {d['preset']} ({d['model']}, {d['task']}): {d['wall_s']:.0f} s; {d['completions']['train']:,} "
             f"training and {d['completions']['eval']:,} eval completions, {d['completions_per_hour']:,.0f} "
-            f"completions/hour ({d['train_completions_per_hour']:,.0f} for training)")
+            f"completions/hour ({d['train_completions_per_hour']:,.0f} for training)"
+            + (f"; compiled decode graphs: {d['compile']['graphs']}, their first calls (compiling) "
+               f"{d['compile']['compile_s']:.1f} s" if d.get("compile", {}).get("graphs") else ""))
 
 
 def rich_table(d: dict) -> Table:

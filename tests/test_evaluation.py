@@ -31,13 +31,15 @@ def test_a_reused_start_eval_leaves_the_run_exactly_as_without_it(mixed_task, tr
     assert len(evaluated) == 5
     assert len(evaluation.START_EVALS) == 1
     assert both["dapo"].eval_log[0] == both["grpo"].eval_log[0]
-    assert both["dapo"].completions["eval"] == both["grpo"].completions["eval"]
+    # the reused evaluation's 8 x (1 greedy + 2 sampled) completions were not generated again
+    assert both["dapo"].completions["eval"] == both["grpo"].completions["eval"] - 8 * 3
     # dapo alone, nothing cached: every metric of every step is the same, to the digit (the sampled eval
     # and the training rollouts drew from the random state the reused evaluation restored)
     evaluation.START_EVALS.clear()
     alone = _runs(mixed_task, tracking_uri, ["dapo"], "start-eval-alone")["dapo"]
     assert len(evaluated) == 8
     assert alone.eval_log == both["dapo"].eval_log
+    assert alone.completions["eval"] == both["grpo"].completions["eval"]
     for step in ("first", "last"):
         assert _untimed(getattr(alone, step)) == _untimed(getattr(both["dapo"], step))
 

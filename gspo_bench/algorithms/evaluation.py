@@ -25,8 +25,8 @@ import torch
 from torchmetrics.aggregation import MeanMetric
 
 
-# step-0 evaluations made in this process: key -> (metrics, torch RNG state after, eval completions, timeouts)
-START_EVALS: OrderedDict[str, tuple[dict, torch.Tensor, int, int]] = OrderedDict()
+# step-0 evaluations made in this process: key -> (metrics, torch RNG state after, verifier timeouts)
+START_EVALS: OrderedDict[str, tuple[dict, torch.Tensor, int]] = OrderedDict()
 START_EVALS_KEPT = 8
 
 
@@ -92,14 +92,15 @@ class HeldOutEval:
         if self.rl_step == 0 and self.world == 1 and all(p.device.type == "cpu" for p in self.policy.parameters()):
             key = start_eval_key(self.policy, dm)
         if key in START_EVALS:
-            metrics, rng, completions, late = START_EVALS[key]
+            metrics, rng, late = START_EVALS[key]
             torch.set_rng_state(rng)
-            dm.sampled["eval"] += completions
+            # its timeouts are part of the result (the next step's verify/timeouts); its completions were
+            # not generated again, so they stay out of this run's count (bench --whole's completions/hour)
             dm.timeouts += late
             self.publish_eval(dict(metrics))
             self.clock["eval_s"] += time.perf_counter() - t0
             return
-        before = (dm.sampled["eval"], dm.timeouts)
+        before = dm.timeouts
         was_training = self.policy.training
         self.policy.eval()
         self.eval_reset()
@@ -108,8 +109,7 @@ class HeldOutEval:
         if "pass1" in self._eval_seen or (self.world > 1 and len(dm.eval_rows)):
             metrics = self.record_eval()
             if key is not None:
-                START_EVALS[key] = (dict(metrics), torch.get_rng_state(), dm.sampled["eval"] - before[0],
-                                    dm.timeouts - before[1])
+                START_EVALS[key] = (dict(metrics), torch.get_rng_state(), dm.timeouts - before)
                 while len(START_EVALS) > START_EVALS_KEPT:
                     START_EVALS.popitem(last=False)
         self.policy.train(was_training)
