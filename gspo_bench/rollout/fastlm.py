@@ -6,10 +6,12 @@ harness runs on a CPU that bookkeeping costs more than the arithmetic. This
 module computes the same function with plain tensor ops and is used twice:
 
 - ``FastDecoder.step``: one decode step over a preallocated KV cache (the
-  rollout engine in ``rollout.py``);
-- ``packed_response_logp``: the training forward over *packed* sequences, so
-  the linear layers see only real tokens (no padding) and the vocabulary
-  projection runs only at the positions that predict a response token.
+  rollout engine in ``fastgen.py``; ``compiled.py`` compiles it);
+- ``packed_states`` / ``packed_response_logp``: the training forward over
+  *packed* sequences, so the linear layers see only real tokens (no padding,
+  and with ``share_prompts`` each group's prompt once) and the vocabulary
+  projection runs only at the positions that predict a response token; PPO's
+  critic runs ``packed_states`` on its trunk.
 
 It reads the parameters of the ``PreTrainedModel`` it is given on every call
 (no copies), so an optimiser step on the policy is seen by the next rollout.
