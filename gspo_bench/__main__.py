@@ -14,6 +14,7 @@ import sys
 from rich.table import Table
 
 from gspo_bench.cli_info import add_claims_parser
+from gspo_bench.cli_measure import add_bench_parser
 from gspo_bench.config import DEFAULT_TRACKING_URI, ConfigError, load_config, parse_sets, presets
 from gspo_bench.interrupts import Interrupted, handle_signals
 from gspo_bench.redact import RedactingConsole, redact
@@ -118,31 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", default="results/tuning", help="folder of the best-params YAML (default results/tuning)")
     _shared_flags(t)
     t.add_argument("--seed", type=int, help="the one seed every trial trains with (default: the preset's first)")
-    b = sub.add_parser("bench", help="throughput: fast engine vs model.generate, training tokens/s, full RL step, MFU",
-                       description="Measures in one process: (a) rollout generation with the fast engine and with "
-                       "model.generate on the same batch, (b) training tokens/s, (c) the full RL step (median after "
-                       "warm-up) on the fast path and the transformers path, (d) matmul FLOP/s and MFU, and rollout "
-                       "time against max_new_tokens. Prints tables, then JSON (or writes it to --json).")
-    b.add_argument("--preset", default=None, help=f"one of: {', '.join(presets())} (default cpu-bench; with --whole, "
-                   "default)")
-    b.add_argument("--whole", action="store_true", help="instead: time `run --algos all` (one seed) end to end and "
-                   "split it into warm start, rollout, train, eval and overhead, with completions per hour")
-    b.add_argument("--config", action="append", default=[], metavar="YAML", help="config file(s) over the preset")
-    _set_flag(b)
-    b.add_argument("--model", type=_csv, help="model(s), comma list, e.g. tiny-dense,tiny-moe (default: the preset's)")
-    b.add_argument("--task", help="task (default: the preset's)")
-    b.add_argument("--algo", default="grpo", help="algorithm of the full RL step (default grpo)")
-    b.add_argument("--max-new-tokens", type=int, help="length cap of (a)-(c) (default: the preset's)")
-    b.add_argument("--paths", type=_csv, default=["fast", "hf"], help="fast,hf (default both)")
-    b.add_argument("--warmup", type=int, default=1, help="unmeasured repeats first (default 1)")
-    b.add_argument("--repeats", type=int, default=3, help="measured repeats of (a), (b) and scaling (default 3)")
-    b.add_argument("--rl-steps", type=int, default=5, help="measured RL steps per path (default 5)")
-    b.add_argument("--scaling", default="64,128,192,256", help="max_new_tokens of the scaling curve, or 'none'")
-    b.add_argument("--json", metavar="FILE", help="write the JSON here instead of printing it")
-    b.add_argument("--markdown", metavar="FILE", help="also write the tables as Markdown (e.g. results/bench.md)")
-    b.add_argument("--figure", metavar="PNG", help="also draw the scaling curve(s)")
-    b.add_argument("--profile", metavar="FILE", help="torch.profiler op table of one full RL step per path")
-    b.add_argument("--vs", metavar="trl", help="instead: the full RL step against TRL's GRPOTrainer (extra compare)")
+    add_bench_parser(sub, _csv, _set_flag)
     w = sub.add_parser("warmstart", help="warm start (or load from the cache) each model x seed and show where "
                        "greedy pass@1 lands: the warm-start band",
                        description="Runs the supervised warm start of --preset for every --model and seed (cached "

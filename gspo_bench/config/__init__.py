@@ -3,14 +3,15 @@
 ``sections.py`` holds the dataclasses (``RunConfig`` and its sections, every
 field documented and checked in ``__post_init__``) and ``RunConfig.resolve``,
 which turns ``auto`` into one algorithm's values. ``loading.py`` reads
-presets, ``--config`` files and ``--set`` overrides and merges them.
+presets, ``--config`` files and ``--set`` overrides and merges them; ``uris.py`` checks tracking URIs.
 """
 
 from gspo_bench.config.loading import (PRESET_DIR, deep_merge, flatten, load_config, load_yaml, parse_sets, presets,
                                        read_yaml, resolve_config_file, to_dict, yaml_file)
-from gspo_bench.config.sections import (AUTO, DEFAULT_TRACKING_URI, CollapseConfig, ConfigError, LossConfig,
-                                        LossSettings, ModelConfig, MoEConfig, Recipe, Resolved, RolloutConfig, RunConfig,
-                                        TrackingConfig, TrainConfig, WarmStartConfig, resolve_tracking_uri)
+from gspo_bench.config.sections import (AUTO, CollapseConfig, ConfigError, LossConfig, LossSettings, ModelConfig,
+                                        MoEConfig, Recipe, Resolved, RolloutConfig, RunConfig, TrackingConfig,
+                                        TrainConfig, WarmStartConfig)
+from gspo_bench.config.uris import DEFAULT_TRACKING_URI, resolve_tracking_uri
 
 __all__ = ["AUTO", "DEFAULT_TRACKING_URI", "PRESET_DIR", "CollapseConfig", "ConfigError", "LossConfig", "LossSettings",
            "ModelConfig", "MoEConfig", "Recipe", "Resolved", "RolloutConfig", "RunConfig", "TrackingConfig", "TrainConfig",
