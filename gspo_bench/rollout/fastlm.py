@@ -87,8 +87,16 @@ def layer_refs(model) -> list[LayerRefs]:
     return [LayerRefs(layer) for layer in _base(model).layers]
 
 
-def moe_mlp(mlp, x: torch.Tensor) -> torch.Tensor:
-    """Qwen3-MoE sparse block on flat tokens (N, H): route, group tokens by expert, one matmul pair each."""
+def grouped_mm_works(x: torch.Tensor) -> bool:
+    """Whether to use ``F.grouped_mm`` (torch >= 2.10) for x: on CPU, where it is tested here, in every dtype.
+    On an accelerator the per-expert loop runs until grouped_mm is checked there."""
+    return hasattr(F, "grouped_mm") and x.device.type == "cpu"
+
+
+def moe_mlp(mlp, x: torch.Tensor, grouped: bool | None = None) -> torch.Tensor:
+    """Qwen3-MoE sparse block on flat tokens (N, H): route, sort the (token, expert) pairs by expert, run
+    each expert on its rows. ``grouped`` (default: where it works) does all experts in one ``grouped_mm``
+    per projection, else one matmul pair per expert in a loop; both give the same numbers."""
     router, experts = mlp.gate, mlp.experts
     # the router module itself: p = softmax(x W_r^T) in float32, top-k experts, renormalised when
     # norm_topk_prob. Calling the module (not its weight) lets routing replay's hook see every path.
@@ -96,20 +104,28 @@ def moe_mlp(mlp, x: torch.Tensor) -> torch.Tensor:
     top_p = top_p.to(x.dtype)
     flat_e = top_e.flatten()
     order = torch.argsort(flat_e, stable=True)
-    counts = torch.bincount(flat_e, minlength=experts.num_experts).tolist()
+    counts = torch.bincount(flat_e, minlength=experts.num_experts)
     token = order // router.top_k
-    xs = x[token]
+    xs = x.index_select(0, token)
     gate_up, down = experts.gate_up_proj, experts.down_proj
-    outs, start = [], 0
-    for e, n in enumerate(counts):
-        if n == 0:
-            continue
-        # expert_e(x) = W_down (silu(x W_gate^T) * x W_up^T)
-        gate, up = F.linear(xs[start:start + n], gate_up[e]).chunk(2, dim=-1)
-        outs.append(F.linear(F.silu(gate) * up, down[e]))
-        start += n
+    if grouped if grouped is not None else grouped_mm_works(x):
+        # offs[e] = pairs routed to experts 0..e: where expert e's rows end in xs
+        offs = counts.cumsum(0).to(torch.int32)
+        # expert_e(x) = W_down (silu(x W_gate^T) * x W_up^T), for every expert's rows at once
+        gate, up = F.grouped_mm(xs, gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)
+        ys = F.grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=offs)
+    else:
+        outs, start = [], 0
+        for e, n in enumerate(counts.tolist()):
+            if n == 0:
+                continue
+            # expert_e(x) = W_down (silu(x W_gate^T) * x W_up^T)
+            gate, up = F.linear(xs[start:start + n], gate_up[e]).chunk(2, dim=-1)
+            outs.append(F.linear(F.silu(gate) * up, down[e]))
+            start += n
+        ys = torch.cat(outs)
     # y = sum over the chosen experts of p_e * expert_e(x)
-    ys = torch.cat(outs) * top_p.flatten()[order, None]
+    ys = ys * top_p.flatten()[order, None]
     return torch.zeros_like(x).index_add_(0, token, ys)
 
 
