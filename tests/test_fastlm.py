@@ -290,7 +290,8 @@ def test_moe_grouped_and_looped_experts_agree_in_value_and_gradient(n):
     assert grads[0][1].abs().sum() > 0 and grads[0][3].abs().sum() > 0
     with torch.no_grad():
         mlp16, x16 = mlp.to(torch.bfloat16), x0.bfloat16()
-        torch.testing.assert_close(fastlm.moe_mlp(mlp16, x16, grouped=True), fastlm.moe_mlp(mlp16, x16, grouped=False))
+        torch.testing.assert_close(fastlm.moe_mlp(mlp16, x16, grouped=True),
+                                   fastlm.moe_mlp(mlp16, x16, grouped=False))
 
 
 def test_rope_by_hand():

@@ -108,7 +108,7 @@ def moe_mlp(mlp, x: torch.Tensor, grouped: bool | None = None) -> torch.Tensor:
     token = order // router.top_k
     xs = x.index_select(0, token)
     gate_up, down = experts.gate_up_proj, experts.down_proj
-    if grouped if grouped is not None else grouped_mm_works(x):
+    if grouped_mm_works(x) if grouped is None else grouped:
         # offs[e] = pairs routed to experts 0..e: where expert e's rows end in xs
         offs = counts.cumsum(0).to(torch.int32)
         # expert_e(x) = W_down (silu(x W_gate^T) * x W_up^T), for every expert's rows at once
