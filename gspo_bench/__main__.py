@@ -94,7 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", action="store_true", help="continue each algorithm x seed's unfinished run "
                    "(KILLED, FAILED, or RUNNING with its process gone) with the same settings in this experiment, "
                    "as the same MLflow run, from its last checkpoint (train.checkpoint_every); a run without one "
-                   "starts afresh")
+                   "starts afresh; an unusable checkpoint (unreadable, or from other settings) is named and the one "
+                   "before it tried")
+    r.add_argument("--restart", action="store_true", help="with --resume: a run whose checkpoints are all unusable "
+                   "starts afresh from RL step 0 as the same MLflow run (without it, --resume stops and says so)")
     from gspo_bench.tuning.study import COLLAPSE_PENALTY, DEFAULT_STORAGE, LAST_EVALS, PRUNERS
 
     t = sub.add_parser("tune", help="Optuna study over an algorithm's clip range (pruned, resumable, parallel)",
@@ -261,6 +264,9 @@ def overrides_from(args) -> dict:
 def cmd_run(args) -> int:
     if args.seeds is not None and args.seeds < 1:
         raise ConfigError(f"--seeds={args.seeds} must be >= 1")
+    if args.restart and not args.resume:
+        raise ConfigError("--restart goes with --resume (it restarts the runs --resume finds without a usable "
+                          "checkpoint)")
     from gspo_bench.cli_run import run_command
 
     return run_command(load_config(args.preset, tuple(args.config), overrides_from(args)), args, console)
@@ -373,8 +379,36 @@ def main(argv: list[str] | None = None) -> int:
 
         return interrupted(e, args, console)
     except ConfigError as e:
+        if "LOCAL_RANK" in os.environ:  # maybe a rank other than 0, whose console is muted: rank 0 prints it
+            from gspo_bench.distributed import launch_rank_zero, report_failure
+
+            if not launch_rank_zero():
+                report_failure(f"ConfigError: {e}")
         console.print(f"gspo-bench: error: {e}", style="red", soft_wrap=True, markup=False)
         return 2
+    except Exception as e:  # a tracking server gone; a multi-process run: one rank failed, or this rank did
+        return _ended_by(e)
+
+
+def _ended_by(e: Exception) -> int:
+    """Exit 1 with one line for a tracking server gone (``stores.TrackingUnreachable``) or a failed run of a
+    multi-process command (``distributed.RankFailed``); on a rank other than 0 any error goes to rank 0's
+    watch instead, which prints it. Anything else is a bug: its traceback is shown."""
+    import traceback
+
+    from gspo_bench import distributed as ddp
+    from gspo_bench.stores import TrackingUnreachable
+
+    if not ddp.launch_rank_zero() and os.environ.get(ddp.REPORTS_ENV):
+        if not isinstance(e, TrackingUnreachable):
+            ddp.report_failure(e.line if isinstance(e, ddp.RankFailed) else ddp.error_line(e),
+                               e.trace if isinstance(e, ddp.RankFailed) else traceback.format_exc())
+        return 1
+    if isinstance(e, (TrackingUnreachable, ddp.RankFailed)):
+        ddp.stop_other_ranks()
+        console.print(f"gspo-bench: error: {e}", style="red", soft_wrap=True, markup=False)
+        return 1
+    raise e
 
 
 if __name__ == "__main__":

@@ -14,21 +14,25 @@ depends on, so a resumed run continues bit for bit on CPU:
 - the RNG states (torch, CUDA, Python, NumPy), restored just before the next rollout samples;
 - the wall time spent so far.
 
-Where: next to the run, ``<run's artifact dir>/checkpoint/last.pt`` when the artifact store is a local
+Where: next to the run, ``<run's artifact dir>/checkpoint/step-<N>.pt`` when the artifact store is a local
 directory (the default for a ``sqlite:///`` store); otherwise written to a local temporary file and logged
-as the run's artifact ``checkpoint/last.pt``. Either way only the last one is kept, and a local one is
-deleted when the run finishes (nothing is left to resume). Writes are atomic: the
-file is written under a temporary name, flushed, then renamed over the old one, so a kill at any moment
-leaves the previous checkpoint or the new one, never half of one.
+as the run's artifact ``checkpoint/step-<N>.pt``. The last ``KEEP`` (2) are kept, so a checkpoint that turns
+out unreadable has one to fall back to; a finished run's are deleted (nothing is left to resume). Writes are
+atomic: the file is written under a temporary name, flushed, then renamed, so a kill at any moment leaves
+whole checkpoints only.
 
-Format: ``torch.save`` of plain containers, tensors and numbers only, loaded with ``weights_only=True``
-(no arbitrary unpickling).
+Loading verifies before it trusts: the file must unpickle (``weights_only=True``: plain containers,
+tensors and numbers, no arbitrary code), hold every key ``capture`` writes, carry this format's
+``VERSION`` and the run's settings digest (``lifecycle.config_digest``; the settings themselves are stored
+too, so a mismatch is named key by key). ``load`` returns the newest checkpoint that passes, with a reason
+for each newer one that did not.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -37,7 +41,12 @@ import numpy as np
 import torch
 
 VERSION = 1
-ARTIFACT_DIR, FILENAME = "checkpoint", "last.pt"
+ARTIFACT_DIR = "checkpoint"
+KEEP = 2  # checkpoints kept per run: the newest, and one to fall back to
+REQUIRED = ("version", "config_hash", "rl_step", "elapsed_s", "weights", "optimizers", "records", "sampler",
+            "verify_timeouts", "callbacks", "rng")
+_NAME = re.compile(r"^step-(\d+)\.pt$")
+LEGACY = "last.pt"  # the one checkpoint of gspo-bench versions that kept one
 
 
 # -- what a checkpoint holds --------------------------------------------------------------------------------------
@@ -61,11 +70,13 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def capture(module, elapsed_s: float, config_hash: str) -> dict:
-    """The state of a run at the end of its RL step ``module.rl_step`` (see the module docstring)."""
+def capture(module, elapsed_s: float, config_hash: str, settings: dict | None = None) -> dict:
+    """The state of a run at the end of its RL step ``module.rl_step`` (see the module docstring);
+    ``settings``: the hashed settings behind ``config_hash`` (``lifecycle.hashed_settings``)."""
     trainer, dm = module.trainer, module.trainer.datamodule
     return {
-        "version": VERSION, "config_hash": config_hash, "rl_step": module.rl_step, "elapsed_s": float(elapsed_s),
+        "version": VERSION, "config_hash": config_hash, "settings": dict(settings or {}),
+        "rl_step": module.rl_step, "elapsed_s": float(elapsed_s),
         "weights": {k: v.detach().cpu() for k, v in module.state_dict().items() if not k.startswith("ref.")},
         "optimizers": [opt.optimizer.state_dict() for opt in module.optimizer_list()],
         "records": module.records_state(),
@@ -121,55 +132,139 @@ def atomic_save(state: dict, path: Path) -> None:
         raise
 
 
+def name_of(step: int) -> str:
+    return f"step-{step:06d}.pt"
+
+
+def _step_of(name: str) -> int | None:
+    """The RL step in a checkpoint's file name; -1 for the legacy ``last.pt`` (older than any numbered one)."""
+    m = _NAME.match(name)
+    return int(m.group(1)) if m else (-1 if name == LEGACY else None)
+
+
+def _newest_first(names) -> list[str]:
+    return sorted((n for n in names if _step_of(n) is not None), key=_step_of, reverse=True)
+
+
+def _remote(client, run_id: str):
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    return get_artifact_repository(client.get_run(run_id).info.artifact_uri, tracking_uri=client.tracking_uri)
+
+
 def save(client, run_id: str, state: dict) -> str:
-    """Write ``state`` as the run's last checkpoint; returns where it went."""
+    """Write ``state`` as the run's newest checkpoint and drop all but the newest ``KEEP``; returns where it
+    went."""
+    name = name_of(int(state["rl_step"]))
     local = _local_dir(client.get_run(run_id).info.artifact_uri)
     if local is not None:
-        atomic_save(state, local / FILENAME)
-        return str(local / FILENAME)
+        atomic_save(state, local / name)
+        for old in _newest_first(p.name for p in local.iterdir())[KEEP:]:
+            (local / old).unlink(missing_ok=True)
+        return str(local / name)
     with tempfile.TemporaryDirectory(prefix="gspo-bench-ckpt-") as d:
-        atomic_save(state, Path(d) / FILENAME)
-        client.log_artifact(run_id, str(Path(d) / FILENAME), ARTIFACT_DIR)
-    return f"artifact {ARTIFACT_DIR}/{FILENAME} of run {run_id}"
+        atomic_save(state, Path(d) / name)
+        client.log_artifact(run_id, str(Path(d) / name), ARTIFACT_DIR)
+    names = [Path(a.path).name for a in client.list_artifacts(run_id, ARTIFACT_DIR)]
+    for old in _newest_first(names)[KEEP:]:
+        try:
+            _remote(client, run_id).delete_artifacts(f"{ARTIFACT_DIR}/{old}")
+        except Exception:  # a store without deletion keeps them; the newest still come first
+            break
+    return f"artifact {ARTIFACT_DIR}/{name} of run {run_id}"
 
 
 def discard(client, run_id: str) -> None:
-    """Delete a FINISHED run's checkpoint (nothing is left to resume): the file on local disk, or the remote
-    artifact where the artifact store can delete (a tracking server's proxied artifacts can); elsewhere it
-    stays."""
-    uri = client.get_run(run_id).info.artifact_uri
-    local = _local_dir(uri)
+    """Delete a FINISHED run's checkpoints (nothing is left to resume): the files on local disk, or the remote
+    artifacts where the artifact store can delete (a tracking server's proxied artifacts can); elsewhere they
+    stay."""
+    local = _local_dir(client.get_run(run_id).info.artifact_uri)
     if local is not None:
-        (local / FILENAME).unlink(missing_ok=True)
+        if local.is_dir():
+            for name in _newest_first(p.name for p in local.iterdir()):
+                (local / name).unlink(missing_ok=True)
         return
-    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
-
     try:
-        get_artifact_repository(uri, tracking_uri=client.tracking_uri).delete_artifacts(ARTIFACT_DIR)
+        _remote(client, run_id).delete_artifacts(ARTIFACT_DIR)
     except Exception:  # a store without deletion (or without the artifact): leave it
         pass
 
 
-def load(client, run_id: str) -> dict | None:
-    """The run's last checkpoint, or None when it has none."""
+def verify(state, config_hash: str | None = None, settings: dict | None = None) -> str | None:
+    """Why ``state`` (a loaded checkpoint) cannot resume a run with settings digest ``config_hash``, or None
+    when it can. ``settings``, the run's hashed settings, name the keys that differ from the checkpoint's."""
+    if not isinstance(state, dict):
+        return f"not a gspo-bench checkpoint (it holds a {type(state).__name__})"
+    missing = [k for k in REQUIRED if k not in state]
+    if missing:
+        return f"not a whole checkpoint: missing {', '.join(missing)}"
+    if state["version"] != VERSION:
+        return f"format version {state['version']!r}; this gspo-bench reads version {VERSION}"
+    step = state["rl_step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return f"rl_step {step!r} is not an RL step"
+    if config_hash is not None and state["config_hash"] != config_hash:
+        theirs = state.get("settings") or {}
+        if settings and theirs:
+            diff = [f"{k} {theirs.get(k, '(unset)')!r} here {settings.get(k, '(unset)')!r}"
+                    for k in sorted(set(theirs) | set(settings)) if theirs.get(k) != settings.get(k)]
+            return f"written with other settings: {'; '.join(diff[:4])}{' ...' if len(diff) > 4 else ''}"
+        return f"written with other settings (digest {state['config_hash']}, this run's {config_hash})"
+    return None
+
+
+def read(path: Path):
+    """``torch.load`` of a checkpoint file; a file that does not unpickle raises ``ValueError`` saying why."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated, empty, random bytes, a pickle of arbitrary objects
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        what = "empty file" if path.stat().st_size == 0 else f"{type(e).__name__}: {first}"
+        raise ValueError(f"unreadable ({what})") from None
+
+
+def load(client, run_id: str, config_hash: str | None = None, settings: dict | None = None
+         ) -> tuple[dict | None, list[tuple[str, str]]]:
+    """The run's newest usable checkpoint (or None) and ``(file name, reason)`` for each newer one that is not
+    (``verify``); ``(None, [])`` when the run has no checkpoint at all."""
     local = _local_dir(client.get_run(run_id).info.artifact_uri)
+    problems: list[tuple[str, str]] = []
     if local is not None:
-        path = local / FILENAME
-        return torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else None
-    with tempfile.TemporaryDirectory(prefix="gspo-bench-ckpt-") as d:
+        names = _newest_first(p.name for p in local.iterdir()) if local.is_dir() else []
+        fetch = lambda name: local / name  # noqa: E731
+        tmp = None
+    else:
         try:
-            got = client.download_artifacts(run_id, f"{ARTIFACT_DIR}/{FILENAME}", d)
-        except Exception:  # no such artifact (the store's error type varies)
-            return None
-        return torch.load(got, map_location="cpu", weights_only=True)
+            names = _newest_first(Path(a.path).name for a in client.list_artifacts(run_id, ARTIFACT_DIR))
+        except Exception:  # a store that cannot list: no checkpoint
+            names = []
+        tmp = tempfile.TemporaryDirectory(prefix="gspo-bench-ckpt-")
+        fetch = lambda name: Path(client.download_artifacts(run_id, f"{ARTIFACT_DIR}/{name}", tmp.name))  # noqa
+    try:
+        for name in names:
+            try:
+                state = read(fetch(name))
+            except ValueError as e:
+                problems.append((name, str(e)))
+                continue
+            why = verify(state, config_hash, settings)
+            if why is None:
+                return state, problems
+            problems.append((name, why))
+        return None, problems
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
 
 
 class Checkpointer:
     """The module's end-of-step duty (``PolicyModule.on_train_batch_end``): a heartbeat, a checkpoint every
     ``every`` steps, and on a pending SIGINT/SIGTERM a checkpoint and ``interrupts.Interrupted``."""
 
-    def __init__(self, client, run_id: str, every: int, digest: str, elapsed_before: float = 0.0, log=print):
+    def __init__(self, client, run_id: str, every: int, digest: str, elapsed_before: float = 0.0, log=print,
+                 settings: dict | None = None):
         self.client, self.run_id, self.every, self.digest, self.log = client, run_id, every, digest, log
+        self.settings = settings or {}
         self.clock, self.t0, self.before = time.perf_counter, time.perf_counter(), elapsed_before
         self.saved_step: int | None = None
 
@@ -177,7 +272,7 @@ class Checkpointer:
         return self.before + self.clock() - self.t0
 
     def save(self, module) -> None:
-        save(self.client, self.run_id, capture(module, self.elapsed(), self.digest))
+        save(self.client, self.run_id, capture(module, self.elapsed(), self.digest, self.settings))
         self.saved_step = module.rl_step
         self.client.set_tag(self.run_id, "gspo_bench.checkpoint_step", str(module.rl_step))
 

@@ -11,14 +11,17 @@ from gspo_bench.config import RunConfig
 
 def run_command(cfg: RunConfig, args, console) -> int:
     from gspo_bench.distributed import launch_rank_zero
-    from gspo_bench.runner import run, validate
+    from gspo_bench.runner import quiet, run, validate
 
+    quiet()  # before the store is opened: MLflow's own INFO lines ("Updating database tables") are not ours
     uri = validate(cfg)
     console.quiet = not launch_rank_zero()  # the other processes of a multi-process run train silently
     console.print(f"[bold]gspo_bench[/bold] preset={cfg.preset} task={cfg.task} model={cfg.model.name} "
                   f"algos={','.join(cfg.algos)} seeds={cfg.seeds} steps={cfg.train.steps}"
                   + (" (resuming unfinished runs)" if args.resume else ""))
-    results = run(cfg, log=console.print, resume=args.resume)
+    # run's lines are plain text: an error message may hold brackets ("[/path/pair.cc:553]") that markup reads
+    results = run(cfg, log=lambda m: console.print(m, markup=False, highlight=False), resume=args.resume,
+                  restart=args.restart)
     console.print(results_table(results, f"{cfg.task} / {cfg.model.name} / preset {cfg.preset}"))
     console.print(mlflow_hint(uri, cfg.tracking.experiment, results), soft_wrap=True)
     return 0 if all(r.status == "FINISHED" for r in results) else 1

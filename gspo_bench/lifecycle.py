@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import socket
+import sys
 import time
 
 from lightning.pytorch.loggers import MLFlowLogger
@@ -33,11 +34,16 @@ UNFINISHED = ("KILLED", "FAILED", "RUNNING")
 NOT_HASHED = ("tracking.", "train.progress", "train.checkpoint_every", "resolved.warmstart.path")
 
 
-def config_digest(resolved: dict) -> str:
-    """sha256 (16 hex digits) of a run's resolved settings, without the ones in ``NOT_HASHED``."""
+def hashed_settings(resolved: dict) -> dict:
+    """A run's resolved settings, flat (``train.lr``), without the ones in ``NOT_HASHED``."""
     from gspo_bench.config import flatten
 
-    flat = {k: v for k, v in flatten(resolved).items() if not k.startswith(NOT_HASHED)}
+    return {k: v for k, v in flatten(resolved).items() if not k.startswith(NOT_HASHED)}
+
+
+def config_digest(resolved: dict) -> str:
+    """sha256 (16 hex digits) of ``hashed_settings(resolved)``."""
+    flat = hashed_settings(resolved)
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -108,7 +114,20 @@ def find_resumable(client, experiment_id: str, algo: str, seed: int, digest: str
     return None
 
 
-class ResumedLogger(MLFlowLogger):
+class RunLogger(MLFlowLogger):
+    """Lightning's MLflow logger, silent on the way out of a run the tracking server dropped: Lightning
+    finalizes the logger of a failed fit (``set_terminated(FAILED)``) while the error is being handled, and
+    against a dead server that is another round of retries before the run can stop."""
+
+    def finalize(self, status: str = "success") -> None:
+        from gspo_bench.stores import unreachable
+
+        if unreachable(sys.exc_info()[1]):  # inside Lightning's ``except``: the error that ended the fit
+            return
+        super().finalize(status)
+
+
+class ResumedLogger(RunLogger):
     """The MLflow logger of a continued run: logs only the (metric, step) pairs the run does not hold yet."""
 
     def __init__(self, *args, **kwargs):

@@ -23,17 +23,17 @@ from pathlib import Path
 import lightning as L
 import yaml
 from lightning.pytorch.callbacks import RichProgressBar
-from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.loggers.logger import DummyLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from transformers import AutoTokenizer
 
-from gspo_bench import __version__, algorithms, checkpoint
+from gspo_bench import __version__, algorithms, checkpoint, stores
 from gspo_bench import distributed as ddp
 from gspo_bench import interrupts as signals
 from gspo_bench.callbacks import CollapseCallback, MismatchProbe, MoEFlipProbe, RatioSample
 from gspo_bench.config import ConfigError, Resolved, RunConfig, flatten, resolve_tracking_uri, to_dict
-from gspo_bench.lifecycle import ResumedLogger, config_digest, find_resumable, mark_orphans, owner_tags
+from gspo_bench.lifecycle import (ResumedLogger, RunLogger, config_digest, find_resumable, hashed_settings,
+                                  mark_orphans, owner_tags)
 from gspo_bench.models import classify_model_ref, is_moe
 from gspo_bench.paths import probe_writable_dir
 from gspo_bench.redact import redact, redact_nested
@@ -78,8 +78,9 @@ def quiet() -> None:
     import mlflow  # noqa: F401  (import first: it sets its own log levels on import)
     import transformers
 
+    # urllib3 logs every retry of a tracking server that does not answer: the one line that ends the run says it
     for name in ("lightning", "lightning.pytorch", "lightning.fabric", "transformers", "mlflow", "alembic",
-                 "mlflow.store.db.utils"):
+                 "mlflow.store.db.utils", "urllib3"):
         logging.getLogger(name).setLevel(logging.ERROR)
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -120,7 +121,11 @@ def validate(cfg: RunConfig) -> str:
         classify_model_ref(cfg.model.name)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    return tracking_uri(cfg)
+    uri = tracking_uri(cfg)
+    stores.apply_retry_budget(cfg.tracking.retry_budget_s)
+    if ddp.launch_rank_zero():  # the other processes of a multi-process run never open the store
+        stores.check_store(uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
+    return uri
 
 
 def machine() -> str:
@@ -169,7 +174,7 @@ class OtherRankLogger(DummyLogger):
 
 def make_logger(cfg: RunConfig, uri: str, algo: str, seed: int, resolved: dict, task_name: str,
                 tags: dict | None = None, parent_run_id: str | None = None, run_name: str | None = None,
-                resume_run_id: str | None = None) -> MLFlowLogger:
+                resume_run_id: str | None = None) -> RunLogger:
     """A new MLflow run with its tags, params and ``config.yaml``; or, with ``resume_run_id``, that run again
     (RUNNING, this process as its owner; params and the metrics it holds are not logged twice). A rank other
     than 0 of a multi-process run gets a logger that records nothing, and never opens the store (torchrun
@@ -192,10 +197,12 @@ def make_logger(cfg: RunConfig, uri: str, algo: str, seed: int, resolved: dict, 
             **owner_tags(), **(tags or {})}
     if parent_run_id:  # MLflow's own nesting tag: the UI shows this run under its parent
         tags["mlflow.parentRunId"] = parent_run_id
+    # processes started together on one store would each create the experiment: made once, under its lock
+    stores.ensure_experiment(uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
     # what is written to MLflow is redacted (tracking.tracking_uri's password -> ***); the logger connects
     # with the real ``uri``
-    logger = MLFlowLogger(experiment_name=cfg.tracking.experiment, run_name=redact(run_name or f"{algo}-s{seed}"),
-                          tracking_uri=uri, tags=redact_nested(tags))
+    logger = RunLogger(experiment_name=cfg.tracking.experiment, run_name=redact(run_name or f"{algo}-s{seed}"),
+                       tracking_uri=uri, tags=redact_nested(tags))
     params = {k: ("null" if v is None else v) for k, v in flatten(resolved).items()}
     logger.log_hyperparams(params)
     logger.experiment.log_text(logger.run_id, yaml.safe_dump(resolved, sort_keys=False), "config.yaml")
@@ -204,46 +211,60 @@ def make_logger(cfg: RunConfig, uri: str, algo: str, seed: int, resolved: dict, 
     return logger
 
 
-def prior_run(cfg: RunConfig, uri: str, algo: str, seed: int, digest: str, resume: bool, log) -> tuple:
-    """Mark the experiment's orphaned runs KILLED; with ``resume``, the run to continue and its checkpoint
-    (``(None, None)`` when there is none: the run starts afresh)."""
-    import mlflow
-
+def prior_run(cfg: RunConfig, uri: str, algo: str, seed: int, resolved: dict, resume: bool, log,
+              restart: bool = False) -> tuple:
+    """Mark the experiment's orphaned runs KILLED; with ``resume``, ``(run id, checkpoint)`` of the run to
+    continue: ``(None, None)`` when there is none (a new run starts), ``(run id, None)`` with ``restart`` when
+    that run has no usable checkpoint (it starts afresh as the same MLflow run). Checkpoints that do not load
+    or do not fit (``checkpoint.verify``) are named one line each and the one before is tried; when none is
+    left, without ``restart``, a ConfigError says so."""
     if not ddp.launch_rank_zero():  # rank 0 finds the run; the others get its checkpoint in setup()
         return None, None
-    client = mlflow.MlflowClient(uri)
-    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    client, exp = stores.open_store(uri, cfg.tracking.experiment)  # the first contact: a new store's tables
     if exp is None:
         return None, None
     mark_orphans(client, exp.experiment_id, log)
+    digest = config_digest(resolved)
     prior = find_resumable(client, exp.experiment_id, algo, seed, digest) if resume else None
     if prior is None:
         if resume:
             log(f"[resume] {algo} seed {seed}: no unfinished run with these settings: starting afresh")
         return None, None
-    state = checkpoint.load(client, prior.info.run_id)
+    run_id, status = prior.info.run_id, prior.info.status
+    state, problems = checkpoint.load(client, run_id, digest, hashed_settings(resolved))
+    for name, why in problems:
+        log(f"[resume] {algo} seed {seed}: checkpoint {name} of run {run_id} is unusable: {why}")
+    if state is None and restart:
+        log(f"[resume] {algo} seed {seed}: --restart: run {run_id} ({status}) starts afresh from RL step 0, as the "
+            "same MLflow run")
+        return run_id, None
+    if state is None and problems:
+        raise ConfigError(f"run {run_id} ({algo} seed {seed}) has no usable checkpoint ("
+                          + "; ".join(f"{n}: {w}" for n, w in problems)[:600]
+                          + "): add --restart to start it afresh as the same MLflow run")
     if state is None:
-        log(f"[resume] {algo} seed {seed}: run {prior.info.run_id} ({prior.info.status}) has no checkpoint: "
-            "starting afresh")
+        log(f"[resume] {algo} seed {seed}: run {run_id} ({status}) has no checkpoint: starting afresh")
         return None, None
-    log(f"[resume] {algo} seed {seed}: continuing run {prior.info.run_id} from its checkpoint at RL step "
-        f"{state['rl_step']}")
-    return prior.info.run_id, state
+    log(f"[resume] {algo} seed {seed}: continuing run {run_id} from its checkpoint at RL step {state['rl_step']}"
+        + (" (the newest usable one)" if problems else ""))
+    return run_id, state
 
 
 def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str, log=print,
             keep_module: bool = False, *, callbacks: tuple = (), tags: dict | None = None,
             parent_run_id: str | None = None, run_name: str | None = None,
-            interrupts: tuple[type[BaseException], ...] = (), resume: bool = False) -> RunResult:
+            interrupts: tuple[type[BaseException], ...] = (), resume: bool = False,
+            restart: bool = False) -> RunResult:
     """Train one algorithm from the warm start. The keyword-only options are ``tune``'s: extra Lightning
     ``callbacks``, extra MLflow ``tags``, a parent run to nest under, and ``interrupts``, exception types
     that end the run KILLED and are re-raised (any other exception ends it FAILED and is returned); and
-    ``resume``: continue this (algo, seed)'s unfinished run from its checkpoint (``lifecycle``)."""
+    ``resume``: continue this (algo, seed)'s unfinished run from its checkpoint (``lifecycle``), and with
+    ``restart`` start it afresh where no checkpoint of it is usable (``prior_run``)."""
     cls = algorithms.get(algo)
     settings = cfg.resolve(algo, cls.recipe, task.spec.max_new_tokens)
     resolved = resolved_settings(cfg, algo, seed, ws, settings)
     digest = config_digest(resolved)
-    resume_id, state = prior_run(cfg, uri, algo, seed, digest, resume, log)
+    resume_id, state = prior_run(cfg, uri, algo, seed, resolved, resume, log, restart)
     L.seed_everything(seed, verbose=False)
     module = cls(cfg, str(ws.path), seed, settings)
     tok = AutoTokenizer.from_pretrained(ws.path)
@@ -252,9 +273,11 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
     if state is not None:
         module.resume_state, dm.start_step = state, int(state["rl_step"])
     logger = make_logger(cfg, uri, algo, seed, resolved, task.name, tags, parent_run_id, run_name, resume_id)
+    ddp.watch_run(logger.experiment, logger.run_id)  # another rank dying marks this run FAILED
     result = RunResult(algo, seed, logger.run_id, "FAILED", experiment_id=logger.experiment_id)
     ckpt = module.checkpointer = checkpoint.Checkpointer(logger.experiment, logger.run_id, cfg.train.checkpoint_every,
-                                                         digest, state["elapsed_s"] if state else 0.0, log)
+                                                         digest, state["elapsed_s"] if state else 0.0, log,
+                                                         hashed_settings(resolved))
     collapse = None
     try:
         trainer, collapse = _trainer(cfg, module, logger, callbacks)
@@ -284,10 +307,23 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
         logger.experiment.log_metric(logger.run_id, "time/wall_s", ckpt.elapsed())
         raise
     except Exception as e:  # one algorithm failing must not take the benchmark down
-        result.error = f"{type(e).__name__}: {e}"
+        if stores.unreachable(e):  # the server is gone: no more calls to it (each would retry in vain)
+            step = ckpt.saved_step if ckpt.saved_step is not None else (state["rl_step"] if state else None)
+            raise stores.TrackingUnreachable(stores.unreachable_message(
+                uri, cfg.tracking.retry_budget_s, f"{algo} seed {seed} at RL step {module.rl_step}", step)) from None
+        result.error, trace, rank = f"{type(e).__name__}: {e}", traceback.format_exc(), 0
+        # another rank's death shows here as a failed collective: its own error says what went wrong
+        other = ddp.other_rank_failure() if cfg.train.devices * cfg.train.num_nodes > 1 else None
+        if other is not None:
+            rank, line, trace = other
+            result.error = f"rank {rank} failed: {line}"
         log(f"[error] {algo} seed {seed} failed: {result.error}")
-        log(traceback.format_exc())
-        logger.experiment.set_terminated(logger.run_id, "FAILED")
+        log(trace)
+        if logger.run_id is not None:
+            ddp.mark_failed(logger.experiment, logger.run_id, result.error, trace if rank else "", rank)
+        if cfg.train.devices * cfg.train.num_nodes > 1:  # ranks in lockstep: none can go on without the others
+            line = result.error if rank else ddp.error_line(e)
+            raise ddp.RankFailed(f"{algo} seed {seed}: {line}", trace, line) from None
     result.seconds = ckpt.elapsed()
     result.first, result.last = module.first_metrics, module.last_metrics
     result.eval_start, result.eval_end = module.eval_history[0][1] if module.eval_history else None, (
@@ -312,7 +348,10 @@ def _trainer(cfg: RunConfig, module, logger, callbacks: tuple) -> tuple[L.Traine
     collapse = CollapseCallback(cfg.collapse, log=module.checkpointer.log)
     # measurements first, so the collapse detector sees the step's full metrics
     callbacks = [MismatchProbe(), RatioSample()] + ([MoEFlipProbe()] if moe else []) + [collapse] + list(callbacks)
-    if cfg.train.progress:
+    # the bar on rank 0 only, and Lightning told the same on every rank (a bar callback with the bar
+    # disabled is an error, which killed the other ranks of a --devices N run)
+    progress = cfg.train.progress and ddp.launch_rank_zero()
+    if progress:
         callbacks.append(ProgressBar(leave=True))
     # evaluation is the module's own (PolicyModule.evaluate_now), so Lightning runs no validation loop
     t = cfg.train
@@ -320,15 +359,17 @@ def _trainer(cfg: RunConfig, module, logger, callbacks: tuple) -> tuple[L.Traine
         max_epochs=1, max_steps=-1, logger=logger, callbacks=callbacks, accelerator=t.accelerator,
         devices=t.devices, num_nodes=t.num_nodes, strategy=ddp.strategy(t, moe), precision=t.precision,
         num_sanity_val_steps=0, enable_checkpointing=False, enable_model_summary=False,
-        enable_progress_bar=t.progress and ddp.launch_rank_zero(), log_every_n_steps=1,
+        enable_progress_bar=progress, log_every_n_steps=1,
         use_distributed_sampler=False,  # the datamodule shards the prompts itself (whole groups per rank)
     )
     return trainer, collapse
 
 
-def run(cfg: RunConfig, log=print, keep_modules: bool = False, resume: bool = False) -> list[RunResult]:
+def run(cfg: RunConfig, log=print, keep_modules: bool = False, resume: bool = False,
+        restart: bool = False) -> list[RunResult]:
     """All algorithms x seeds of ``cfg``; returns one result per run. ``resume``: continue unfinished runs
-    from their checkpoints. A signal ends it with ``interrupts.Interrupted`` carrying the results so far."""
+    from their checkpoints (``restart``: afresh, as the same run, where none is usable). A signal ends it
+    with ``interrupts.Interrupted`` carrying the results so far."""
     quiet()
     uri = validate(cfg)
     cfg = ddp.fsdp_fallback(cfg, log)
@@ -351,7 +392,15 @@ def run(cfg: RunConfig, log=print, keep_modules: bool = False, resume: bool = Fa
             for algo in cfg.algos:
                 signals.check(where=f"before {algo} seed {seed}")
                 log(f"== {algo} (seed {seed}) ==")
-                results.append(run_one(cfg, algo, seed, task, ws, uri, log, keep_modules, resume=resume))
+                try:
+                    results.append(run_one(cfg, algo, seed, task, ws, uri, log, keep_modules, resume=resume,
+                                           restart=restart))
+                except Exception as e:  # the server went away between runs (opening the next one)
+                    if isinstance(e, stores.TrackingUnreachable) or not stores.unreachable(e):
+                        raise
+                    raise stores.TrackingUnreachable(stores.unreachable_message(
+                        uri, cfg.tracking.retry_budget_s, f"{algo} seed {seed} (before its first step)", None)
+                    ) from None
     except signals.Interrupted as e:
         e.results = results + e.results
         raise

@@ -51,16 +51,18 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def running_server(root: Path):
-    """The running server: ``port``, ``url``, ``root``, ``artifacts`` (its ``--artifacts-destination``), ``log``."""
+def running_server(root: Path, port: int | None = None):
+    """The running server: ``port``, ``url``, ``root``, ``artifacts`` (its ``--artifacts-destination``), ``log``,
+    ``proc`` (its process, leading its process group). ``port``: that one (a server started again where a
+    killed one was), else a free one."""
     missing = [m for m in SERVER_MODULES if importlib.util.find_spec(m) is None]
     if missing:
         pytest.skip(f"mlflow server needs {', '.join(missing)} (install `mlflow`, not `mlflow-skinny`)")
     root.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = port or free_port()
     log_path = root / "server.log"
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no job runner process: faster start
-    with open(log_path, "w") as log:
+    with open(log_path, "a") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
              "--backend-store-uri", f"sqlite:///{root}/backend.db", "--artifacts-destination", str(root / "artifacts"),
@@ -82,6 +84,6 @@ def running_server(root: Path):
                 pytest.fail(f"mlflow server did not answer /health within 60 s; its log:\n{log_path.read_text()}")
             time.sleep(0.5)
         yield SimpleNamespace(port=port, root=root, artifacts=root / "artifacts", log=log_path,
-                              url=f"http://127.0.0.1:{port}")
+                              url=f"http://127.0.0.1:{port}", proc=proc)
     finally:
         _stop(proc)

@@ -43,6 +43,8 @@ def _runs(db: Path) -> list:
         (["--tracking-uri", "garbage://x"], "scheme 'garbage' is not an MLflow tracking store"),
         (["--tracking-uri", "sqlite:////proc/x.db"], "cannot write '/proc'"),
         (["--experiment", "  "], "must be a non-empty name"),
+        (["--restart"], "--restart goes with --resume"),
+        (["--set", "tracking.retry_budget_s=0"], "tracking.retry_budget_s=0"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_leaves_no_run(argv, needle, tmp_path, capsys):
@@ -67,22 +69,35 @@ BAD_FILES = {  # name -> (content, the message's needle)
     "broken.yaml": (b"kind: file\nparams: {path: broken.jsonl, n_eval: 1}\n", "the first row is not JSON"),
     "late.yaml": (b"kind: file\nparams: {path: late.jsonl, n_eval: 1}\n", "JSON parse error"),
     "nofield.yaml": (b"kind: file\nparams: {path: nofield.jsonl, n_eval: 1}\n", "missing field(s) ['prompt']"),
+    "list.yaml": (b"- kind: arith\n- kind: file\n", "list.yaml: must be a YAML mapping (name, kind, verifier, params, "
+                  "...), got list"),
+    "params.yaml": (b"kind: file\nparams: [1, 2]\n", "params.yaml: params must be a mapping, got list"),
+    "unknown.yaml": (b"kind: arith\nparams: {bogus: 1}\n", "task 'unknown': params {'bogus': 1} do not fit kind 'arith'"),
+    "onerow.yaml": (b"kind: file\nparams: {path: one.jsonl}\n", "one.jsonl has 1 row(s), too few to hold out an eval "
+                    "split (at least 2 are needed"),
 }
+NOT_SPECS = {"/etc/passwd": "/etc/passwd: must be a YAML mapping (name, kind, verifier, params, ...), got str"}
 DATA = {"empty.jsonl": b"", "binary.jsonl": b"\xff\xfe\x00\x01", "broken.jsonl": b'{bad\n',
         "late.jsonl": b'{"prompt": "1+1=", "answer": "2"}\n{bad\n',  # caught by the loader, not the first-row check
-        "nofield.jsonl": b'{"q": "1+1=", "answer": "2"}\n{"q": "2+2=", "answer": "4"}\n'}
+        "nofield.jsonl": b'{"q": "1+1=", "answer": "2"}\n{"q": "2+2=", "answer": "4"}\n',
+        "one.jsonl": b'{"prompt": "1+1=", "answer": "2"}\n'}
 
 
 @pytest.mark.parametrize("flag, name", [("--config", "bad.yaml"), ("--config", "tag.yaml"), ("--config", "latin.yaml"),
                                         ("--task", "badtask.yaml"), ("--task", "missing.yaml"),
                                         ("--task", "empty.yaml"), ("--task", "binary.yaml"), ("--task", "broken.yaml"),
-                                        ("--task", "late.yaml"), ("--task", "nofield.yaml"), ("--model", "emptydir"), ("--model", "corrupt")])
+                                        ("--task", "late.yaml"), ("--task", "nofield.yaml"), ("--model", "emptydir"),
+                                        ("--model", "corrupt"), ("--task", "list.yaml"), ("--task", "/etc/passwd"),
+                                        ("--task", "params.yaml"), ("--task", "unknown.yaml"),
+                                        ("--task", "onerow.yaml")])
 def test_bad_files_end_in_one_error_line_exit_2_before_any_run(flag, name, tmp_path, capsys):
     for f, data in DATA.items():
         (tmp_path / f).write_bytes(data)
     if name in BAD_FILES:
         (tmp_path / name).write_bytes(BAD_FILES[name][0])
         needle = BAD_FILES[name][1]
+    elif name in NOT_SPECS:  # a file that is no task spec at all (--task /etc/passwd)
+        needle = NOT_SPECS[name]
     else:  # model directories: empty, and with a config.json that is not JSON
         (tmp_path / name).mkdir()
         if name == "corrupt":
@@ -96,7 +111,7 @@ def test_bad_files_end_in_one_error_line_exit_2_before_any_run(flag, name, tmp_p
     errors = [line for line in text.splitlines() if "error" in line]
     assert code == 2 and len(errors) == 1 and needle in errors[0], text
     assert "Traceback" not in text
-    if name != "late.yaml":  # everything but a bad row after the first is caught before the run's banner
+    if name not in ("late.yaml", "onerow.yaml"):  # all but what only loading the rows finds: before the banner
         assert len(text.splitlines()) == 1, text
     assert not db.exists() or not _runs(db)
 
@@ -115,7 +130,7 @@ def test_set_reaches_the_config_and_dedicated_flags_win(tmp_path, monkeypatch):
     import gspo_bench.runner
 
     seen = []
-    monkeypatch.setattr(gspo_bench.runner, "run", lambda cfg, log=print, resume=False: seen.append(cfg) or [])
+    monkeypatch.setattr(gspo_bench.runner, "run", lambda cfg, log=print, resume=False, restart=False: seen.append(cfg) or [])
     f = tmp_path / "c.yaml"
     f.write_text("rollout:\n  temperature: 0.3\n  group_size: 3\n")
     code = main(["run", "--preset", "smoke", "--config", str(f), "--tracking-uri", f"sqlite:///{tmp_path}/m.db",

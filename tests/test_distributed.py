@@ -186,6 +186,51 @@ def test_run_on_two_processes_logs_one_mlflow_run_per_algorithm_and_fills_the_gl
     assert [m.value for m in client.get_metric_history(dapo.info.run_id, "dynamic/kept_groups")] == [4.0, 4.0]
 
 
+def _two_process_cli(tmp_path, *extra, script=("-m", "gspo_bench"), env=None):
+    """``run --devices 2`` on a tiny config (no warm start, 2 steps), progress bars on, stdout to a file as a
+    batch job's: the completed process and its output."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text("warmstart: {enabled: false}\nrollout: {prompts_per_step: 4, group_size: 4}\n"
+                   "train: {steps: 2, minibatches: 2, eval_every: 1, eval_prompts: 8, eval_samples: 2}\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    with open(tmp_path / "out.log", "w") as out:
+        proc = subprocess.run([sys.executable, *script, "run", "--preset", "smoke", "--config", str(cfg), "--algos",
+                               "grpo,gspo", "--devices", "2", "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
+                               "--experiment", "ranks", *extra], cwd=tmp_path, env=env, stdout=out,
+                              stderr=subprocess.STDOUT, timeout=600)
+    return proc, (tmp_path / "out.log").read_text()
+
+
+@pytest.mark.slow
+def test_two_processes_with_the_progress_bar_on_and_stdout_to_a_file_finish(tmp_path):
+    # the bar was on rank 0 only while Lightning was told it was on everywhere: rank 1 raised, and Lightning's
+    # watcher SIGKILLed both processes (exit 137, nothing printed, the run left RUNNING)
+    proc, out = _two_process_cli(tmp_path)
+    assert proc.returncode == 0, out[-3000:]
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("ranks").experiment_id])
+    assert sorted((r.data.tags["algo"], r.info.status) for r in runs) == [("grpo", "FINISHED"), ("gspo", "FINISHED")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["step:2", "trainer"])
+def test_a_failure_on_rank_1_is_printed_with_its_rank_and_fails_the_run_with_exit_1(tmp_path, where):
+    # step:2: rank 0 sees its collective break ("Connection closed by peer") and reports rank 1's own error;
+    # trainer: rank 0 waits in the process group's setup, and the watch over rank 1 reports it
+    proc, out = _two_process_cli(tmp_path, script=(str(ROOT / "tests" / "fail_rank.py"),),
+                                 env={"GSPO_FAIL_RANK": "1", "GSPO_FAIL_AT": where})
+    what = "forced failure at RL step 2" if where.startswith("step") else "forced failure while building the trainer"
+    assert proc.returncode == 1, out[-3000:]
+    assert f"rank 1 failed: RuntimeError: {what}" in out.splitlines()[-1], out[-3000:]
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    [run] = client.search_runs([client.get_experiment_by_name("ranks").experiment_id])  # grpo; gspo never started
+    assert run.data.tags["algo"] == "grpo" and run.info.status == "FAILED"
+    assert run.data.tags["failed_reason"] == f"rank 1 failed: RuntimeError: {what}"
+    report = client.download_artifacts(run.info.run_id, "rank1-error.txt", str(tmp_path))
+    assert what in Path(report).read_text() and "Traceback" in Path(report).read_text()
+
+
 @pytest.mark.slow
 def test_a_two_process_run_stopped_by_ctrl_c_resumes_as_the_same_run(tmp_path):
     import signal

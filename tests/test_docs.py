@@ -193,3 +193,15 @@ def test_readme_layout_names_every_module():
     assert len(named) == len(set(named)), f"named twice: {sorted({n for n in named if named.count(n) > 1})}"
     assert sorted(set(modules) - set(named)) == [], "modules missing from README.md's Layout block"
     assert sorted(set(named) - set(modules)) == [], "Layout block names modules that do not exist"
+
+
+# -- tests named in the docs ---------------------------------------------------------------------------------------
+def test_every_test_the_docs_name_exists():
+    """docs/reliability.md (and any page) names the tests that hold each guarantee: each must exist."""
+    named = set()
+    for page in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        named |= set(re.findall(r"(tests/[\w/]+\.py)::(\w+)", page.read_text()))
+    assert len(named) >= 25
+    for path, name in sorted(named):
+        source = (ROOT / path).read_text()
+        assert re.search(rf"^def {name}\(", source, re.M), f"{path}::{name} is named in the docs but does not exist"

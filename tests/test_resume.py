@@ -83,7 +83,8 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_history(mixed_task, tmp_path
     [killed] = [r for r in runs_of(uri, "stopped") if r.data.tags["algo"] == "dapo"]
     assert killed.info.status == "KILLED" and killed.data.tags["gspo_bench.checkpoint_step"] == "3"
     assert "SIGTERM at RL step 3" in killed.data.tags["killed_reason"]
-    assert checkpoint.load(mlflow.MlflowClient(uri), killed.info.run_id)["rl_step"] == 3
+    state, problems = checkpoint.load(mlflow.MlflowClient(uri), killed.info.run_id)
+    assert state["rl_step"] == 3 and problems == []
 
     monkeypatch.setattr(checkpoint.Checkpointer, "after_step", original)
     resumed = {r.algo: r for r in run(_cfg(mixed_task, uri, "stopped"), resume=True, **quiet)}
@@ -93,7 +94,7 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_history(mixed_task, tmp_path
     assert sorted((r.data.tags["algo"], r.info.status) for r in runs) == [
         ("dapo", "FINISHED"), ("ppo", "FINISHED"), ("ppo", "FINISHED")]
     assert "killed_reason" not in mlflow.MlflowClient(uri).get_run(killed.info.run_id).data.tags
-    assert checkpoint.load(mlflow.MlflowClient(uri), killed.info.run_id) is None  # finished: nothing to resume
+    assert checkpoint.load(mlflow.MlflowClient(uri), killed.info.run_id) == (None, [])  # finished: nothing left
     for algo in ("ppo", "dapo"):
         want = histories(uri, straight[algo].run_id)
         assert histories(uri, resumed[algo].run_id) == want, algo
@@ -165,18 +166,158 @@ def test_atomic_save_keeps_the_old_checkpoint_when_a_write_fails(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["last.pt"]  # no temporary file left behind
 
 
-def test_a_remote_artifact_store_gets_the_checkpoint_as_an_artifact(tmp_path, monkeypatch):
+def test_a_remote_artifact_store_gets_the_last_two_checkpoints_as_artifacts(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path}/m.db"
     monkeypatch.chdir(tmp_path)
     client = mlflow.MlflowClient(uri)
     run_id = client.create_run(client.create_experiment("remote")).info.run_id
-    assert checkpoint.load(client, run_id) is None
+    assert checkpoint.load(client, run_id) == (None, [])
     monkeypatch.setattr(checkpoint, "_local_dir", lambda uri: None)  # as with an mlflow server's artifacts
-    where = checkpoint.save(client, run_id, {"rl_step": 4, "w": torch.arange(3.0)})
-    assert where.startswith("artifact checkpoint/last.pt")
-    assert [a.path for a in client.list_artifacts(run_id, "checkpoint")] == ["checkpoint/last.pt"]
-    got = checkpoint.load(client, run_id)
-    assert got["rl_step"] == 4 and torch.equal(got["w"], torch.arange(3.0))
+    for step in (2, 4, 6):
+        where = checkpoint.save(client, run_id, _state(step))
+    assert where.startswith("artifact checkpoint/step-000006.pt")
+    assert [a.path for a in client.list_artifacts(run_id, "checkpoint")] == ["checkpoint/step-000004.pt",
+                                                                            "checkpoint/step-000006.pt"]
+    got, problems = checkpoint.load(client, run_id, "h")
+    assert got["rl_step"] == 6 and torch.equal(got["weights"]["w"], torch.arange(3.0)) and problems == []
+
+
+# -- checkpoints verified on load, the last two kept -------------------------------------------------------------
+def _state(step: int, config_hash: str = "h", **settings) -> dict:
+    """A checkpoint with every key ``capture`` writes (small values)."""
+    return {"version": checkpoint.VERSION, "config_hash": config_hash, "settings": settings, "rl_step": step,
+            "elapsed_s": 1.0, "weights": {"w": torch.arange(3.0)}, "optimizers": [], "records": {}, "sampler": {},
+            "verify_timeouts": 0, "callbacks": {}, "rng": {}}
+
+
+def _corrupt(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "random bytes":
+        path.write_bytes(os.urandom(len(data)))
+    else:  # a dict without rl_step, saved as a checkpoint is
+        state = torch.load(path, weights_only=True)
+        del state["rl_step"]
+        torch.save(state, path)
+
+
+CORRUPTIONS = ("truncated", "empty", "random bytes", "no rl_step")
+
+
+@pytest.mark.parametrize("how, why", [("truncated", "unreadable (RuntimeError: PytorchStreamReader"),
+                                      ("empty", "unreadable (empty file)"),
+                                      ("random bytes", "unreadable ("),
+                                      ("no rl_step", "not a whole checkpoint: missing rl_step")])
+def test_a_corrupt_newest_checkpoint_is_named_and_the_one_before_it_loads(tmp_path, how, why):
+    uri = f"sqlite:///{tmp_path}/m.db"
+    client = mlflow.MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("c", artifact_location=str(tmp_path / "art"))).info.run_id
+    for step in (2, 4, 6):
+        checkpoint.save(client, run_id, _state(step))
+    folder = tmp_path / "art" / run_id / "artifacts" / "checkpoint"
+    assert sorted(p.name for p in folder.iterdir()) == ["step-000004.pt", "step-000006.pt"]  # the last two kept
+    _corrupt(folder / "step-000006.pt", how)
+    state, problems = checkpoint.load(client, run_id, "h")
+    assert state["rl_step"] == 4
+    [(name, reason)] = problems
+    assert name == "step-000006.pt" and reason.startswith(why), reason
+
+
+def test_a_checkpoint_of_other_settings_is_refused_naming_what_differs():
+    mine = {"train.lr": 0.001, "loss.eps_high": 0.28, "seeds": [0]}
+    theirs = _state(4, "other", **{**mine, "train.lr": 0.002})
+    assert checkpoint.verify(theirs, "mine", mine) == "written with other settings: train.lr 0.002 here 0.001"
+    assert checkpoint.verify(_state(4, "mine"), "mine", mine) is None
+    assert checkpoint.verify({**_state(4), "version": 99}, "h").startswith("format version 99")
+    assert checkpoint.verify([1, 2], "h") == "not a gspo-bench checkpoint (it holds a list)"
+    assert checkpoint.verify({**_state(4), "rl_step": -1}, "h") == "rl_step -1 is not an RL step"
+
+
+def _killed_run(mixed_task, uri, experiment, monkeypatch, at: int = 4):
+    """A grpo run of 6 steps, checkpointed every step and stopped by SIGTERM at the end of step ``at``."""
+    hook, original = _SignalAt("grpo", at), checkpoint.Checkpointer.after_step
+
+    def after_step(self, module):
+        hook(module)
+        original(self, module)
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "after_step", after_step)
+    with interrupts.handle_signals(echo=lambda m: None), pytest.raises(interrupts.Interrupted):
+        run(_grpo(mixed_task, uri, experiment), log=lambda *a, **k: None)
+    monkeypatch.setattr(checkpoint.Checkpointer, "after_step", original)
+    [killed] = runs_of(uri, experiment)
+    return killed
+
+
+def _grpo(mixed_task, uri, experiment, **train):
+    o = tiny_overrides(mixed_task, uri, train={"steps": 6, "eval_every": 2, "checkpoint_every": 1, **train},
+                       tracking={"tracking_uri": uri, "experiment": experiment})
+    return load_config("smoke", overrides={**o, "algos": ["grpo"]})
+
+
+def _checkpoints(uri, run_id) -> Path:
+    from mlflow.utils.file_utils import local_file_uri_to_path
+
+    return Path(local_file_uri_to_path(mlflow.MlflowClient(uri).get_run(run_id).info.artifact_uri)) / "checkpoint"
+
+
+@pytest.mark.slow
+def test_resume_falls_back_past_each_corruption_to_the_same_history(mixed_task, tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path}/m.db"
+    monkeypatch.chdir(tmp_path)
+    [straight] = run(_grpo(mixed_task, uri, "straight"), log=lambda *a, **k: None)
+    for how in CORRUPTIONS:
+        killed = _killed_run(mixed_task, uri, how, monkeypatch)
+        folder = _checkpoints(uri, killed.info.run_id)
+        assert sorted(p.name for p in folder.iterdir()) == ["step-000003.pt", "step-000004.pt"]
+        _corrupt(folder / "step-000004.pt", how)
+        lines: list[str] = []
+        [res] = run(_grpo(mixed_task, uri, how), log=lines.append, resume=True)
+        assert res.run_id == killed.info.run_id and res.status == "FINISHED", how
+        assert any(f"checkpoint step-000004.pt of run {killed.info.run_id} is unusable" in ln for ln in lines), lines
+        assert any("from its checkpoint at RL step 3 (the newest usable one)" in ln for ln in lines), lines
+        assert histories(uri, res.run_id) == histories(uri, straight.run_id), how
+
+
+@pytest.mark.slow
+def test_no_usable_checkpoint_is_one_line_and_restart_runs_it_afresh_as_the_same_run(mixed_task, tmp_path,
+                                                                                     monkeypatch):
+    uri = f"sqlite:///{tmp_path}/m.db"
+    monkeypatch.chdir(tmp_path)
+    [straight] = run(_grpo(mixed_task, uri, "straight"), log=lambda *a, **k: None)
+    killed = _killed_run(mixed_task, uri, "broken", monkeypatch)
+    folder = _checkpoints(uri, killed.info.run_id)
+    for path, how in zip(sorted(folder.iterdir()), ("empty", "no rl_step")):
+        _corrupt(path, how)
+    with pytest.raises(ConfigError) as info:
+        run(_grpo(mixed_task, uri, "broken"), log=lambda *a, **k: None, resume=True)
+    msg = str(info.value)
+    assert "\n" not in msg and f"run {killed.info.run_id} (grpo seed 0) has no usable checkpoint" in msg
+    assert "step-000003.pt: unreadable (empty file)" in msg and "missing rl_step" in msg and "--restart" in msg
+    assert [r.info.status for r in runs_of(uri, "broken")] == ["KILLED"]  # nothing left RUNNING, nothing lost
+
+    [res] = run(_grpo(mixed_task, uri, "broken"), log=lambda *a, **k: None, resume=True, restart=True)
+    assert res.run_id == killed.info.run_id and res.status == "FINISHED"
+    assert [r.info.status for r in runs_of(uri, "broken")] == ["FINISHED"]
+    assert histories(uri, res.run_id) == histories(uri, straight.run_id)  # one value per step, as uninterrupted
+
+
+@pytest.mark.slow
+def test_a_checkpoint_from_another_config_is_refused_on_resume(mixed_task, tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path}/m.db"
+    monkeypatch.chdir(tmp_path)
+    killed = _killed_run(mixed_task, uri, "mine", monkeypatch)
+    folder = _checkpoints(uri, killed.info.run_id)
+    # the newest checkpoint as a run with another learning rate writes it: its settings and their digest
+    state = torch.load(folder / "step-000004.pt", weights_only=True)
+    state["settings"], state["config_hash"] = {**state["settings"], "train.lr": 5e-4}, "0" * 16
+    torch.save(state, folder / "step-000004.pt")
+    (folder / "step-000003.pt").unlink()
+    with pytest.raises(ConfigError, match=r"step-000004.pt: written with other settings: train.lr 0.0005 here "):
+        run(_grpo(mixed_task, uri, "mine"), log=lambda *a, **k: None, resume=True)
 
 
 def test_checkpoint_every_must_be_a_non_negative_int():

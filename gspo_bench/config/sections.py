@@ -324,11 +324,24 @@ class TrackingConfig:
     """MLflow URI; default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db in the working directory."""
     experiment: str = "gspo_bench"
     """MLflow experiment (one per benchmark name)."""
+    artifact_location: Union[str, None] = None
+    """Where a new experiment keeps its artifacts and checkpoints; null = MLflow's default (./mlruns in the
+    working directory for a database store, the server's own for a tracking server)."""
+    retry_budget_s: Union[float, None] = 60.0
+    """Seconds one call to a tracking server may spend retrying (waits and timeouts) before the run stops;
+    null = MLflow's own retries (minutes per call)."""
 
     def __post_init__(self):
         # an empty name would make MLflow fall back to its "Default" experiment, mixing benchmarks
         _check(isinstance(self.experiment, str) and self.experiment.strip() != "",
                f"tracking.experiment={self.experiment!r} must be a non-empty name")
+        a = self.artifact_location
+        _check(a is None or (isinstance(a, str) and a.strip() != ""),
+               f"tracking.artifact_location={a!r} must be a folder or URI, or null")
+        b = self.retry_budget_s
+        _check(b is None or (isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b)
+                             and 1 <= b <= 3600),
+               f"tracking.retry_budget_s={b!r} must be a number of seconds in [1, 3600], or null")
 
 
 @dataclass

@@ -307,6 +307,9 @@ def load_file(
     train = load(path)
     if eval_path:
         return train, load(eval_path)
+    if len(train) < 2:  # a held-out split needs a row on each side
+        raise ValueError(f"{path} has {len(train)} row(s), too few to hold out an eval split (at least 2 are "
+                         "needed: half of them at most go to eval); add rows or name an eval_path")
     split = train.train_test_split(test_size=min(n_eval, len(train) // 2), seed=seed)
     return split["train"], split["test"]
 

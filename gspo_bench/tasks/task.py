@@ -102,6 +102,10 @@ class TaskSpec:
             # fail when the spec is read, not at the first reward after a warm start
             if importlib.util.find_spec(module) is None:
                 raise ImportError(f"task {self.name!r}: " + missing_extra_message(module, extra))
+        try:
+            inspect.signature(GENERATORS[self.kind]).bind(0, **self.params)
+        except TypeError as e:
+            raise ValueError(f"task {self.name!r}: params {self.params} do not fit kind {self.kind!r}: {e}") from None
 
 
 @dataclass
@@ -142,9 +146,16 @@ def resolve_task_spec(ref: str) -> TaskSpec:
         path = Path(ref).expanduser()
     else:
         raise ValueError(f"unknown task {ref!r} (allowed: {', '.join(known)}, or a path to a task YAML)")
-    raw = yaml_file(path) or {}
+    raw = yaml_file(path)
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):  # a list, a bare string (``--task /etc/passwd``), a number
+        raise ValueError(f"task spec {path}: must be a YAML mapping (name, kind, verifier, params, ...), got "
+                         f"{type(raw).__name__}")
     raw.setdefault("name", path.stem)
     params = raw.get("params") or {}
+    if not isinstance(params, dict):
+        raise ValueError(f"task spec {path}: params must be a mapping, got {type(params).__name__}")
     for key in ("path", "eval_path"):
         # data files named in a spec are found next to the spec first
         if isinstance(params.get(key), str) and not Path(params[key]).expanduser().is_absolute():
@@ -177,8 +188,9 @@ def load_task(ref: str, seed: int, model=None, max_new_tokens: int | None = None
     spec = resolve_task_spec(ref)
     try:
         train, eval_ = GENERATORS[spec.kind](seed, **spec.params)
-    except ValueError:
-        raise
+    except ValueError as e:  # the generator's own check: say which task it is about
+        text = str(e)
+        raise ValueError(text if text.startswith("task ") else f"task {spec.name!r}: {text}") from None
     except Exception as e:  # datasets raises its own types (DatasetGenerationError, ...) for bad files
         cause = e.__cause__ or e  # datasets wraps the parser's error, which says what is wrong and where
         first = (str(cause).strip().splitlines() or [""])[0]

@@ -48,6 +48,7 @@ import yaml
 
 from gspo_bench.config import ConfigError, deep_merge, load_config, read_yaml
 from gspo_bench.redact import redact, redact_nested
+from gspo_bench.stores import sqlite_path, store_lock
 
 DEFAULT_STORAGE = "sqlite:///optuna.db"
 LAST_EVALS = 2
@@ -56,7 +57,6 @@ OBJECTIVE = (f"mean {{metric}} over the last {LAST_EVALS} evals (step 0 excluded
              f"- {COLLAPSE_PENALTY} x collapse events")
 LR_FACTOR = 5.0  # --tune-lr: log-uniform over [lr / 5, lr * 5] around the config's lr
 RUN_ATTR, PARENT_ATTR = "mlflow_run_id", "mlflow_parent_run_id"
-SCHEMA_LOCK_KEY = 0x67_7370_6F62  # PostgreSQL advisory lock held while a worker creates Optuna's tables
 PRUNERS = "median[:STARTUP] | percentile:P[:STARTUP] | halving | hyperband | threshold:LOWER | none"
 
 
@@ -96,38 +96,6 @@ class StudyOutcome:
     seconds: float = 0.0
 
 
-def _sqlite_path(url: str) -> Path | None:
-    return Path(url[len("sqlite:///"):]).expanduser() if url.startswith("sqlite:///") else None
-
-
-@contextlib.contextmanager
-def local_lock(url: str):
-    """Serialise first-time schema creation between local processes sharing one SQLite file.
-
-    Two workers started together would both run the CREATE TABLE / migration
-    step; a server database copes, a SQLite file can end half-migrated. The
-    lock file lives in the temp folder, named after the database's path.
-    """
-    path = _sqlite_path(url)
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock (start the first worker alone there)
-        fcntl = None
-    if path is None or fcntl is None:
-        yield
-        return
-    import hashlib
-    import tempfile
-
-    key = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
-    with open(Path(tempfile.gettempdir()) / f"gspo_bench-{key}.lock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def driver_url(url: str) -> str:
     """``url`` with a PostgreSQL driver: ``postgresql://`` (or ``postgres://``) becomes ``postgresql+psycopg://``.
 
@@ -146,32 +114,6 @@ def driver_url(url: str) -> str:
         return f"postgresql://{rest}"
     raise ConfigError(f"storage {redact(url)!r} is unreachable: no PostgreSQL driver (install the postgres extra: "
                       f"pip install -e '.[postgres]', i.e. psycopg 3)")
-
-
-@contextlib.contextmanager
-def server_lock(url: str):
-    """On PostgreSQL, hold a session advisory lock: one worker at a time creates Optuna's tables.
-
-    Workers started together on a fresh database otherwise race in ``CREATE TABLE`` (PostgreSQL raises
-    ``duplicate key value violates unique constraint "pg_type_typname_nsp_index"`` in all but one). Other
-    URLs: no lock (SQLite has ``local_lock``).
-    """
-    if not url.lower().startswith(("postgresql:", "postgresql+")):
-        yield
-        return
-    import sqlalchemy
-    from sqlalchemy.pool import NullPool
-
-    engine = sqlalchemy.create_engine(url, poolclass=NullPool)
-    try:
-        with engine.connect() as conn:
-            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
-            try:
-                yield
-            finally:
-                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": SCHEMA_LOCK_KEY})
-    finally:
-        engine.dispose()
 
 
 class StaleTrial:
@@ -209,7 +151,7 @@ def open_storage(url: str, heartbeat: int | None = None, retries: int = 0, track
     if "://" not in url:
         raise ConfigError(f"storage {url!r} is not a database URL (e.g. {DEFAULT_STORAGE} or "
                           "postgresql+psycopg://user:pass@host/db)")
-    path = _sqlite_path(url)
+    path = sqlite_path(url)
     if path is not None and not path.parent.resolve().is_dir():
         raise ConfigError(f"storage {url!r} is unreachable: directory {str(path.parent)!r} does not exist")
     if path is not None and must_exist and not path.is_file():
@@ -223,7 +165,7 @@ def open_storage(url: str, heartbeat: int | None = None, retries: int = 0, track
     engine = {"connect_args": {"timeout": 60}} if path is not None else None  # SQLite: wait for the other writers
     target = driver_url(url)  # connect with this; messages name the URL as given, redacted
     try:
-        with local_lock(url), server_lock(target), warnings.catch_warnings():
+        with store_lock(target), warnings.catch_warnings():  # workers started together take turns
             warnings.simplefilter("ignore")
             return optuna.storages.RDBStorage(target, engine_kwargs=engine, **kw)
     except Exception as e:  # driver missing, refused connection, bad URL: all one-line errors

@@ -31,7 +31,7 @@ from gspo_bench.config import ConfigError, RunConfig, deep_merge, load_config
 from gspo_bench.redact import redact, redact_nested
 from gspo_bench.tracking import mark_experiment
 from gspo_bench.tuning.study import (LR_FACTOR, OBJECTIVE, PARENT_ATTR, RUN_ATTR, Progress, StudyOutcome, TrialFailed,
-                               TuneRequest, best_of, counts, fmt_params, local_lock, make_pruner, objective_value,
+                               TuneRequest, best_of, counts, fmt_params, make_pruner, objective_value,
                                wait_for_attr, write_best)
 
 STUDY_KEYS = ("algo", "task", "model", "preset", "params")  # a study's identity: joiners must match
@@ -93,20 +93,13 @@ def prepare(req: TuneRequest, cfg: RunConfig, uri: str, storage, log) -> Shared:
     """The MLflow experiment (made once, under the SQLite lock) and the warm start, done once for every trial."""
     import mlflow
 
+    from gspo_bench.stores import ensure_experiment
     from gspo_bench.tasks import load_task
     from gspo_bench.warmstart import warm_start
 
-    with local_lock(uri):
-        client = mlflow.MlflowClient(uri)
-        exp = client.get_experiment_by_name(cfg.tracking.experiment)
-        if exp is None:
-            try:
-                exp_id = client.create_experiment(cfg.tracking.experiment)
-            except Exception:  # another worker (on another machine) made it first
-                exp_id = client.get_experiment_by_name(cfg.tracking.experiment).experiment_id
-        else:
-            exp_id = exp.experiment_id
-        mark_experiment(client, exp_id)  # the UI opens it on runs and charts
+    exp_id = ensure_experiment(uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
+    client = mlflow.MlflowClient(uri)
+    mark_experiment(client, exp_id)  # the UI opens it on runs and charts
     seed = cfg.seeds[0]
     task = load_task(cfg.task, seed, cfg.model, cfg.rollout.response_cap(), log)
     ws = warm_start(task, cfg.model, cfg.warmstart, seed, task.spec.max_new_tokens, progress=cfg.train.progress,
