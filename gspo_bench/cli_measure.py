@@ -43,6 +43,10 @@ def add_bench_parser(sub, csv, set_flag) -> None:
     b.add_argument("--figure", metavar="PNG", help="also draw the scaling curve(s)")
     b.add_argument("--profile", metavar="FILE", help="torch.profiler op table of one full RL step per path")
     b.add_argument("--vs", metavar="trl", help="instead: the full RL step against TRL's GRPOTrainer (extra compare)")
+    b.add_argument("--engines", type=csv, metavar="E[,E...]", help="instead: these rollout engines side by side "
+                   "(fast, compiled, hf, vllm) on each --model: tokens/s, completions/s, vLLM's start-up and "
+                   "weight-sync seconds, and the full RL step with vllm against fast (--rl-steps 0: generation only)")
+    b.add_argument("--append", action="store_true", help="append to --markdown instead of overwriting it")
 
 
 def bench_command(args, console) -> int:
@@ -61,6 +65,8 @@ def bench_command(args, console) -> int:
         return vs_command(args, console)
     if args.whole:
         return whole_command(args, console)
+    if args.engines:
+        return engines_command(args, console)
     args.preset = args.preset or "cpu-bench"
 
     try:
@@ -183,5 +189,59 @@ def warmstart_command(args, console) -> int:
         command = "python -m gspo_bench " + shlex.join(args.argv)
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(args.markdown).write_text(band_markdown(rows, cfg.warmstart, cfg.task, command, git_commit()))
+        console.print(f"wrote {args.markdown}")
+    return 0
+
+
+def engines_command(args, console) -> int:
+    """``bench --engines``: the engines side by side per model (``bench_engines``); tables, JSON, Markdown."""
+    import json
+    import shlex
+    from pathlib import Path
+
+    from gspo_bench.bench_engines import check_engines, markdown, run_engines_bench
+    from gspo_bench.runner import git_commit
+
+    engines = tuple(args.engines)
+    check_engines(engines)  # before any work: a bad name, or vllm missing, exits 2 at once
+    if args.rl_steps < 0 or args.repeats < 1 or args.warmup < 0:
+        raise ConfigError("--repeats must be >= 1, --warmup and --rl-steps >= 0")
+    sets = parse_sets(args.sets)
+    results = []
+    for model in args.model or [None]:
+        over: dict = {}
+        if model:
+            over["model"] = {"name": model}
+        if args.task:
+            over["task"] = args.task
+        if args.max_new_tokens is not None:
+            over["rollout"] = {"max_new_tokens": args.max_new_tokens}
+        over = deep_merge(sets, over)
+        console.print(f"[bold]bench --engines[/bold] {','.join(engines)} model={model or '(preset)'}")
+        res = run_engines_bench(args.preset or "cpu-bench", tuple(args.config), over, engines, args.algo,
+                                args.warmup, args.repeats, args.rl_steps, log=console.print).to_dict()
+        table = Table(title=f"{res['model']}: rollout engines")
+        for col in ("engine", "s", "tokens/s", "completions/s", "compile/start-up s", "sync s"):
+            table.add_column(col)
+        for name, g in res["generation"].items():
+            if isinstance(g, dict):
+                setup = g.get("compile_s", g.get("startup_s"))
+                table.add_row(name, f"{g['seconds']:.3f}", f"{g['tokens_per_s']:.0f}", f"{g['completions_per_s']:.1f}",
+                              "" if setup is None else f"{setup:.1f}",
+                              "" if "weight_sync_s" not in g else f"{g['weight_sync_s']:.3f}")
+        console.print(table)
+        results.append(res)
+    command = "python -m gspo_bench " + shlex.join(args.argv)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=2))
+        console.print(f"wrote {args.json}")
+    if args.markdown:
+        path = Path(args.markdown)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = markdown(results, command, git_commit())
+        if args.append and path.exists():
+            text = path.read_text().rstrip() + "\n\n" + text.split("\n", 2)[2]  # one title for the page
+        path.write_text(text)
         console.print(f"wrote {args.markdown}")
     return 0

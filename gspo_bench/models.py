@@ -80,6 +80,19 @@ def tiny_moe_config(tok: PreTrainedTokenizerFast) -> Qwen3MoeConfig:
                           norm_topk_prob=True, **_common(tok))
 
 
+def small_dense_config(tok: PreTrainedTokenizerFast) -> Qwen3Config:
+    """Qwen3, hidden 512, 14 layers, 8 heads / 4 kv heads: about 44M parameters (a middle point for timings)."""
+    return Qwen3Config(hidden_size=512, intermediate_size=1536, num_hidden_layers=14, num_attention_heads=8,
+                       num_key_value_heads=4, head_dim=64, **_common(tok))
+
+
+def dense_05b_config(tok: PreTrainedTokenizerFast) -> Qwen3Config:
+    """Qwen3-0.6B's trunk (hidden 1024, 28 layers, 16 heads / 8 kv heads of 128, MLP 3072) with the char
+    tokenizer's vocabulary instead of 151k tokens: about 0.44B parameters."""
+    return Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, **_common(tok))
+
+
 @dataclass(frozen=True)
 class BuiltinModel:
     name: str
@@ -92,6 +105,9 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
     for m in (
         BuiltinModel("tiny-dense", "Qwen3ForCausalLM, ~1M params, char tokenizer", tiny_dense_config),
         BuiltinModel("tiny-moe", "Qwen3MoeForCausalLM, 8 experts top-2, char tokenizer", tiny_moe_config),
+        BuiltinModel("small-dense", "Qwen3ForCausalLM, ~44M params, char tokenizer (timings)", small_dense_config),
+        BuiltinModel("dense-0.5b", "Qwen3ForCausalLM with Qwen3-0.6B's trunk, ~0.44B params, char tokenizer",
+                     dense_05b_config),
     )
 }
 

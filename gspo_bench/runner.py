@@ -38,6 +38,7 @@ from gspo_bench.models import classify_model_ref, is_moe
 from gspo_bench.paths import probe_writable_dir
 from gspo_bench.redact import redact, redact_nested
 from gspo_bench.rollout.datamodule import RolloutDataModule
+from gspo_bench.rollout.engine import resolve_engine
 from gspo_bench.tasks import load_task, resolve_task_spec
 from gspo_bench.tasks.task import check_task_data
 from gspo_bench.tracking import NOTE_TAG, mark_experiment, run_description
@@ -121,11 +122,32 @@ def validate(cfg: RunConfig) -> str:
         classify_model_ref(cfg.model.name)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    check_vllm(cfg)
     uri = tracking_uri(cfg)
     stores.apply_retry_budget(cfg.tracking.retry_budget_s)
     if ddp.launch_rank_zero():  # the other processes of a multi-process run never open the store
         stores.check_store(uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
     return uri
+
+
+def check_vllm(cfg: RunConfig) -> None:
+    """``rollout.engine: vllm`` asks for vLLM installed and importable; Rollout Routing Replay (r3) with it asks
+    for the experts vLLM routed each token to, which only its GPU model runner returns; and one process (each
+    rank would hold an engine, and vLLM's shutdown ends the process group the ranks share)."""
+    if cfg.rollout.engine != "vllm":
+        return
+    from gspo_bench.rollout import vllm_engine
+
+    reason = vllm_engine.missing_reason()
+    if reason:
+        raise ConfigError(reason)
+    if cfg.moe.routing_replay == "r3" and not vllm_engine.routes_supported():
+        raise ConfigError("moe.routing_replay=r3 with --engine vllm needs the experts vLLM routed each token to, "
+                          "which vLLM returns on a GPU only: use moe.routing_replay=r2 (the trainer's own choices), "
+                          "or r3 with --engine fast or hf")
+    if cfg.train.devices * cfg.train.num_nodes > 1:
+        raise ConfigError("--engine vllm runs in one process for now (vLLM's shutdown would end the process group "
+                          "the ranks share): use --engine fast or hf with --devices/--num-nodes")
 
 
 def machine() -> str:
@@ -268,7 +290,7 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
     L.seed_everything(seed, verbose=False)
     module = cls(cfg, str(ws.path), seed, settings)
     tok = AutoTokenizer.from_pretrained(ws.path)
-    dm = RolloutDataModule(task, tok, settings.rollout, steps=cfg.train.steps, seed=seed,
+    dm = RolloutDataModule(task, tok, settings.rollout, steps=cfg.train.steps, seed=seed, model_dir=str(ws.path),
                            eval_prompts=cfg.train.eval_prompts, eval_samples=cfg.train.eval_samples)
     if state is not None:
         module.resume_state, dm.start_step = state, int(state["rl_step"])
@@ -282,7 +304,10 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
     try:
         trainer, collapse = _trainer(cfg, module, logger, callbacks)
         with signals.deferred():
-            trainer.fit(module, datamodule=dm)
+            try:
+                trainer.fit(module, datamodule=dm)
+            finally:
+                dm.close_engine()  # vLLM's, when it ran: one engine lives at a time
         result.status = "FINISHED"
         if logger.run_id is not None:  # rank 0 holds the run (and its checkpoint)
             checkpoint.discard(logger.experiment, logger.run_id)
@@ -339,8 +364,10 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
 
 def _trainer(cfg: RunConfig, module, logger, callbacks: tuple) -> tuple[L.Trainer, CollapseCallback]:
     moe = is_moe(module.policy)
-    # the stabilisers, as tags the leaderboard can split by (--by); routing_replay is what ran (none on dense)
-    for key, value in {"moe": str(moe).lower(), "routing_replay": module.replay,
+    # the stabilisers and the engine, as tags the leaderboard can split by (--by); routing_replay is what ran
+    # (none on dense), engine the one that sampled (auto resolved)
+    engine = resolve_engine(module.settings.rollout.engine, module.policy, vllm_ok=True)
+    for key, value in {"moe": str(moe).lower(), "routing_replay": module.replay, "engine": engine,
                        "correction": module.settings.rollout.correction,
                        "rollout_dtype": module.settings.rollout.dtype,
                        "processes": str(cfg.train.devices * cfg.train.num_nodes)}.items():

