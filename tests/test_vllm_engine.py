@@ -201,6 +201,20 @@ def test_run_all_algorithms_smoke_with_the_vllm_engine_finishes_and_logs_the_syn
         assert "mismatch/kl" in r.data.metrics  # vLLM's log-probs against the trainer's recompute
 
 
+@pytest.mark.slow
+def test_a_moe_run_with_the_vllm_engine_finishes(vllm_ready, tmp_path):
+    proc = _cli(tmp_path, "--algos", "grpo,gspo", "--engine", "vllm", "--model", "tiny-moe", "--experiment", "moe")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/m.db")
+    runs = client.search_runs([client.get_experiment_by_name("moe").experiment_id])
+    assert sorted((r.data.tags["algo"], r.info.status, r.data.tags["engine"]) for r in runs) == [
+        ("grpo", "FINISHED", "vllm"), ("gspo", "FINISHED", "vllm")]
+    for r in runs:
+        assert "moe/expert_flip_rate" in r.data.metrics and "mismatch/kl" in r.data.metrics
+        # routes come back from vLLM on a GPU only: the sampler/trainer routing mismatch is logged where they exist
+        assert ("moe/routing_mismatch" in r.data.metrics) == vllm_engine.routes_supported()
+
+
 def test_r3_with_vllm_where_it_cannot_return_routes_is_one_line_exit_2(vllm_ready, tmp_path):
     if vllm_engine.routes_supported():
         pytest.skip("this vLLM returns routed experts (a GPU): r3 runs")

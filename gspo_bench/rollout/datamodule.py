@@ -154,7 +154,7 @@ class RolloutDataModule(L.LightningDataModule):
         import tempfile
 
         from gspo_bench.models import is_moe
-        from gspo_bench.rollout.vllm_engine import VllmEngine
+        from gspo_bench.rollout.vllm_engine import VllmEngine, routes_supported
 
         folder = self.model_dir
         if folder is None:
@@ -167,7 +167,8 @@ class RolloutDataModule(L.LightningDataModule):
         s = self.s
         return VllmEngine(folder, dtype=s.dtype, max_model_len=prompt_cap + T, seed=self.seed,
                           gpu_memory_utilization=s.vllm_gpu_memory_utilization, kv_cache_mb=s.vllm_kv_cache_mb,
-                          enforce_eager=s.vllm_enforce_eager, record_routes=self.record_routes,
+                          # routes where this vLLM returns them (a GPU); on a CPU, moe/routing_mismatch is not logged
+                          enforce_eager=s.vllm_enforce_eager, record_routes=self.record_routes and routes_supported(),
                           moe_expert_width=getattr(cfg, "moe_intermediate_size", None) if is_moe(model) else None)
 
     def close_engine(self) -> None:
