@@ -21,13 +21,13 @@ warnings.filterwarnings("ignore")
 torch.set_num_threads(1)
 
 from gspo_bench import algorithms  # noqa: E402
-from gspo_bench import distributed as ddp  # noqa: E402
+from gspo_bench.train import distributed as ddp  # noqa: E402
 from gspo_bench.config import load_config  # noqa: E402
 from gspo_bench.rollout.datamodule import RolloutDataModule  # noqa: E402
-from gspo_bench.distributed import strategy  # noqa: E402
-from gspo_bench.runner import quiet  # noqa: E402
+from gspo_bench.train.distributed import strategy  # noqa: E402
+from gspo_bench.train.runner import quiet  # noqa: E402
 from gspo_bench.tasks import load_task, register_verifier  # noqa: E402
-from gspo_bench.warmstart import warm_start  # noqa: E402
+from gspo_bench.train.warmstart import warm_start  # noqa: E402
 
 
 @register_verifier("ddp_even_length")

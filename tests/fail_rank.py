@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gspo_bench import runner  # noqa: E402
-from gspo_bench.__main__ import main  # noqa: E402
+from gspo_bench.train import runner  # noqa: E402
+from gspo_bench.cli.main import main  # noqa: E402
 from gspo_bench.algorithms.base import PolicyModule  # noqa: E402
 
 

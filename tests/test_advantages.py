@@ -1,11 +1,11 @@
-"""Hand-computed checks of gspo_bench.advantages against ALGORITHMS.md."""
+"""Hand-computed checks of gspo_bench.core.advantages against docs/algorithms.md."""
 
 import math
 
 import pytest
 import torch
 
-from gspo_bench.advantages import (
+from gspo_bench.core.advantages import (
     explained_variance,
     gae,
     group_is_degenerate,

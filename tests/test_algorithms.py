@@ -12,8 +12,8 @@ import torch
 from gspo_bench import algorithms
 from gspo_bench.algorithms.base import minibatch_indices
 from gspo_bench.config import AUTO, load_config, read_yaml
-from gspo_bench.losses import LOSSES
-from gspo_bench.runner import run
+from gspo_bench.core.losses import LOSSES
+from gspo_bench.train.runner import run
 from tests.conftest import tiny_overrides
 
 
@@ -152,7 +152,7 @@ NEW_ALGORITHM = '''
 """A made-up algorithm in a file of its own: a loss and a class, registered nowhere else."""
 from gspo_bench.algorithms.base import PolicyModule, register_algorithm
 from gspo_bench.config import Recipe
-from gspo_bench.losses import clipped_token_loss, register_loss
+from gspo_bench.core.losses import clipped_token_loss, register_loss
 
 
 @register_loss("halfclip", ratio="token", loss="max(-A r, -A clip(r))", aggregation="token-mean", eps_low=0.1,

@@ -1,4 +1,4 @@
-"""``bench``: the analytic FLOP count, the matmul probe, and the command end to end (gspo_bench.bench)."""
+"""``bench``: the analytic FLOP count, the matmul probe, and the command end to end (gspo_bench.bench.throughput)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from gspo_bench.__main__ import main
-from gspo_bench.bench import active_matmul_params, matmul_gflops, model_flops
+from gspo_bench.cli.main import main
+from gspo_bench.bench.throughput import active_matmul_params, matmul_gflops, model_flops
 from gspo_bench.models import build_builtin
 
 

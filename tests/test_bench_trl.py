@@ -1,4 +1,4 @@
-"""``bench --vs trl`` (gspo_bench.bench_trl): the matched settings, the pure helpers, the errors, one real run."""
+"""``bench --vs trl`` (gspo_bench.bench.trl): the matched settings, the pure helpers, the errors, one real run."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from gspo_bench import bench_trl as bt
-from gspo_bench.__main__ import main
-from gspo_bench.bench import path_overrides
+from gspo_bench.bench import trl as bt
+from gspo_bench.cli.main import main
+from gspo_bench.bench.throughput import path_overrides
 from gspo_bench.config import ConfigError, deep_merge, load_config
 
 NO_TRL = "trl is not installed (the compare extra: pip install 'gspo-bench[compare]')"
@@ -25,7 +25,7 @@ def test_matched_reads_our_grpo_settings():
     m = bt.matched(cpu_bench(), "grpo", 8)
     assert (m.prompts, m.group_size, m.completions, m.max_new_tokens, m.temperature, m.minibatches) == (
         16, 8, 128, 64, 1.0, 4)
-    # our grpo defaults (config/sections.py, ALGORITHMS.md): lr 2e-4, no decay, clip-norm 1, eps 0.2 / 0.2, z-score
+    # our grpo defaults (config/sections.py, docs/algorithms.md): lr 2e-4, no decay, clip-norm 1, eps 0.2 / 0.2, z-score
     assert (m.lr, m.weight_decay, m.max_grad_norm, m.eps_low, m.eps_high, m.scale_rewards, m.seed) == (
         2e-4, 0.0, 1.0, 0.2, 0.2, "group", 0)
     m = bt.matched(cpu_bench(train={"lr": 1e-3}, rollout={"advantage_scale": "none", "max_new_tokens": "auto"},

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gspo_bench.__main__ import main
+from gspo_bench.cli.main import main
 
 
 @pytest.mark.slow

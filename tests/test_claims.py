@@ -5,11 +5,11 @@ import math
 import pytest
 from mlflow_fakes import log_run, new_store, one_line
 
-from gspo_bench.__main__ import main
+from gspo_bench.cli.main import main
 from gspo_bench.reporting import claims as cl
 from gspo_bench.reporting.claim_specs import EXPERIMENTS, Part, Term, claims
-from gspo_bench.reporting.leaderboard import RunData
-from gspo_bench.reporting.paired import t_quantile
+from gspo_bench.reporting.frame import RunData
+from scipy.stats import t as student_t
 
 
 def _run(algo: str, seed: int, evals, status: str = "FINISHED", **tags) -> RunData:
@@ -57,7 +57,7 @@ def test_difference_of_differences_across_experiments_by_hand():
     # seed 0: (60 - 50) - (60 - 58) = 8; seed 1: (70 - 55) - 2 = 13
     assert res.seeds == ["0", "1"]
     assert res.stat.mean == pytest.approx(10.5)
-    half = t_quantile(0.975, 1) * math.sqrt(((8 - 10.5) ** 2 + (13 - 10.5) ** 2) / 1) / math.sqrt(2)
+    half = student_t.ppf(0.975, 1) * math.sqrt(((8 - 10.5) ** 2 + (13 - 10.5) ** 2) / 1) / math.sqrt(2)
     assert res.stat.ci == pytest.approx((10.5 - half, 10.5 + half))
     assert res.verdict == cl.UNDECIDED  # 2 seeds: t_0.975,1 = 12.7 makes the interval straddle 0
 

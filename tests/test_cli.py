@@ -11,8 +11,8 @@ import mlflow
 import pytest
 from mlflow_fakes import one_line
 
-from gspo_bench.__main__ import main
-from gspo_bench.losses import LOSSES
+from gspo_bench.cli.main import main
+from gspo_bench.core.losses import LOSSES
 
 
 def _runs(db: Path) -> list:
@@ -127,10 +127,10 @@ def test_a_reward_parameter_out_of_range_stops_the_run_before_any_work(tmp_path,
 
 
 def test_set_reaches_the_config_and_dedicated_flags_win(tmp_path, monkeypatch):
-    import gspo_bench.runner
+    import gspo_bench.train.runner
 
     seen = []
-    monkeypatch.setattr(gspo_bench.runner, "run", lambda cfg, log=print, resume=False, restart=False: seen.append(cfg) or [])
+    monkeypatch.setattr(gspo_bench.train.runner, "run", lambda cfg, log=print, resume=False, restart=False: seen.append(cfg) or [])
     f = tmp_path / "c.yaml"
     f.write_text("rollout:\n  temperature: 0.3\n  group_size: 3\n")
     code = main(["run", "--preset", "smoke", "--config", str(f), "--tracking-uri", f"sqlite:///{tmp_path}/m.db",
@@ -151,7 +151,7 @@ def test_set_on_tune_and_bench_is_validated_before_any_work(cmd, tmp_path, capsy
 
 
 def test_bench_passes_set_into_run_bench_overrides(monkeypatch):
-    import gspo_bench.bench
+    import gspo_bench.bench.throughput
     from gspo_bench.config import load_config
 
     seen = []
@@ -163,7 +163,7 @@ def test_bench_passes_set_into_run_bench_overrides(monkeypatch):
         seen.append(load_config(preset, config_files, overrides))
         raise Stop
 
-    monkeypatch.setattr(gspo_bench.bench, "run_bench", fake)
+    monkeypatch.setattr(gspo_bench.bench.throughput, "run_bench", fake)
     with pytest.raises(Stop):
         main(["bench", "--set", "rollout.temperature=0.5", "--set", "rollout.max_new_tokens=9",
               "--max-new-tokens", "12", "--set", "task=arith"])

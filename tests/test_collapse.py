@@ -8,7 +8,7 @@ import mlflow
 import pytest
 
 from gspo_bench.config import load_config
-from gspo_bench.runner import run
+from gspo_bench.train.runner import run
 from tests.conftest import tiny_overrides
 
 

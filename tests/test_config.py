@@ -18,7 +18,7 @@ from gspo_bench.config import (
     presets,
     to_dict,
 )
-from gspo_bench.losses import LOSSES
+from gspo_bench.core.losses import LOSSES
 from gspo_bench.paths import builtin_dir
 
 BASELINES = sorted(builtin_dir("baselines").glob("*.yaml"))
@@ -274,7 +274,7 @@ def test_parse_sets_type_checks_every_field():
                 assert not _type_ok(object(), tp), f"{cls.__name__}.{name}: {tp} is not type-checked by --set"
 
 
-SCENARIO_CHANGES = {  # issue 13's stress presets: the default preset plus exactly one stress
+SCENARIO_CHANGES = {  # the stress presets: the default preset plus exactly one stress
     "long": {"task": "arith_scratchpad"},
     "offpolicy": {"train.minibatches": 16},
     "stale": {"rollout.staleness": 2, "rollout.old_logp_source": "rollout"},

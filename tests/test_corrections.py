@@ -1,6 +1,6 @@
 """Truncated / masked importance-sampling corrections (``tis`` / ``mis``) in ``policy_loss``, by hand.
 
-ALGORITHMS.md, "Mismatch corrections": ``rho = exp(old_logp - rollout_logp)``
+docs/algorithms.md, "Mismatch corrections": ``rho = exp(old_logp - rollout_logp)``
 per token; the weight is ``w_t = rho_t`` for token-unit losses and ``w_i =
 exp(mean_t log rho_it)`` for gspo, detached. ``tis`` scales each unit's term by
 ``min(w, C)``; ``mis`` zeroes the units with ``w`` outside ``[1/C, C]`` and keeps
@@ -15,8 +15,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from gspo_bench.losses import CORRECTIONS, LOSSES, policy_loss
-from gspo_bench.ratios import apply_correction, is_weights
+from gspo_bench.core.losses import LOSSES, policy_loss
+from gspo_bench.core.names import CORRECTIONS
+from gspo_bench.core.ratios import apply_correction, is_weights
 
 e = math.exp
 F64 = torch.float64

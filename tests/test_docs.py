@@ -26,7 +26,7 @@ import pytest
 
 from gspo_bench.callbacks import COLLAPSE_KINDS
 from gspo_bench.config import load_config
-from gspo_bench.runner import run
+from gspo_bench.train.runner import run
 from tests.conftest import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,9 +160,9 @@ def _markdown_files() -> list[Path]:
 
 
 def test_link_checker_rejects_links_outside_the_repository():
-    # ../shared/ALGORITHMS.md may exist on a developer's machine; a clone does not have it
-    outside = bad_links(README, "[contract](../shared/ALGORITHMS.md)")
-    assert outside == ["../shared/ALGORITHMS.md (outside the repository)"]
+    # a folder beside the checkout may exist on a developer's machine; a clone does not have it
+    outside = bad_links(README, "[contract](../beside/CONTRACT.md)")
+    assert outside == ["../beside/CONTRACT.md (outside the repository)"]
     assert bad_links(README, "[x](docs/nope.md)") == ["docs/nope.md (no such file)"]
     assert bad_links(README, "[a](docs/algorithms.md#metrics) [b](https://arxiv.org) [c](#layout)") == []
 
@@ -205,3 +205,33 @@ def test_every_test_the_docs_name_exists():
     for path, name in sorted(named):
         source = (ROOT / path).read_text()
         assert re.search(rf"^def {name}\(", source, re.M), f"{path}::{name} is named in the docs but does not exist"
+
+
+# -- references a user can follow ------------------------------------------------------------------------------
+# what the project never cites: a contract file outside the repository, the folder beside the checkout, a private
+# tracker's issue numbers (built from pieces, so this file does not match itself)
+DANGLING = re.compile("|".join([r"ALGORITHMS" + r"\.md", r"\.\./" + "shared", r"\b[Ii]ssues? #?\d+\b", r"\bissue-\d+\b",
+                                r"\bthe " + r"issue('s)?\b"]))
+
+
+def _text_files() -> list[Path]:
+    skip = {".git", ".venv", "__pycache__", ".pytest_cache"}
+    roots = [ROOT / "gspo_bench", ROOT / "tests", ROOT / "docs", ROOT / "results", ROOT / "baselines", ROOT / "tasks"]
+    files = [ROOT / "README.md", ROOT / "pyproject.toml", ROOT / ".ci" / "run"]
+    for r in roots:
+        files += [p for p in r.rglob("*") if p.is_file() and not skip & set(p.parts)
+                  and p.suffix in (".py", ".md", ".yaml", ".yml", ".txt", ".json", ".csv", ".toml")]
+    return files
+
+
+def test_no_reference_a_user_cannot_follow():
+    found = [f"{p.relative_to(ROOT)}:{n}: {m.group(0)!r}" for p in _text_files()
+             for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1) for m in DANGLING.finditer(line)]
+    assert not found, "cite docs/ or the paper instead:\n" + "\n".join(found[:40])
+
+
+def test_the_reference_check_catches_each_kind():
+    for text in ("see ALGORITHMS" + ".md", "../" + "shared/seeds", "as iss" + "ue 13 says", "iss" + "ue-5 reference",
+                 "the " + "issue's bar"):
+        assert DANGLING.search(text), text
+    assert not DANGLING.search("docs/algorithms.md, arXiv 2510.11370, tissue 3")

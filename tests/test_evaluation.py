@@ -8,7 +8,7 @@ from gspo_bench.algorithms import evaluation
 from gspo_bench.config import load_config
 from gspo_bench.models import build_builtin
 from gspo_bench.rollout.datamodule import RolloutDataModule
-from gspo_bench.runner import run
+from gspo_bench.train.runner import run
 from tests.conftest import tiny_overrides
 
 

@@ -29,7 +29,7 @@ import math
 
 import pytest
 
-from gspo_bench.__main__ import main
+from gspo_bench.cli.main import main
 from gspo_bench.reporting.leaderboard import COLUMNS, CSV_FIELDS, collect, load_runs, render, summarise
 from gspo_bench.reporting.paired_table import PAIRED_CSV_FIELDS, paired_groups, render_paired
 from tests.mlflow_fakes import log_run, new_store, one_line as _one_line

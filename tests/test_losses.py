@@ -1,4 +1,4 @@
-"""Hand-computed checks of gspo_bench.losses against ALGORITHMS.md.
+"""Hand-computed checks of gspo_bench.core.losses against docs/algorithms.md.
 
 Expected numbers are written out from the formulas with ``math``; nothing here
 compares a function with itself except the GSPO == GSPO-token identity, which
@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from gspo_bench.losses import BASE_DEFAULTS, LOSSES, agg_loss, kl_penalty, policy_loss, register_loss
+from gspo_bench.core.losses import BASE_DEFAULTS, LOSSES, agg_loss, kl_penalty, policy_loss, register_loss
 
 e = math.exp
 

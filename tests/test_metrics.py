@@ -1,6 +1,6 @@
 import math
 
-from gspo_bench.metrics import StepStats
+from gspo_bench.core.metrics import StepStats
 
 
 def test_step_stats_reduce_by_key_suffix():

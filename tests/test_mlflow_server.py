@@ -25,8 +25,8 @@ import mlflow
 import pytest
 import yaml
 
-from gspo_bench.redact import MASK
-from gspo_bench.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, NOTE_TAG
+from gspo_bench.tracking.redact import MASK
+from gspo_bench.tracking.ui import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, NOTE_TAG
 from tests.mlflow_server import running_server
 
 PASSWORD = "s3cretPW"

@@ -182,7 +182,7 @@ def _cache_repo(cache, repo: str, config: dict) -> Path:
 
 def test_a_hub_id_not_in_the_cache_fails_at_once_naming_three_places(tmp_path, monkeypatch, capsys):
     import gspo_bench.models
-    from gspo_bench.__main__ import main
+    from gspo_bench.cli.main import main
 
     def no_download(*a, **k):  # the run must stop before any loading, hence before any network retry
         raise AssertionError("from_pretrained was called")

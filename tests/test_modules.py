@@ -10,12 +10,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from gspo_bench.config import load_config
-from gspo_bench.losses import LOSSES
+from gspo_bench.core.losses import LOSSES
 from gspo_bench import algorithms
-from gspo_bench.runner import run
+from gspo_bench.train.runner import run
 from tests.conftest import tiny_overrides
 
-# the metric set ALGORITHMS.md and the issue name, logged by every algorithm
+# the metric set docs/algorithms.md names, logged by every algorithm
 COMMON = [
     "reward/mean", "reward/std", "clip/frac", "clip/frac_high", "clip/frac_low", "clip/seq_frac",
     "ratio/mean", "ratio/min", "ratio/max", "ratio/token_log_std", "ratio/seq_log_std", "kl/old",
@@ -91,7 +91,7 @@ def test_off_policy_minibatches_move_the_ratio(mixed_task, tracking_uri):
 
 
 def test_one_minibatch_is_on_policy(mixed_task, tracking_uri):
-    """With one minibatch the ratio is exactly 1 on the update (ALGORITHMS.md, 'Off-policy on purpose')."""
+    """With one minibatch the ratio is exactly 1 on the update (docs/algorithms.md, 'Off-policy on purpose')."""
     cfg = load_config("smoke", overrides={**tiny_overrides(mixed_task, tracking_uri), "algos": ["gspo"],
                                           "train": {"steps": 1, "minibatches": 1, "eval_every": 5,
                                                     "eval_prompts": 4, "eval_samples": 0, "progress": False},

@@ -7,9 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from gspo_bench.__main__ import main
+from gspo_bench.cli.main import main
 from gspo_bench.config import ConfigError
-from gspo_bench.reporting.leaderboard import RunData, auc
+from gspo_bench.reporting.leaderboard import auc
+from gspo_bench.reporting.frame import RunData
 from gspo_bench.reporting.paired_table import check_baseline, paired_groups, paired_rows
 from gspo_bench.reporting.paired import mde, paired_summary, pooled_sd
 from test_leaderboard import EXP, build_store
@@ -19,10 +20,23 @@ T975_7, T80_7 = 2.3646, 0.8960
 
 
 # -- (a) to (d): the pure functions ------------------------------------------------------------------------------------
-def test_mde_matches_the_hand_computation():
-    # MDE = (t_{0.975,7} + t_{0.8,7}) * sd / sqrt(n) = 3.2606 * 0.04 / 2.8284 = 0.04611
-    assert mde(0.04, 8) == pytest.approx((T975_7 + T80_7) * 0.04 / math.sqrt(8), abs=1e-3)
-    assert mde(0.04, 8) == pytest.approx(0.04612, abs=1e-4)
+def _power(d: float, n: int, alpha: float = 0.05) -> float:
+    """Power of the two-sided paired t test at standardised effect ``d`` with ``n`` pairs, from the noncentral t
+    directly: P(|T'| > t_{1-alpha/2, n-1}), T' ~ nct(n - 1, d sqrt(n))."""
+    from scipy.stats import nct, t
+
+    crit = t.ppf(1 - alpha / 2, n - 1)
+    return float(nct.sf(crit, n - 1, d * math.sqrt(n)) + nct.cdf(-crit, n - 1, d * math.sqrt(n)))
+
+
+def test_mde_is_the_exact_effect_at_80_percent_power():
+    # at the MDE the test has exactly 80 % power (noncentral t, computed here without statsmodels)
+    for n in (2, 3, 5, 8, 20):
+        assert _power(mde(1.0, n), n) == pytest.approx(0.8, abs=1e-4), n
+    assert mde(0.04, 8) == pytest.approx(0.04 * 1.1560, abs=1e-5)  # d = 1.1560 for n = 8
+    # the common shortcut (t_{0.975,7} + t_{0.8,7}) / sqrt(8) = 1.1528 is slightly optimistic: below the exact d
+    assert (T975_7 + T80_7) * 0.04 / math.sqrt(8) < mde(0.04, 8)
+    assert _power((T975_7 + T80_7) / math.sqrt(8), 8) < 0.8
     # more seeds, smaller MDE; more power, larger MDE; a stricter alpha, larger MDE
     assert mde(0.04, 16) < mde(0.04, 8) < mde(0.04, 4)
     assert mde(0.04, 8, power=0.9) > mde(0.04, 8) and mde(0.04, 8, alpha=0.01) > mde(0.04, 8)
@@ -38,7 +52,7 @@ def test_known_difference_is_detected():
     half = T975_7 * sd / math.sqrt(8)  # the interval by hand, t table for 7 df
     assert st.ci == pytest.approx((0.08 - half, 0.08 + half), abs=1e-4)
     assert st.significant and st.ci[0] > 0 and st.ci[0] < 0.08 < st.ci[1]
-    assert st.mde == pytest.approx((T975_7 + T80_7) * sd / math.sqrt(8), abs=1e-4)
+    assert st.mde == pytest.approx(mde(sd, 8)) and _power(st.mde / sd, 8) == pytest.approx(0.8, abs=1e-4)
     drawn = np.random.default_rng(7).normal(0.08, 0.02, 8).tolist()  # a random draw, fixed seed
     st = paired_summary(drawn)
     assert st.significant and st.ci[0] > 0 and st.ci[0] < 0.08 < st.ci[1]
@@ -160,8 +174,10 @@ def test_check_baseline(runs):
     assert "no FINISHED run of 'grpo'" in note and "1 FAILED" in note and "--baseline" in note
     with pytest.raises(ConfigError, match="no run of 'ppo'"):
         check_baseline(runs, "ppo")
-    with pytest.raises(ConfigError, match="unknown algorithm"):
-        check_baseline(runs, "nope", strict=False)  # an unknown name is an error even at the default
+    # a name no run has: with --baseline given, an error; left at the default, the paired table is skipped
+    with pytest.raises(ConfigError, match="unknown algorithm here: no run of 'nope'"):
+        check_baseline(runs, "nope")
+    assert "no run of 'nope' in the selection" in check_baseline(runs, "nope", strict=False)
 
 
 # -- (f): the command line ---------------------------------------------------------------------------------------------

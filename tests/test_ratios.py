@@ -1,4 +1,4 @@
-"""Masked reductions and the sampler/trainer mismatch statistics (``gspo_bench/ratios.py``), by hand.
+"""Masked reductions and the sampler/trainer mismatch statistics (``gspo_bench/core/ratios.py``), by hand.
 
 The clip and ratio statistics are checked through ``policy_loss`` in ``test_losses.py``.
 """
@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from gspo_bench.ratios import masked_extreme, masked_mean, mismatch_stats
+from gspo_bench.core.ratios import masked_extreme, masked_mean, mismatch_stats
 
 e = math.exp
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gspo_bench.losses import LOSSES
+from gspo_bench.core.losses import LOSSES
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

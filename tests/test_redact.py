@@ -14,8 +14,8 @@ import pytest
 import yaml
 from rich.table import Table
 
-from gspo_bench.__main__ import main
-from gspo_bench.redact import MASK, RedactingConsole, redact, redact_nested
+from gspo_bench.cli.main import main
+from gspo_bench.tracking.redact import MASK, RedactingConsole, redact, redact_nested
 from gspo_bench.tuning.study import redact as study_redact
 from tests.mlflow_server import running_server
 

@@ -8,7 +8,7 @@ import mlflow
 import pytest
 from mlflow_fakes import one_line
 
-from gspo_bench.__main__ import main
+from gspo_bench.cli.main import main
 from gspo_bench.reporting.leaderboard import collect, load_runs
 from gspo_bench.reporting.report import clip_claim, write_report
 from test_leaderboard import EXP, build_store
@@ -103,8 +103,8 @@ def test_paired_section_per_group(made, tmp_path):
     md = (out / "report.md").read_text()
     default = md[md.index("## arith / tiny-dense\n"):md.index("## arith / tiny-dense / tuned")]
     assert "### (f) Paired differences vs grpo" in default
-    assert "| gspo | grpo | final pass@1 (points) | 2 | +5.5 | [-51.7, +62.7] | no | 63.4 |" in default
-    assert "MDE (final pass@1, 2 seeds, 95 % / 80 % power): 63.4 points" in default
+    assert "| gspo | grpo | final pass@1 (points) | 2 | +5.5 | [-51.7, +62.7] | no | 73.5 |" in default
+    assert "MDE (final pass@1, 2 seeds, 95 % / 80 % power): 73.5 points" in default
     assert "](paired_arith_tiny-dense.png)" in default
     tuned = md[md.index("## arith / tiny-dense / tuned"):]
     assert "### (f) Paired differences vs grpo" in tuned and "No pairs: only grpo in this group" in tuned

@@ -23,9 +23,9 @@ import struct
 
 import pytest
 
-from gspo_bench.__main__ import main
+from gspo_bench.cli.main import main
 from gspo_bench.reporting import figures
-from gspo_bench.reporting.leaderboard import RunData
+from gspo_bench.reporting.frame import RunData
 from gspo_bench.reporting.report import write_report
 from tests.mlflow_fakes import log_run, new_store
 

@@ -1,4 +1,4 @@
-"""Checkpoints and resume (issue 14, part 1): a run killed with ``kill -9`` or stopped by SIGTERM/SIGINT
+"""Checkpoints and resume: a run killed with ``kill -9`` or stopped by SIGTERM/SIGINT
 continues as the same MLflow run to the same metric history as an uninterrupted run; orphans are marked
 KILLED; signals end commands with 130/143 and no traceback."""
 
@@ -17,9 +17,11 @@ import mlflow
 import pytest
 import torch
 
-from gspo_bench import checkpoint, interrupts, lifecycle
+from gspo_bench.tracking import lifecycle
+from gspo_bench.train import interrupts
+from gspo_bench.train import checkpoint
 from gspo_bench.config import ConfigError, load_config
-from gspo_bench.runner import run
+from gspo_bench.train.runner import run
 from tests.conftest import tiny_overrides
 
 # wall times and throughputs differ from run to run; everything else must match to the digit

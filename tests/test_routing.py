@@ -187,7 +187,7 @@ def test_sampler_copy_is_refreshed_after_an_update():
 
 def test_dense_model_warns_and_ignores_replay(mixed_task, tracking_uri):
     from gspo_bench.config import load_config
-    from gspo_bench.runner import run
+    from gspo_bench.train.runner import run
     from tests.conftest import tiny_overrides
 
     def one(replay):

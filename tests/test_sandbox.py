@@ -1,5 +1,5 @@
 """Verifiers under a time limit (``tasks/sandbox.py``), and property-based tests of every verifier and of the
-config parser (issue 14, part 5)."""
+config parser."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_math_verify_past_its_limit_scores_zero_counts_and_stays_quiet(capfd):
 def test_a_slow_verifier_in_a_run_is_a_zero_and_a_verify_timeouts_metric(mixed_task, tracking_uri, monkeypatch):
     import mlflow
 
-    from gspo_bench.runner import run
+    from gspo_bench.train.runner import run
     from gspo_bench.tasks import verifiers
     from tests.conftest import tiny_overrides
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from gspo_bench.scale_out import report
+from gspo_bench.bench.scale_out import report
 
 
 def test_report_splits_fixed_and_per_rank_work_and_adds_the_collectives(tmp_path):

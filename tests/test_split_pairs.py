@@ -30,7 +30,7 @@ import math
 
 import pytest
 
-from gspo_bench.__main__ import main
+from gspo_bench.cli.main import main
 from gspo_bench.reporting.leaderboard import load_runs, summarise
 from gspo_bench.reporting.paired_table import paired_groups, render_paired, render_with_paired
 from gspo_bench.reporting.split_pairs import (check_split_value, parse_split_baseline, render_split_pairs,

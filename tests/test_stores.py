@@ -15,7 +15,7 @@ import mlflow
 import pytest
 import requests
 
-from gspo_bench import stores
+from gspo_bench.tracking import stores
 from gspo_bench.config import ConfigError, load_config
 from tests.mlflow_server import running_server
 

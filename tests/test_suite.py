@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import mlflow
 import pytest
 
-from gspo_bench.__main__ import main
+from gspo_bench.cli.main import main
 from gspo_bench.reporting.suite_summary import rank_scenario, rank_suite
-from gspo_bench.suite import SCENARIOS, SuiteRequest, scenario_config
-from gspo_bench.suite_cost import ALGO_COST, cell_seconds
+from gspo_bench.suite.run import SCENARIOS, SuiteRequest, scenario_config
+from gspo_bench.suite.cost import ALGO_COST, cell_seconds
 
 ALGOS = ("grpo", "gspo")
 SEEDS = ("0", "1")
@@ -171,7 +171,7 @@ def test_dry_run_plans_with_measured_times_and_runs_nothing(in_root, capsys):
 
 
 def test_an_unmeasured_algorithm_is_estimated_from_the_others_scaled_by_algo_cost(in_root):
-    from gspo_bench.suite import plan_scenario
+    from gspo_bench.suite.run import plan_scenario
 
     argv = _argv(in_root.root, in_root.task)
     sets = tuple(argv[i + 1] for i, x in enumerate(argv) if x == "--set")
@@ -238,7 +238,7 @@ def test_a_finished_cell_with_other_settings_is_an_error(in_root, capsys):
 
 
 def test_failing_cells_do_not_stop_the_suite_and_exit_1(tmp_path, monkeypatch, capsys, mixed_task):
-    import gspo_bench.runner
+    import gspo_bench.train.runner
 
     calls = []
 
@@ -248,7 +248,7 @@ def test_failing_cells_do_not_stop_the_suite_and_exit_1(tmp_path, monkeypatch, c
         raise RuntimeError("no luck")
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(gspo_bench.runner, "run", boom)
+    monkeypatch.setattr(gspo_bench.train.runner, "run", boom)
     assert main(_argv(tmp_path, mixed_task, progress=True)) == 1  # with the bar over cells
     assert calls == [(["grpo"], [0]), (["gspo"], [0]), (["grpo"], [1]), (["gspo"], [1])]
     text = capsys.readouterr().out

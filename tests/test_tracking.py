@@ -1,4 +1,4 @@
-"""What a user sees in ``mlflow ui`` (``gspo_bench.tracking``): every experiment gspo_bench writes to is a
+"""What a user sees in ``mlflow ui`` (``gspo_bench.tracking.ui``): every experiment gspo_bench writes to is a
 "Machine learning" one (``mlflow.experimentKind``), every run carries a Markdown description
 (``mlflow.note.content``), and the UI links open on the runs table."""
 
@@ -10,9 +10,9 @@ import mlflow
 import pytest
 
 from gspo_bench.config import load_config
-from gspo_bench.losses import LOSSES
-from gspo_bench.runner import run
-from gspo_bench.tracking import (EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, NOTE_TAG, mark_experiment, run_description,
+from gspo_bench.core.losses import LOSSES
+from gspo_bench.train.runner import run
+from gspo_bench.tracking.ui import (EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, NOTE_TAG, mark_experiment, run_description,
                                  ui_url)
 from tests.conftest import tiny_overrides
 
@@ -90,7 +90,7 @@ def test_report_and_tune_mark_the_experiments_they_write_to(tmp_path, monkeypatc
     # tune: prepare() makes the experiment; the task and warm start are not what is tested here
     monkeypatch.setattr("gspo_bench.tasks.load_task", lambda *a, **k: SimpleNamespace(spec=SimpleNamespace(
         max_new_tokens=4)))
-    monkeypatch.setattr("gspo_bench.warmstart.warm_start", lambda *a, **k: SimpleNamespace(cached=False))
+    monkeypatch.setattr("gspo_bench.train.warmstart.warm_start", lambda *a, **k: SimpleNamespace(cached=False))
     cfg = load_config("smoke", overrides={"tracking": {"tracking_uri": uri, "experiment": "tuned"}})
     shared = trials.prepare(TuneRequest(algo="gspo"), cfg, uri, None, lambda *a, **k: None)
     assert client.get_experiment(shared.exp_id).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND

@@ -20,10 +20,10 @@ import optuna
 import pytest
 import yaml
 
-from gspo_bench.__main__ import main
+from gspo_bench.cli.main import main
 from gspo_bench.config import load_config
 from gspo_bench.reporting.leaderboard import collect
-from gspo_bench.losses import LOSSES
+from gspo_bench.core.losses import LOSSES
 from gspo_bench import algorithms
 from gspo_bench.tuning.study import COLLAPSE_PENALTY, RUN_ATTR, chosen_params, objective_value
 
@@ -110,7 +110,7 @@ def studied(tmp_path_factory, mixed_task):
         argv = ["tune", "--algo", "gspo", "--tune-lr", "--preset", "smoke", "--config", tiny, "--study", STUDY,
                 "--storage", storage, "--tracking-uri", uri, "--out", str(root / "tuning"), "--no-progress"]
         lines: list[str] = []
-        import gspo_bench.__main__ as cli
+        import gspo_bench.cli.main as cli
 
         original = cli.console.print
         cli.console.print = lambda *a, **k: (lines.append(" ".join(map(str, a))), original(*a, **k))

@@ -235,7 +235,7 @@ def test_engine_vllm_without_vllm_installed_is_one_line_naming_the_extra(tmp_pat
             "import importlib.util\n"
             "_find = importlib.util.find_spec\n"
             "importlib.util.find_spec = lambda n, *a: None if n == 'vllm' else _find(n, *a)\n"
-            "from gspo_bench.__main__ import main\n"
+            "from gspo_bench.cli.main import main\n"
             "sys.exit(main(sys.argv[1:]))\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("MLFLOW_TRACKING_URI", None)
@@ -256,7 +256,7 @@ def test_vllm_on_several_processes_is_refused_before_any_work(vllm_ready, tmp_pa
 @pytest.mark.slow
 def test_a_run_with_the_vllm_engine_repeats_exactly_from_its_seed(vllm_ready, mixed_task, tmp_path):
     from gspo_bench.config import load_config
-    from gspo_bench.runner import run
+    from gspo_bench.train.runner import run
 
     uri = f"sqlite:///{tmp_path}/m.db"
     cfg = load_config("smoke", overrides={**tiny_overrides(mixed_task, uri, rollout={"engine": "vllm"}),

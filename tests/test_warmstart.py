@@ -6,7 +6,7 @@ import pytest
 
 from gspo_bench.config import ModelConfig, WarmStartConfig
 from gspo_bench.tasks import load_task
-from gspo_bench.warmstart import cache_key, greedy_pass1, sft_batch, warm_start
+from gspo_bench.train.warmstart import cache_key, greedy_pass1, sft_batch, warm_start
 from gspo_bench.models import build_builtin
 
 
@@ -68,7 +68,7 @@ def test_an_overshoot_is_undone_and_retried_with_a_smaller_lr(monkeypatch):
     continues at lr x 0.3 with checks every 3 steps instead of 10, and stops at 0.42, inside the band."""
     import torch
 
-    import gspo_bench.warmstart as wsm
+    import gspo_bench.train.warmstart as wsm
 
     checks = iter([0.1, 0.3, 0.5, 0.35, 0.42])
     monkeypatch.setattr(wsm, "greedy_pass1", lambda *a, **k: next(checks))
@@ -102,7 +102,7 @@ def test_an_overshoot_is_undone_and_retried_with_a_smaller_lr(monkeypatch):
 
 
 def test_with_no_backoff_left_the_check_past_the_band_is_accepted(monkeypatch):
-    import gspo_bench.warmstart as wsm
+    import gspo_bench.train.warmstart as wsm
 
     checks = iter([0.1, 0.9])
     monkeypatch.setattr(wsm, "greedy_pass1", lambda *a, **k: next(checks))
@@ -123,7 +123,7 @@ def test_warm_start_config_rejects_bad_band_settings():
 
 def test_the_cache_key_changed_with_the_stop_rule(monkeypatch):
     """Version 2 (fine checks, target 40 %) must not reuse a version-1 checkpoint that stopped elsewhere."""
-    import gspo_bench.warmstart as wsm
+    import gspo_bench.train.warmstart as wsm
 
     task = load_task("arith", 0)
     key = cache_key(task, ModelConfig("tiny-dense"), WarmStartConfig(), 0)
@@ -135,7 +135,7 @@ def test_the_cache_key_changed_with_the_stop_rule(monkeypatch):
 def test_warmstart_command_reports_the_band(tmp_path, monkeypatch):
     """`warmstart --seeds 2`: one row per seed, min/mean/max per model, Markdown with command and commit;
     a second call loads the cached checkpoints instead of training again."""
-    from gspo_bench.__main__ import main
+    from gspo_bench.cli.main import main
 
     monkeypatch.setenv("GSPO_BENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)

@@ -1,10 +1,14 @@
 """The algorithms: one LightningModule class per algorithm, found by name.
 
 ``base.py`` holds the shared RL step (``PolicyModule``) and the registry;
-every other module here defines algorithm classes with
-``@register_algorithm``. Importing this package imports each of its modules,
-so a new algorithm in a new file shows up in ``run``, ``tune``, ``bench``
-and ``list`` without being named anywhere else.
+``evaluation.py`` the held-out evaluation every algorithm shares; every other
+module here defines algorithm classes with ``@register_algorithm``. Importing
+this package imports each of its modules, so a new algorithm in a new file
+shows up in ``run``, ``tune``, ``bench`` and ``list`` without being named
+anywhere else.
+
+May import: rollout, tasks, models, tracking, config, core (never train,
+callbacks, or anything above).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import importlib
 import pkgutil
 
 from gspo_bench.algorithms.base import ALGORITHMS, PolicyModule, register_algorithm
-from gspo_bench.losses import LOSSES
+from gspo_bench.core.losses import LOSSES
 
 for _info in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_info.name}")

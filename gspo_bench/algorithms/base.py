@@ -33,6 +33,7 @@ then logging. The shared loop's own choices, which no paper pins:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -42,11 +43,11 @@ import lightning as L
 import torch
 from transformers import AutoModelForCausalLM
 
-from gspo_bench import distributed as ddp
+from gspo_bench.core import collectives as ddp
 from gspo_bench.algorithms.evaluation import HeldOutEval
 from gspo_bench.config import Recipe, Resolved, RunConfig
-from gspo_bench.losses import LOSSES, policy_loss
-from gspo_bench.metrics import StepStats
+from gspo_bench.core.losses import LOSSES, policy_loss
+from gspo_bench.core.metrics import StepStats
 from gspo_bench.rollout.datamodule import RolloutBatch
 from gspo_bench.models import is_moe
 from gspo_bench.rollout.engine import response_logp, uses_packed
@@ -62,6 +63,9 @@ def register_algorithm(cls: type["PolicyModule"]) -> type["PolicyModule"]:
                          f"(losses: {', '.join(LOSSES)})")
     if cls.name in ALGORITHMS and ALGORITHMS[cls.name] is not cls:
         raise ValueError(f"algorithm {cls.name!r} is already registered by {ALGORITHMS[cls.name].__name__}")
+    spec = LOSSES[cls.name]
+    # the config resolves ``auto`` clip offsets from the recipe: registered upward, from the loss's own defaults
+    cls.recipe = dataclasses.replace(cls.recipe, clip=(spec.eps_low, spec.eps_high))
     ALGORITHMS[cls.name] = cls
     return cls
 
@@ -385,9 +389,7 @@ class PolicyModule(HeldOutEval, L.LightningModule):
 
     def on_train_start(self) -> None:
         if self.resume_state is not None:  # a resumed run: its step-0 evaluation is logged already
-            from gspo_bench.checkpoint import restore
-
-            restore(self, self.resume_state)
+            self.checkpointer.restore(self, self.resume_state)  # the runner's: it wrote the checkpoint too
             self.resume_state = None
         else:  # the warm-start score, logged at step 0
             self.evaluate_now()

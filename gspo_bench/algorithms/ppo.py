@@ -1,6 +1,6 @@
 """PPO: the one algorithm with real code of its own (a critic and GAE).
 
-Departures from the textbook, all per ALGORITHMS.md: the scalar reward sits on
+Departures from the textbook, all as docs/algorithms.md pins them: the scalar reward sits on
 the last response token; the KL to the reference model is a per-token penalty
 folded into the reward (``kl_coef`` 0.05 by default), not a loss term;
 ``gamma = 1``, ``lambda = 0.95``. The critic is a separate copy of the
@@ -15,12 +15,12 @@ from __future__ import annotations
 import torch
 from transformers import AutoModel
 
-from gspo_bench import advantages as adv
-from gspo_bench import distributed as ddp
+from gspo_bench.core import advantages as adv
+from gspo_bench.core import collectives as ddp
 from gspo_bench.algorithms.base import PolicyModule, adamw, register_algorithm
 from gspo_bench.config import Recipe
-from gspo_bench.losses import kl_penalty
-from gspo_bench.metrics import StepStats
+from gspo_bench.core.losses import kl_penalty
+from gspo_bench.core.metrics import StepStats
 from gspo_bench.rollout.datamodule import RolloutBatch
 from gspo_bench.rollout import fastlm
 from gspo_bench.rollout.engine import position_ids, uses_packed
@@ -80,7 +80,7 @@ class PPO(PolicyModule):
             values = self.critic(batch.input_ids, batch.attention_mask, batch.prompt_len) * mask
             kl = None
             if self.ref is not None:
-                # per-token KL(pi_old || pi_ref) estimate, k = kl_estimator (ALGORITHMS.md)
+                # per-token KL(pi_old || pi_ref) estimate, k = kl_estimator (docs/algorithms.md)
                 kl = kl_penalty(out["old_logp"], out["ref_logp"], lc.kl_estimator) * mask
                 stats.add({"critic/ref_kl": kl.sum() / mask.sum().clamp(min=1)})
             # r_t = R on the last token - kl_coef * kl_t

@@ -2,6 +2,9 @@
 
 ``collapse.py`` (collapse events), ``moe.py`` (expert flip rate),
 ``diagnostics.py`` (the engine/trainer mismatch and the ratio-histogram sample).
+
+May import: rollout, tasks, models, tracking, config, core (never algorithms,
+which it watches through Lightning's hooks only).
 """
 
 from gspo_bench.callbacks.collapse import COLLAPSE_KINDS, CollapseCallback, CollapseDetector, CollapseEvent

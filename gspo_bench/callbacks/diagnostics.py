@@ -10,7 +10,7 @@ from __future__ import annotations
 import lightning as L
 import torch
 
-from gspo_bench.ratios import mismatch_stats
+from gspo_bench.core.ratios import mismatch_stats
 
 
 def _trainer_logp_before_update(pl_module, batch) -> torch.Tensor | None:
@@ -33,7 +33,7 @@ def _trainer_logp_before_update(pl_module, batch) -> torch.Tensor | None:
 
 class MismatchProbe(L.Callback):
     """Logs ``mismatch/kl``, ``mismatch/abs_diff_max`` and ``mismatch/seq_log_ratio_std`` whenever the
-    engine returned its log-probs (ALGORITHMS.md, "Rollout precision and the mismatch")."""
+    engine returned its log-probs (docs/algorithms.md, "Rollout precision and the mismatch")."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if batch.rollout_logp is None or pl_module.trace is None:

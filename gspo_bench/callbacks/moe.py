@@ -54,7 +54,7 @@ def expert_flip_rate(old_LNK: torch.Tensor, new_LNK: torch.Tensor, token_mask_N:
 
 
 class MoEFlipProbe(L.Callback):
-    """Logs ``moe/expert_flip_rate`` (ALGORITHMS.md, MoE) on the rollout's response tokens each step."""
+    """Logs ``moe/expert_flip_rate`` (docs/algorithms.md, MoE) on the rollout's response tokens each step."""
 
     def __init__(self):
         self._old = None

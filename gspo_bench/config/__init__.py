@@ -2,8 +2,14 @@
 
 ``sections.py`` holds the dataclasses (``RunConfig`` and its sections, every
 field documented and checked in ``__post_init__``) and ``RunConfig.resolve``,
-which turns ``auto`` into one algorithm's values. ``loading.py`` reads
-presets, ``--config`` files and ``--set`` overrides and merges them; ``uris.py`` checks tracking URIs.
+which turns ``auto`` into one algorithm's values (its ``Recipe``,
+``resolved.py``). ``loading.py`` reads presets, ``--config`` files and ``--set``
+overrides and merges them; ``uris.py`` checks tracking URIs; ``names.py`` owns
+the name lists the fields are checked against (engines, replay modes,
+precisions).
+
+May import: core's name lists (``core/names.py``) and paths only; importing the
+config loads neither torch nor anything of the layers above.
 """
 
 from gspo_bench.config.loading import (PRESET_DIR, deep_merge, flatten, load_config, load_yaml, parse_sets, presets,

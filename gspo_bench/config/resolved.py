@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Recipe:
-    """An algorithm's own defaults for the fields a config leaves at ``auto`` (the clip range is its loss's)."""
+    """An algorithm's own defaults for the fields a config leaves at ``auto``."""
 
     kl_coef: float = 0.0
     """KL-to-reference weight (PPO folds it into the reward, the others into the loss)."""
@@ -20,6 +20,9 @@ class Recipe:
     """DAPO's dynamic sampling: drop groups whose rewards all agree and resample."""
     overlong_shaping: bool = False
     """DAPO's overlong shaping, with buffer max_new_tokens // 4."""
+    clip: tuple | None = None
+    """(eps_low, eps_high) of its loss: what ``auto`` clip offsets resolve to. ``register_algorithm`` fills it
+    from the loss registry, so the config never imports the losses."""
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from gspo_bench.losses import CORRECTIONS, KL_ESTIMATORS, LOSSES
-from gspo_bench.rollout.engine import ENGINES
+from gspo_bench.config.names import ENGINES, REPLAY_MODES, ROLLOUT_DTYPES
 from gspo_bench.config.resolved import LossSettings, Recipe, Resolved
-from gspo_bench.rollout.routing import REPLAY_MODES
-
-ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
+from gspo_bench.core.names import CORRECTIONS, KL_ESTIMATORS
 
 AUTO = "auto"
 
@@ -132,7 +129,7 @@ class RolloutConfig:
     """recompute (a forward pass of the training model) | rollout (the engine's log-probs)."""
     dtype: str = "float32"
     """Precision the engine samples in: float32 | bfloat16 | float16. Training stays in float32; the sampler
-    uses a cast of the current policy, refreshed before every rollout (ALGORITHMS.md, rollout precision)."""
+    uses a cast of the current policy, refreshed before every rollout (docs/algorithms.md, rollout precision)."""
     correction: str = "none"
     """Sampler/trainer mismatch correction: none | tis (truncate the IS weight at the cap) | mis (mask units
     whose weight leaves [1/cap, cap]); the weight is taken at the algorithm's ratio unit."""
@@ -197,7 +194,7 @@ class LossConfig:
     kl_coef: Union[float, str] = AUTO
     """KL-to-reference weight; auto = 0.05 for ppo (in the reward), 0 otherwise (in the loss)."""
     kl_estimator: str = "k3"
-    """k1 | k2 | k3 (ALGORITHMS.md)."""
+    """k1 | k2 | k3 (docs/algorithms.md)."""
     gamma: float = 1.0
     """PPO GAE discount."""
     lam: float = 0.95
@@ -229,7 +226,7 @@ class TrainConfig:
     steps: int = 40
     """RL steps (one rollout batch each)."""
     minibatches: int = 4
-    """Optimiser steps per rollout batch; later minibatches are off-policy (ALGORITHMS.md)."""
+    """Optimiser steps per rollout batch; later minibatches are off-policy (docs/algorithms.md)."""
     lr: float = 2e-4
     """Policy AdamW learning rate."""
     critic_lr: float = 1e-3
@@ -366,8 +363,9 @@ class RunConfig:
     """Where these settings come from (a paper, a tuning study); free text."""
     tuning: str = "default"
     """Leaderboard label (run tag ``tuning``): default | tuned (a ``tune`` best-params file) | trial (hidden)."""
-    algos: list[str] = field(default_factory=lambda: list(LOSSES))
-    """Algorithms to run, in order."""
+    algos: list[str] = field(default_factory=list)
+    """Algorithms to run, in order (names of ``algorithms/``; the presets list them, ``--algos all`` names
+    every one)."""
     task: str = "arith"
     """Built-in task name or a task spec YAML path."""
     seeds: list[int] = field(default_factory=lambda: [0])
@@ -385,17 +383,21 @@ class RunConfig:
         _check(len(self.algos) > 0, "algos must name at least one algorithm")
         _check(isinstance(self.tuning, str) and re.fullmatch(r"[A-Za-z0-9._-]+", self.tuning) is not None,
                f"tuning={self.tuning!r} must be a one-word label such as default or tuned")
-        for a in self.algos:
-            _choice("algo", a, list(LOSSES))
+        _check(all(isinstance(a, str) and re.fullmatch(r"[A-Za-z0-9_]+", a) for a in self.algos),
+               f"algos={self.algos!r} must be algorithm names (checked against the registered ones before a run)")
         _check(len(self.seeds) > 0 and all(isinstance(s, int) and s >= 0 for s in self.seeds),
                f"seeds={self.seeds!r} must be non-negative ints")
 
     def resolve(self, algo: str, recipe: "Recipe", task_max_new_tokens: int) -> "Resolved":
-        """This config as algorithm ``algo`` runs it: ``auto`` becomes the loss's clip or the recipe's value."""
-        spec, lc, r = LOSSES[algo], self.loss, self.rollout
+        """This config as algorithm ``algo`` runs it: ``auto`` becomes the recipe's value (its loss's clip band,
+        registered with the algorithm)."""
+        if recipe.clip is None:
+            raise ValueError(f"algorithm {algo!r}: its recipe has no clip band (register it with "
+                             "algorithms.register_algorithm, which takes it from its loss)")
+        lc, r = self.loss, self.rollout
         loss = LossSettings(
-            eps_low=spec.eps_low if lc.eps_low == AUTO else lc.eps_low,
-            eps_high=spec.eps_high if lc.eps_high == AUTO else lc.eps_high,
+            eps_low=recipe.clip[0] if lc.eps_low == AUTO else lc.eps_low,
+            eps_high=recipe.clip[1] if lc.eps_high == AUTO else lc.eps_high,
             dual_clip_c=lc.dual_clip_c,
             kl_coef=recipe.kl_coef if lc.kl_coef == AUTO else float(lc.kl_coef),
             kl_estimator=lc.kl_estimator,

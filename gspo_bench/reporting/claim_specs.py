@@ -1,5 +1,5 @@
-"""The claims of the sources (``../shared/seeds``: the GSPO article and analysis, the CISPO review, the TRL
-pull request on GSPO-token) and the miniature experiment that checks each one.
+"""The claims of the sources (the GSPO paper and the Qwen team's article on it, the MiniMax-M1 paper for
+CISPO, TRL's pull request adding GSPO-token, the R3 paper) and the miniature experiment that checks each one.
 
 A claim is split into *parts*. A part is a per-seed paired difference
 
@@ -176,7 +176,7 @@ def claims(delta: float = DEFAULT_MARGIN) -> tuple[Claim, ...]:
               (Curve("grpo none", m, _w("grpo", **moe["none"])), Curve("grpo r3", m, _w("grpo", **moe["r3"])),
                Curve("gspo none", m, _w("gspo", **moe["none"])), Curve("gspo r3", m, _w("gspo", **moe["r3"])))),
         Claim("r3", "R3 beats R2 and TIS for MoE under a bf16 sampler.",
-              "Rollout Routing Replay (R3) work on MoE RL, as issue 13 states the claim: replaying "
+              "Rollout Routing Replay (R3), arXiv 2510.11370: replaying "
               "the sampler's experts removes the routing part of the mismatch that R2 and TIS leave",
               "tiny-moe, bf16 sampler: r3 vs r2 and r3 vs TIS per algorithm (grpo, gspo, cispo); final greedy "
               "pass@1, plus the mean sampler/trainer KL (`mismatch/kl`, log10 ratio) as a mechanism reading.",

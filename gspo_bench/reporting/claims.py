@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gspo_bench.reporting.claim_specs import EXPERIMENTS, Claim, Part, Term
-from gspo_bench.reporting.leaderboard import FINISHED, RunData, _seed_key
-from gspo_bench.reporting.paired import PairedStat, paired_summary
+from gspo_bench.reporting.frame import FINISHED, RunData
+from gspo_bench.reporting.paired import PairedStat, paired_summary, signed_sum_by_seed
 
 REPRODUCED, REFUTED, UNDECIDED, NOT_RUN = "reproduced", "refuted", "not decided", "not run"
 METRICS = ("eval/pass1",)  # always loaded; ``needed_metrics`` adds what the claims measure and draw
@@ -115,15 +115,9 @@ def evaluate_part(part: Part, runs: dict[str, list[RunData]]) -> PartResult:
                    else f"no FINISHED run of {t.experiment} with {', '.join(f'{k}={v}' for k, v in t.where)}")
             return PartResult(part, paired_summary([]), [], NOT_RUN, why)
         picks.append((t, chosen))
-    seeds = sorted(set.intersection(*(set(c) for _, c in picks)), key=_seed_key)
-    diffs, used = [], []
-    for s in seeds:
-        values = [measure(c[s], t.measure) for t, c in picks]
-        if None in values:
-            continue
-        # d_s = sum_i sign_i * measure_i(run_i at seed s)
-        diffs.append(sum(t.sign * v for (t, _), v in zip(picks, values)))
-        used.append(s)
+    # d_s = sum_i sign_i * measure_i(run_i at seed s), over the seeds where every term is measured
+    used, diffs = signed_sum_by_seed([(t.sign, {s: measure(r, t.measure) for s, r in chosen.items()})
+                                      for t, chosen in picks])
     if not diffs:
         return PartResult(part, paired_summary([]), [], NOT_RUN, "no seed has every term measured")
     stat = paired_summary(diffs)

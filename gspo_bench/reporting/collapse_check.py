@@ -58,7 +58,8 @@ def replay(history: History, cfg: CollapseConfig | None = None) -> list[Collapse
 
 def from_mlflow(uri: str, experiment: str) -> list[History]:
     """Histories of every FINISHED benchmark run of ``experiment``."""
-    from gspo_bench.reporting.leaderboard import FINISHED, load_runs
+    from gspo_bench.reporting.leaderboard import load_runs
+    from gspo_bench.reporting.frame import FINISHED
 
     out = []
     for run in load_runs(uri, experiment, metrics=DETECTOR_METRICS):

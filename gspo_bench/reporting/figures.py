@@ -16,7 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator, PercentFormatter
 
-from gspo_bench.reporting.leaderboard import RunData
+from gspo_bench.reporting.frame import RunData
 
 CLIP_FLOOR = 1e-5  # clip/frac is drawn on a log axis: a step with no clipped token is drawn here
 ARTICLE_CLIP = {"gspo": 0.15, "grpo": 0.0013}  # GSPO article: ~15 % vs ~0.13 % of tokens clipped
@@ -24,7 +24,7 @@ STYLES = ("-", "--", "-.", ":")
 
 
 def _order() -> dict[str, int]:
-    from gspo_bench.losses import LOSSES
+    from gspo_bench.core.losses import LOSSES
 
     return {a: i for i, a in enumerate(LOSSES)}
 

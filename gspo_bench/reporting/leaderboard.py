@@ -38,24 +38,22 @@ module never imports it.
 
 from __future__ import annotations
 
-import csv
 import io
-import logging
 import math
 import re
 import statistics
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from gspo_bench import tables
 from gspo_bench.config import ConfigError, resolve_tracking_uri
+from gspo_bench.reporting.frame import FINISHED, RunData, load_frame, runs_of
+from gspo_bench.reporting.paired import seed_key
 from gspo_bench.reporting.grouping import by_names, check_by, flat, split_values, with_by
 
 DEFAULT_EXPERIMENT = "gspo_bench"
-FINISHED = "FINISHED"
 PLUS = 0.10  # "warm start + 10 points"
 # metric histories the leaderboard needs; ``collapse/<kind>`` ones are added per run
 LEADERBOARD_METRICS = ("eval/pass1", "clip/frac", "reward/mean")
-HIDDEN_KINDS = ("report", "study")  # runs that hold outputs, not training
 DEFAULT_BASELINE = "grpo"
 
 NOTES = (
@@ -70,43 +68,11 @@ NOTES = (
     "metric(baseline, seed s) over the seeds where both have a FINISHED run (same warm start and prompt order), for "
     "final pass@1, AUC (both in points = 100 x pass@1) and steps to +10 pts (only seeds where both reached it; "
     "negative = sooner); mean diff with its 95 % t interval (n-1 df, sample sd); significant = the interval "
-    "excludes 0, with no multiple-comparison correction. MDE = (t_0.975,n-1 + t_0.8,n-1) x sd / sqrt(n): the "
-    "true difference a two-sided 5 % paired t test detects with 80 % power (Bloom 1995 approximation). The "
+    "excludes 0, with no multiple-comparison correction. MDE = d x sd: the true difference a two-sided 5 % "
+    "paired t test detects with 80 % power, d solved exactly from the noncentral t with n-1 df. The "
     "group's MDE line uses the pooled sd sqrt(mean of the algorithms' variances of the final pass@1 differences) "
     "and their common number of pairs (the smallest when they differ). Fewer than 2 pairs: no interval, no MDE."
 )
-
-
-@dataclass
-class RunData:
-    """One MLflow run, with the metric histories we read: ``history[key] = [(step, value), ...]`` by step."""
-
-    run_id: str
-    status: str
-    tags: dict[str, str]
-    params: dict[str, str]
-    metrics: dict[str, float]  # latest values
-    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
-    artifact_uri: str = ""
-
-    @property
-    def algo(self) -> str:
-        return self.tags.get("algo", "?")
-
-    @property
-    def seed(self) -> str:
-        return self.tags.get("seed", "?")
-
-    @property
-    def group(self) -> tuple[str, str, str, str]:
-        """(task, model, preset, config): runs in one group are comparable."""
-        t = self.tags
-        return (t.get("task", "?"), t.get("model", "?"), t.get("preset", "?"), t.get("tuning", "default"))
-
-    def collapse_steps(self) -> list[tuple[str, int]]:
-        """(kind, step) of every collapse event, from the ``collapse/<kind>`` metric histories."""
-        return sorted(((k.split("/", 1)[1], s) for k, h in self.history.items()
-                       if k.startswith("collapse/") and k != "collapse/events" for s, _ in h), key=lambda e: e[1])
 
 
 def read_uri(uri: str | None) -> str:
@@ -128,54 +94,11 @@ def slug(*parts: str) -> str:
     return "_".join(re.sub(r"[^A-Za-z0-9.-]+", "-", p).strip("-") for p in parts if p)
 
 
-def _quiet_mlflow() -> None:
-    for name in ("mlflow", "alembic", "mlflow.store.db.utils"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
-    by_step: dict[int, float] = {}
-    for m in sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp)):
-        by_step[int(m.step)] = float(m.value)  # a step logged twice keeps its last value
-    return sorted(by_step.items())
-
-
-def experiment_id(client, experiment: str) -> str:
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        names = sorted(e.name for e in client.search_experiments())
-        raise ConfigError(f"experiment {experiment!r} not found (existing: {', '.join(names) or 'none'})")
-    return exp.experiment_id
-
-
 def load_runs(uri: str, experiment: str = DEFAULT_EXPERIMENT, task: str | None = None, model: str | None = None,
               metrics: tuple[str, ...] = LEADERBOARD_METRICS) -> list[RunData]:
-    """The experiment's benchmark runs (no report, study or trial run), histories of ``metrics`` for FINISHED ones."""
-    import mlflow
-
-    _quiet_mlflow()
-    client = mlflow.MlflowClient(uri)
-    exp_id = experiment_id(client, experiment)
-    runs, token = [], None
-    while True:
-        page = client.search_runs([exp_id], max_results=1000, page_token=token)
-        runs += page
-        token = page.token
-        if not token:
-            break
-    out = []
-    for r in runs:
-        tags = dict(r.data.tags)
-        hidden = tags.get("kind") in HIDDEN_KINDS or tags.get("tuning") == "trial"
-        if hidden or (task and tags.get("task") != task) or (model and tags.get("model") != model):
-            continue
-        d = RunData(r.info.run_id, r.info.status, tags, dict(r.data.params), dict(r.data.metrics),
-                    artifact_uri=r.info.artifact_uri)
-        if d.status == FINISHED:
-            keys = [k for k in metrics if k in d.metrics] + [k for k in d.metrics if k.startswith("collapse/")]
-            d.history = {k: _history(client, d.run_id, k) for k in dict.fromkeys(keys)}
-        out.append(d)
-    return out
+    """The experiment's benchmark runs (no report, study or trial run), histories of ``metrics`` for FINISHED
+    ones: ``frame.runs_of`` over ``frame.load_frame``."""
+    return runs_of(load_frame(uri, experiment, task, model, metrics))
 
 
 # -- per-run numbers -------------------------------------------------------------------------------------------
@@ -237,10 +160,6 @@ def _mean_std(xs: list) -> tuple[float | None, float | None]:
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else None)
 
 
-def _seed_key(s: str):
-    return (0, int(s), s) if s.lstrip("-").isdigit() else (1, 0, s)
-
-
 def summarise(runs: list[RunData], by: tuple[str, ...] = ()) -> list[dict]:
     """Rows: per group, per algorithm, one aggregated FINISHED row, plus one row per other status. ``by``:
     run tags splitting the groups further; each row then has ``row["by"] = {tag: value}``."""
@@ -249,7 +168,7 @@ def summarise(runs: list[RunData], by: tuple[str, ...] = ()) -> list[dict]:
         buckets.setdefault((*r.group, split_values(r.tags, by), r.algo, r.status), []).append(r)
     rows = []
     for (task, model, preset, config, vals, algo, status), rs in buckets.items():
-        seeds = sorted({r.seed for r in rs}, key=_seed_key)
+        seeds = sorted({r.seed for r in rs}, key=seed_key)
         row = {"task": task, "model": model, "preset": preset, "config": config, "algo": algo, "status": status,
                "n": len(rs), "seeds": ",".join(seeds)}
         if by:
@@ -349,17 +268,9 @@ def render(rows: list[dict], fmt: str = "md", title: str | None = None) -> str:
     """``table`` (Rich, as plain text), ``md`` (formatted cells) or ``csv`` (raw numbers, empty = none): the
     leaderboard table alone (``paired_table.render_with_paired`` goes on with the paired differences)."""
     if fmt == "csv":
-        buf = io.StringIO()
-        fields = with_by(CSV_FIELDS, by_names(rows))  # with --by: the tags after config
-        w = csv.DictWriter(buf, fields, extrasaction="ignore", lineterminator="\n")
-        w.writeheader()
-        w.writerows({k: ("" if row.get(k) is None else row.get(k)) for k in fields} for row in map(flat, rows))
-        return buf.getvalue()
+        return tables.csv_text(with_by(CSV_FIELDS, by_names(rows)), map(flat, rows))  # --by: the tags after config
     if fmt == "md":
-        cols = with_by(COLUMNS, by_names(rows))
-        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |" for r in rows]
-        return "\n".join(lines) + "\n"
+        return tables.markdown(with_by(COLUMNS, by_names(rows)), map(_cells, rows))
     if fmt == "table":
         return _plain(rich_table(rows, title))
     raise ConfigError(f"format {fmt!r} is not one of: table, md, csv")

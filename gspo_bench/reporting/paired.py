@@ -22,13 +22,21 @@ if no algorithm truly differed from the baseline the chance that at least one
 is marked would be up to 1 - 0.95^15, about 54 % (less, as the three metrics
 are correlated). Read the marks as a screen, not as findings.
 
-Pure functions (no MLflow); ``paired_table.paired_groups`` applies them to runs.
+Pure functions (no MLflow), the one place the project pairs and tests: the
+leaderboard's paired table (``paired_table.py``), the split comparisons
+(``split_pairs.py``), the suite's best/worst tests (``suite_summary.py``) and
+the claims (``claims.py``) all pair with ``pair_by_seed`` and summarise with
+``paired_summary``. The interval is scipy's (``ttest_1samp`` on the
+differences, i.e. ``ttest_rel`` on the pairs); the MDE is solved exactly from
+the noncentral t (statsmodels' ``TTestPower``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
+import warnings
 from dataclasses import dataclass
 
 
@@ -44,14 +52,6 @@ class PairedStat:
     mde: float | None  # minimum detectable effect of this design (see ``mde``)
 
 
-def t_quantile(q: float, df: int) -> float:
-    """The q quantile of Student's t with ``df`` degrees of freedom (scipy, imported here: importing
-    scipy.stats costs most of a second, and every CLI command imports this module's callers)."""
-    from scipy.stats import t as student_t
-
-    return float(student_t.ppf(q, df))
-
-
 def _check_levels(alpha: float, power: float) -> None:
     if not (0 < alpha < 1 and 0 < power < 1):
         raise ValueError(f"alpha={alpha} and power={power} must both lie in (0, 1)")
@@ -61,24 +61,28 @@ def mde(sd: float | None, n: int, alpha: float = 0.05, power: float = 0.8) -> fl
     """Minimum detectable effect: the true mean paired difference that a two-sided paired t test at level
     ``alpha`` detects with probability ``power``, given the sd of the differences and ``n`` pairs.
 
-    MDE = (t_{1-alpha/2, n-1} + t_{power, n-1}) * sd / sqrt(n). This is the
-    standard approximation, as in H. S. Bloom, "Minimum detectable effects: a
-    simple way to report the statistical power of experimental designs",
-    Evaluation Review 19(5):547-556, 1995 (multiplier M = t_{alpha/2} +
-    t_{1-beta}, beta = 1 - power). The exact value needs the noncentral t
-    distribution; the approximation is slightly optimistic with few pairs (at
-    this MDE the exact power, for alpha 0.05 and power 0.8, is about 77 % with
-    n = 3, 79 % with n = 5, 80 % from n = 8; with n = 2 only 73 %). None when
-    n < 2 or sd is None (no estimate of the spread).
+    Solved exactly: the standardised effect ``d`` at which the noncentral t with ``n - 1`` degrees of freedom
+    and noncentrality ``d sqrt(n)`` exceeds the two-sided critical value with probability ``power``
+    (statsmodels' ``TTestPower.solve_power``); MDE = d * sd. The common shortcut (t_{1-alpha/2, n-1} +
+    t_{power, n-1}) * sd / sqrt(n) (Bloom 1995) is slightly optimistic with few pairs: for alpha 0.05 and
+    power 0.8 the exact d is 3.26 with n = 3 (shortcut 3.10), 1.68 with n = 5 (1.66), 1.16 with n = 8 (1.15),
+    and 11.5 with n = 2 (9.96). None when n < 2 or sd is None (no estimate of the spread).
     """
     _check_levels(alpha, power)
     if sd is None or n < 2 or not math.isfinite(sd):
         return None
-    df = n - 1
-    # multiplier M = t_{1-alpha/2, n-1} + t_{power, n-1}
-    m = t_quantile(1 - alpha / 2, df) + t_quantile(power, df)
-    # MDE = M * sd / sqrt(n)  (sd / sqrt(n) = standard error of the mean difference)
-    return m * sd / math.sqrt(n)
+    # d: power = P(|T'| > t_{1-alpha/2, n-1}), T' ~ noncentral t(n - 1, d sqrt(n))
+    d = _effect_size(n, alpha, power)
+    # MDE = d * sd  (the difference, in the metric's own units)
+    return d * sd
+
+
+@functools.lru_cache(maxsize=256)
+def _effect_size(n: int, alpha: float, power: float) -> float:
+    from statsmodels.stats.power import TTestPower
+
+    return float(TTestPower().solve_power(effect_size=None, nobs=n, alpha=alpha, power=power,
+                                          alternative="two-sided"))
 
 
 def paired_summary(diffs: list[float], alpha: float = 0.05, power: float = 0.8) -> PairedStat:
@@ -87,6 +91,8 @@ def paired_summary(diffs: list[float], alpha: float = 0.05, power: float = 0.8) 
     n = 0: everything None; n = 1: the mean alone. A non-finite difference is
     a ValueError (the caller leaves out a pair it cannot compute).
     """
+    from scipy import stats
+
     _check_levels(alpha, power)
     xs = [float(d) for d in diffs]
     if not all(math.isfinite(x) for x in xs):
@@ -100,12 +106,41 @@ def paired_summary(diffs: list[float], alpha: float = 0.05, power: float = 0.8) 
         return PairedStat(1, mean, None, None, False, None)
     # sample sd  s_d = sqrt(sum_s (d_s - d_bar)^2 / (n - 1))
     sd = statistics.stdev(xs)
-    # interval  d_bar -/+ t_{1-alpha/2, n-1} * s_d / sqrt(n)
-    half = t_quantile(1 - alpha / 2, n - 1) * sd / math.sqrt(n)
-    ci = (mean - half, mean + half)
-    # significant  <=>  0 lies outside [lo, hi]  (sd = 0: the interval is the point d_bar)
+    if sd == 0:  # every pair differs by the same amount: the interval is that point
+        ci = (mean, mean)
+    else:
+        # interval  d_bar -/+ t_{1-alpha/2, n-1} * s_d / sqrt(n): the one-sample t test of the differences
+        with warnings.catch_warnings():  # differences equal up to rounding: scipy warns, the interval stands
+            warnings.simplefilter("ignore", RuntimeWarning)
+            lo, hi = stats.ttest_1samp(xs, 0.0).confidence_interval(confidence_level=1 - alpha)
+        ci = (float(lo), float(hi))
+    # significant  <=>  0 lies outside [lo, hi]
     significant = ci[0] > 0 or ci[1] < 0
     return PairedStat(n, mean, sd, ci, significant, mde(sd, n, alpha, power))
+
+
+def signed_sum_by_seed(terms: list[tuple[float, dict]]) -> tuple[list, list[float]]:
+    """The seeds where every term's values (seed -> value) hold a finite value, in seed order, and per seed
+    ``d_s = sum_i sign_i * value_i[s]``: the pairing of every comparison here (two terms for a paired
+    difference, four for a difference of differences)."""
+    def finite(x) -> bool:
+        return x is not None and math.isfinite(x)
+
+    common = set.intersection(*(set(values) for _, values in terms)) if terms else set()
+    seeds = sorted((s for s in common if all(finite(values[s]) for _, values in terms)), key=seed_key)
+    # d_s = sum_i sign_i * value_i(s)
+    return seeds, [sum(sign * values[s] for sign, values in terms) for s in seeds]
+
+
+def pair_by_seed(a: dict, b: dict) -> tuple[list, list[float]]:
+    """The seeds both ``a`` and ``b`` (seed -> value) have a finite value for, and ``a[s] - b[s]``."""
+    return signed_sum_by_seed([(1.0, a), (-1.0, b)])
+
+
+def seed_key(s):
+    """Seeds in numeric order (tags are strings: "10" after "9"), anything else after them."""
+    s = str(s)
+    return (0, int(s), s) if s.lstrip("-").isdigit() else (1, 0, s)
 
 
 def pooled_sd(sds: list[float]) -> float | None:

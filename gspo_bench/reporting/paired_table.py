@@ -31,17 +31,17 @@ line per group, as the CLI's ``leaderboard`` prints it without ``--paired``.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import statistics
 from dataclasses import dataclass
 
+from gspo_bench import tables
 from gspo_bench.config import ConfigError
 from gspo_bench.reporting.grouping import by_title, flat, split_values, with_by
-from gspo_bench.reporting.leaderboard import (DEFAULT_BASELINE, FINISHED, RunData, _plain, _seed_key, render,
-                                              rich_table, run_summary)
-from gspo_bench.reporting.paired import mde, paired_summary, pooled_sd
+from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE, _plain, render, rich_table, run_summary
+from gspo_bench.reporting.frame import FINISHED, RunData
+from gspo_bench.reporting.paired import seed_key
+from gspo_bench.reporting.paired import mde, pair_by_seed, paired_summary, pooled_sd
 
 ALPHA, POWER = 0.05, 0.8  # paired tables: 95 % intervals, MDE at 80 % power
 
@@ -96,20 +96,49 @@ def _seed_values(runs: list[RunData]) -> dict[str, dict[str, float | None]]:
     return out
 
 
+def compare(mine: dict[str, dict], base: dict[str, dict], alpha: float = ALPHA, power: float = POWER) -> list[dict]:
+    """Per ``PAIRED_METRICS`` metric, the paired differences ``mine - base`` (``_seed_values`` dicts): the row
+    fields every paired table shares (``n`` pairs of the ``common`` seeds, their ``seeds``, ``mean_diff``,
+    ``sd_diff``, ``ci_low``/``ci_high``, ``significant``, ``mde``, the ``PairedStat`` as ``stat``)."""
+    common = sorted(set(mine) & set(base), key=seed_key)
+    rows = []
+    for name, k, label, unit, scale in PAIRED_METRICS:
+        # d_s = metric(compared, s) - metric(baseline, s), over the seeds where both have it
+        seeds, diffs = pair_by_seed({s: v[k] for s, v in mine.items()}, {s: v[k] for s, v in base.items()})
+        st = paired_summary(diffs, alpha, power)
+        rows.append({"metric": name, "label": label, "unit": unit, "scale": scale, "n": st.n, "common": len(common),
+                     "seeds": ",".join(seeds), "mean_diff": st.mean, "sd_diff": st.sd,
+                     "ci_low": st.ci[0] if st.ci else None, "ci_high": st.ci[1] if st.ci else None,
+                     "significant": st.significant, "mde": st.mde, "stat": st})
+    return rows
+
+
+def pooled_mde(rows: list[dict], alpha: float = ALPHA, power: float = POWER) -> tuple:
+    """``(mde, n, sd, k)``: the experiment-level MDE of final pass@1 over the comparisons in ``rows`` with 2 or
+    more pairs (k of them): the pooled sd sqrt(mean of their variances) at their smallest n; Nones and 0s when
+    no comparison has 2 pairs."""
+    stats = [r["stat"] for r in rows if r.get("metric") == "final_pass1" and r["stat"] is not None
+             and r["stat"].sd is not None]
+    if not stats:
+        return None, 0, None, 0
+    # experiment MDE = mde(pooled sd, common n); pooled sd = sqrt(mean_a sd_a^2), common n = min_a n_a
+    n, sd = min(st.n for st in stats), pooled_sd([st.sd for st in stats])
+    return mde(sd, n, alpha, power), n, sd, len(stats)
+
+
 def check_baseline(runs: list[RunData], baseline: str, strict: bool = True) -> str | None:
     """None when ``baseline`` has a FINISHED run among ``runs``; else why not, as a ConfigError when ``strict``
-    (an explicit ``--baseline``) and as the returned sentence otherwise. An unknown algorithm name (neither
-    registered nor in the runs) is always a ConfigError."""
+    (an explicit ``--baseline``) and as the returned sentence otherwise. A name no run of the selection has
+    (a typo, or an algorithm not run here) is always a ConfigError."""
     finished = sorted({r.algo for r in runs if r.status == FINISHED})
     if baseline in finished:
         return None
     mine = [r for r in runs if r.algo == baseline]
     if not mine:
-        from gspo_bench import algorithms
-
-        known = algorithms.names()
-        if baseline not in known:
-            raise ConfigError(f"--baseline {baseline!r}: unknown algorithm (known: {', '.join(known)})")
+        if strict:
+            known = sorted({r.algo for r in runs})
+            raise ConfigError(f"--baseline {baseline!r}: unknown algorithm here: no run of {baseline!r} in the "
+                              f"selection (algorithms with runs: {', '.join(known) or 'none'})")
         why = f"no run of {baseline!r} in the selection"
     else:
         counts = {st: sum(r.status == st for r in mine) for st in sorted({r.status for r in mine})}
@@ -138,21 +167,11 @@ def paired_groups(runs: list[RunData], baseline: str = DEFAULT_BASELINE, alpha: 
     for key in sorted(groups):
         by_algo = groups[key]
         base = _seed_values(by_algo[baseline]) if baseline in by_algo else {}
-        rows, finals = [], []
+        rows = []
         for algo in sorted(a for a in by_algo if a != baseline):
-            mine = _seed_values(by_algo[algo])
-            common = sorted(set(mine) & set(base), key=_seed_key)
-            for name, k, label, unit, scale in PAIRED_METRICS:
-                pairs = [(s, mine[s][k] - base[s][k]) for s in common if _finite(mine[s][k]) and _finite(base[s][k])]
-                st = paired_summary([d for _, d in pairs], alpha, power)
-                if name == "final_pass1":
-                    finals.append(st)
-                rows.append({"task": key[0], "model": key[1], "preset": key[2], "config": key[3], "algo": algo,
-                             "baseline": baseline, "metric": name, "label": label, "unit": unit, "scale": scale,
-                             "n": st.n, "common": len(common), "seeds": ",".join(s for s, _ in pairs),
-                             "mean_diff": st.mean, "sd_diff": st.sd, "ci_low": st.ci[0] if st.ci else None,
-                             "ci_high": st.ci[1] if st.ci else None, "significant": st.significant, "mde": st.mde,
-                             "stat": st, **({"by": dict(zip(by, key[4:]))} if by else {})})
+            head = {"task": key[0], "model": key[1], "preset": key[2], "config": key[3], "algo": algo,
+                    "baseline": baseline, **({"by": dict(zip(by, key[4:]))} if by else {})}
+            rows += [{**head, **r} for r in compare(_seed_values(by_algo[algo]), base, alpha, power)]
         g = PairedGroup(key, baseline, rows, by=by)
         if baseline not in by_algo:
             g.note = f"no FINISHED {baseline} run in this group"
@@ -160,12 +179,7 @@ def paired_groups(runs: list[RunData], baseline: str = DEFAULT_BASELINE, alpha: 
             g.note = f"only {baseline} in this group, nothing to pair"
         elif not any(r["common"] for r in rows):
             g.note = f"no seed has FINISHED runs of both {baseline} and another algorithm"
-        pooled = [st for st in finals if st.sd is not None]  # the algorithms with >= 2 pairs
-        if pooled:
-            # experiment MDE = mde(pooled sd, common n); pooled sd = sqrt(mean_a sd_a^2), common n = min_a n_a
-            g.mde_n, g.mde_algos = min(st.n for st in pooled), len(pooled)
-            g.mde_sd = pooled_sd([st.sd for st in pooled])
-            g.mde = mde(g.mde_sd, g.mde_n, alpha, power)
+        g.mde, g.mde_n, g.mde_sd, g.mde_algos = pooled_mde(rows, alpha, power)  # the algorithms with >= 2 pairs
         best = {r["algo"]: r["mean_diff"] for r in rows if r["metric"] == "final_pass1"}
         order = {a: (best[a] is None, -(best[a] or 0.0), a) for a in best}
         g.rows = sorted(rows, key=lambda r: order[r["algo"]])  # stable: metrics keep their order
@@ -229,16 +243,10 @@ def render_paired(groups: list[PairedGroup], fmt: str = "md", baseline: str = DE
     per group), ``table`` (Rich) or ``csv`` (raw: pass@1 units and steps, every row). ``note``: the one line
     printed instead, when the baseline has no FINISHED run at all."""
     if fmt == "csv":
-        buf = io.StringIO()
-        fields = with_by(PAIRED_CSV_FIELDS, groups[0].by if groups else ())  # with --by: the tags after config
-        w = csv.DictWriter(buf, fields, extrasaction="ignore", lineterminator="\n")
-        w.writeheader()
-        for r in (flat(r) for g in groups for r in g.rows):
-            cells = {k: "" if r.get(k) is None else r[k] for k in fields}
-            # significant: true / false, empty without an interval (fewer than 2 pairs)
-            cells["significant"] = "" if r["ci_low"] is None else str(r["significant"]).lower()
-            w.writerow(cells)
-        return buf.getvalue()
+        # significant: true / false, empty without an interval (fewer than 2 pairs)
+        records = [{**r, "significant": None if r["ci_low"] is None else str(r["significant"]).lower()}
+                   for r in (flat(r) for g in groups for r in g.rows)]
+        return tables.csv_text(with_by(PAIRED_CSV_FIELDS, groups[0].by if groups else ()), records)
     if fmt == "table":
         return _plain(*paired_rich(groups, baseline, note))
     if fmt != "md":
@@ -248,10 +256,7 @@ def render_paired(groups: list[PairedGroup], fmt: str = "md", baseline: str = DE
     lines = [f"**{_paired_title(baseline)}.**", ""] if with_title else []
     shown = [r for g in groups if not g.note for r in g.rows]
     if shown:
-        cols = with_by(PAIRED_COLUMNS, groups[0].by)
-        lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _paired_cells(r)) + " |" for r in shown]
-        lines.append("")
+        lines += [tables.markdown(with_by(PAIRED_COLUMNS, groups[0].by), map(_paired_cells, shown))]
     lines += [f"- {mde_line(g)}" for g in groups] or ["No finished run: no paired differences."]
     return "\n".join(lines) + "\n"
 

@@ -51,12 +51,12 @@ from pathlib import Path
 from gspo_bench.reporting import figures
 from gspo_bench.config import ConfigError
 from gspo_bench.paths import probe_writable_dir
-from gspo_bench.redact import redact
-from gspo_bench.tracking import mark_experiment
+from gspo_bench.tracking.redact import redact
+from gspo_bench.tracking.ui import mark_experiment
 from gspo_bench.reporting.grouping import MISSING, by_slug, check_by, split_values
-from gspo_bench.reporting.leaderboard import (DEFAULT_BASELINE, DEFAULT_EXPERIMENT, FINISHED, NOTES, RunData,
-                                              _seed_key, experiment_id, load_runs, no_runs_message, render, slug,
-                                              summarise)
+from gspo_bench.reporting.leaderboard import (DEFAULT_BASELINE, DEFAULT_EXPERIMENT, NOTES, load_runs, no_runs_message, render, slug, summarise)
+from gspo_bench.reporting.frame import FINISHED, RunData, experiment_id
+from gspo_bench.reporting.paired import seed_key
 from gspo_bench.reporting.paired_table import PairedGroup, check_baseline, group_title, paired_groups, render_paired
 from gspo_bench.reporting.split_pairs import (check_split_value, parse_split_baseline, split_pair_groups,
                                               split_pairs_section)
@@ -272,7 +272,7 @@ def splits_section(key: tuple, splits: dict[tuple, list[RunData]], by: tuple[str
             mine = [r for r in rs if r.algo == algo]
             if not mine:
                 continue
-            seeds = sorted({r.seed for r in mine}, key=_seed_key)
+            seeds = sorted({r.seed for r in mine}, key=seed_key)
             # final pass@1 of a run = its last eval/pass1 value; mean ± sample sd over the split's seeds
             final = [h[-1][1] for r in mine if (h := r.history.get("eval/pass1"))]
             pass1 = "-" if not final else f"{statistics.fmean(final):.3f}" + (

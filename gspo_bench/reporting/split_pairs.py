@@ -37,16 +37,14 @@ With a plain algorithm name ``--baseline`` keeps its meaning
 
 from __future__ import annotations
 
-import csv
-import io
 from dataclasses import dataclass
 
+from gspo_bench import tables
 from gspo_bench.config import ConfigError
 from gspo_bench.reporting.grouping import MISSING, flat, split_values, with_by
-from gspo_bench.reporting.leaderboard import FINISHED, RunData, _plain, _seed_key, render, rich_table
-from gspo_bench.reporting.paired import mde, paired_summary, pooled_sd
-from gspo_bench.reporting.paired_table import (ALPHA, PAIRED_METRICS, POWER, _finite, _seed_values,
-                                               group_title)
+from gspo_bench.reporting.leaderboard import _plain, render, rich_table
+from gspo_bench.reporting.frame import FINISHED, RunData
+from gspo_bench.reporting.paired_table import ALPHA, POWER, _seed_values, compare, group_title, pooled_mde
 
 
 def parse_split_baseline(baseline: str | None, by: tuple[str, ...]) -> tuple[str, str] | None:
@@ -110,7 +108,7 @@ def split_pair_groups(runs: list[RunData], tag: str, value: str, by: tuple[str, 
     out = []
     for key in sorted(groups):
         task, model, preset, config = key
-        rows, finals, compared = [], [], 0
+        rows, compared = [], 0
         for algo in sorted(groups[key]):
             splits = groups[key][algo]
             for vals in sorted(v for v in splits if v[i] != value):
@@ -125,20 +123,9 @@ def split_pair_groups(runs: list[RunData], tag: str, value: str, by: tuple[str, 
                                  "note": f"no baseline split: no FINISHED {algo} run with {_label(by, base_vals)}"})
                     continue
                 compared += 1
-                mine, base = _seed_values(splits[vals]), _seed_values(splits[base_vals])
-                common = sorted(set(mine) & set(base), key=_seed_key)
-                for name, k, label, unit, scale in PAIRED_METRICS:
-                    # d_s = metric(algo, S, s) - metric(algo, baseline split of S, s)
-                    pairs = [(s, mine[s][k] - base[s][k]) for s in common
-                             if _finite(mine[s][k]) and _finite(base[s][k])]
-                    st = paired_summary([d for _, d in pairs], alpha, power)
-                    if name == "final_pass1":
-                        finals.append(st)
-                    rows.append({**head, "metric": name, "label": label, "unit": unit, "scale": scale, "n": st.n,
-                                 "common": len(common), "seeds": ",".join(s for s, _ in pairs), "mean_diff": st.mean,
-                                 "sd_diff": st.sd, "ci_low": st.ci[0] if st.ci else None,
-                                 "ci_high": st.ci[1] if st.ci else None, "significant": st.significant,
-                                 "mde": st.mde, "stat": st})
+                # d_s = metric(algo, S, s) - metric(algo, baseline split of S, s)
+                rows += [{**head, **r} for r in compare(_seed_values(splits[vals]), _seed_values(splits[base_vals]),
+                                                        alpha, power)]
         g = SplitGroup(key, tag, value, by, rows)
         if not rows:
             g.note = f"every split has {tag}={value}, nothing to compare with it"
@@ -146,12 +133,7 @@ def split_pair_groups(runs: list[RunData], tag: str, value: str, by: tuple[str, 
             g.note = f"no algorithm has runs both in a split and in its {tag}={value} split"
         elif not any(r["common"] for r in rows):
             g.note = f"no seed has FINISHED runs of one algorithm in both a split and its {tag}={value} split"
-        pooled = [st for st in finals if st.sd is not None]
-        if pooled:
-            # experiment MDE = mde(pooled sd, common n); pooled sd = sqrt(mean sd^2), common n = min n
-            g.mde_n, g.mde_pairs = min(st.n for st in pooled), len(pooled)
-            g.mde_sd = pooled_sd([st.sd for st in pooled])
-            g.mde = mde(g.mde_sd, g.mde_n, alpha, power)
+        g.mde, g.mde_n, g.mde_sd, g.mde_pairs = pooled_mde(rows, alpha, power)
         out.append(g)
     return out
 
@@ -203,9 +185,8 @@ def split_mde_line(g: SplitGroup, with_title: bool = True) -> str:
 
 
 def _md_table(rows: list[dict], by: tuple[str, ...], skip: int = 0) -> list[str]:
-    cols = with_by(SPLIT_COLUMNS, by, after="algo")[skip:]
-    return (["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-            + ["| " + " | ".join(c.replace("|", "\\|") for c in _cells(r, skip)) + " |" for r in rows])
+    text = tables.markdown(with_by(SPLIT_COLUMNS, by, after="algo")[skip:], (_cells(r, skip) for r in rows))
+    return text.rstrip("\n").split("\n")
 
 
 def render_split_pairs(groups: list[SplitGroup], fmt: str = "md", with_title: bool = True) -> str:
@@ -213,16 +194,10 @@ def render_split_pairs(groups: list[SplitGroup], fmt: str = "md", with_title: bo
     (Rich) or ``csv`` (raw: pass@1 units and steps, every row, note rows with an empty metric)."""
     by = groups[0].by if groups else ()
     if fmt == "csv":
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, with_by(SPLIT_CSV_FIELDS, by, after="algo"), extrasaction="ignore",
-                           lineterminator="\n")
-        w.writeheader()
-        for r in (flat(r) for g in groups for r in g.rows):
-            cells = {k: "" if v is None else v for k, v in r.items()}
-            # significant: true / false, empty without an interval (fewer than 2 pairs, or a note row)
-            cells["significant"] = "" if r["ci_low"] is None else str(r["significant"]).lower()
-            w.writerow(cells)
-        return buf.getvalue()
+        # significant: true / false, empty without an interval (fewer than 2 pairs, or a note row)
+        records = [{**r, "significant": None if r["ci_low"] is None else str(r["significant"]).lower()}
+                   for r in (flat(r) for g in groups for r in g.rows)]
+        return tables.csv_text(with_by(SPLIT_CSV_FIELDS, by, after="algo"), records)
     if fmt == "table":
         return _plain(*split_pairs_rich(groups))
     if fmt != "md":

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gspo_bench.config import ConfigError
 from gspo_bench.reporting.leaderboard import slug
-from gspo_bench.redact import redact
+from gspo_bench.tracking.redact import redact
 from gspo_bench.tuning.study import RUN_ATTR, best_of, counts, fmt_params, open_storage
 
 MIN_COMPLETE_FOR_IMPORTANCE = 2

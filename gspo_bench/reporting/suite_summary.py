@@ -29,10 +29,13 @@ from __future__ import annotations
 import math
 import statistics
 
-from gspo_bench.reporting.leaderboard import FINISHED, NOTES, RunData, _seed_key, run_summary
-from gspo_bench.reporting.paired import paired_summary
+from scipy.stats import rankdata
+
+from gspo_bench.reporting.leaderboard import NOTES, run_summary
+from gspo_bench.reporting.frame import FINISHED, RunData
+from gspo_bench.reporting.paired import pair_by_seed, paired_summary
 from gspo_bench.reporting.paired_table import check_baseline, paired_groups, render_with_paired
-from gspo_bench.redact import redact
+from gspo_bench.tracking.redact import redact
 
 ALPHA = 0.05
 
@@ -45,8 +48,8 @@ def _mean(xs) -> float | None:
 
 def _versus(finals: dict[str, dict[str, float]], a: str, b: str, alpha: float) -> dict:
     """Paired ``a - b`` over their common seeds: n, mean, 95 % interval, significant (interval excludes 0)."""
-    common = sorted(set(finals[a]) & set(finals[b]), key=_seed_key)
-    st = paired_summary([finals[a][s] - finals[b][s] for s in common], alpha)
+    common, diffs = pair_by_seed(finals[a], finals[b])
+    st = paired_summary(diffs, alpha)
     return {"algo": a, "vs": b, "n": st.n, "seeds": common, "mean_diff": st.mean,
             "ci": list(st.ci) if st.ci else None, "significant": st.significant}
 
@@ -64,14 +67,9 @@ def rank_scenario(finals: dict[str, dict[str, float]], alpha: float = ALPHA) -> 
     means = {a: _mean(d.values()) for a, d in finals.items()}
     order = sorted((a for a in finals if means[a] is not None), key=lambda a: (-means[a], a))
     ranks: dict[str, float | None] = {a: None for a in finals}
-    i = 0
-    while i < len(order):  # ties share the average of their places
-        j = i
-        while j + 1 < len(order) and means[order[j + 1]] == means[order[i]]:
-            j += 1
-        for a in order[i:j + 1]:
-            ranks[a] = (i + j) / 2 + 1
-        i = j + 1
+    # 1 = the best mean; ties share the average of their places
+    for a, r in zip(order, rankdata([-means[a] for a in order], method="average")):
+        ranks[a] = float(r)
     best = worst = None
     if len(order) >= 2:
         best = _versus(finals, order[0], order[1], alpha)
@@ -172,9 +170,9 @@ def limits_text(n_seeds: int, n_scenarios: int) -> list[str]:
     if n_seeds < 2:
         power = f"With {n_seeds} seed there is no paired interval at all: nothing below is significant."
     else:
-        from gspo_bench.reporting.paired import t_quantile
+        from scipy.stats import t as student_t
 
-        t = t_quantile(1 - ALPHA / 2, n_seeds - 1)
+        t = float(student_t.ppf(1 - ALPHA / 2, n_seeds - 1))
         power = (f"With n = {n_seeds} seeds a paired 95 % interval is mean ± {t:.2f} × sd / √{n_seeds} "
                  f"(t with {n_seeds - 1} df), so only differences several times the seed-to-seed spread are marked; "
                  "each scenario's `leaderboard.md` states its MDE, the smallest difference its seeds detect with "

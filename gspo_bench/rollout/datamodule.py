@@ -2,7 +2,7 @@
 
 Each training "batch" is a whole rollout: ``prompts_per_step`` prompts, ``G``
 samples each from the *current* policy, verifier rewards, optional DAPO
-shaping/filtering, and group z-score advantages (ALGORITHMS.md). Prompts for
+shaping/filtering, and group z-score advantages (docs/algorithms.md). Prompts for
 step ``s`` are drawn from a generator seeded by ``(seed, s)``, so every
 algorithm sees the same prompts in the same order: the comparison is on equal
 terms. Modules never touch the task: scoring and evaluation go through here.
@@ -17,8 +17,9 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from gspo_bench import advantages as adv
-from gspo_bench import distributed as ddp
+from gspo_bench.core import advantages as adv
+from gspo_bench.core import collectives as ddp
+from gspo_bench.core.rng import set_rng_state
 from gspo_bench.config import RolloutConfig
 from gspo_bench.rollout.engine import Generation, generate, resolve_engine
 from gspo_bench.rollout.precision import SamplerWeights
@@ -216,8 +217,6 @@ class RolloutDataModule(L.LightningDataModule):
         if self.policy is None:
             raise RuntimeError("RolloutDataModule.policy is not set; attach the datamodule to a policy module")
         if self.resume_rng is not None:
-            from gspo_bench.checkpoint import set_rng_state
-
             set_rng_state(self.resume_rng)
             self.resume_rng = None
         t0 = time.perf_counter()

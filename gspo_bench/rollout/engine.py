@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from gspo_bench.rollout.routing import RouterHooks, empty_grid, routers
 
-ENGINES = ("auto", "fast", "compiled", "hf", "vllm")
+from gspo_bench.config.names import ENGINES
 
 
 @dataclass

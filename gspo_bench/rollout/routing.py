@@ -17,7 +17,7 @@ module too, so the hook sees the same thing on every path.
 
 Recorded routes live on the rollout grid: ``(layers, B, P + T, k)``, int8 (or
 int16 beyond 127 experts), -1 where nothing was recorded; ``GridLayout`` maps
-a forward's flat tokens to and from that grid (ALGORITHMS.md, "MoE").
+a forward's flat tokens to and from that grid (docs/algorithms.md, "MoE").
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-REPLAY_MODES = ("none", "r2", "r3")
 
 
 def routers(model) -> list[torch.nn.Module]:

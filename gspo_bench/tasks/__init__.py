@@ -2,8 +2,10 @@
 
 ``task.py`` reads a task spec (YAML) and builds its train/eval splits;
 ``generators.py`` makes or loads the data by ``kind``; ``verifiers.py`` holds
-the pure reward functions. Both keep a registry, so a new kind or verifier is
-one decorated function.
+the pure reward functions; ``sandbox.py`` runs them under a time limit. Both
+registries take a new kind or verifier as one decorated function.
+
+May import: models, tracking, config, core, paths.
 """
 
 from gspo_bench.tasks.generators import GENERATORS, generate_arith, load_jsonl, register_generator

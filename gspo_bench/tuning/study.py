@@ -27,7 +27,7 @@ RUNNING trial silent for twice that is failed by the next worker that starts
 a trial, its MLflow run is ended KILLED, and it is retried with the same
 parameters (``StaleTrial``, up to ``retries`` times).
 
-Departures from the issue: one seed per trial (the config's first); re-run
+Choices: one seed per trial (the config's first); re-run
 the best config with ``run --seeds 3`` to see the seed noise. ``--timeout``
 applies to each study of ``--algo all`` separately.
 """
@@ -47,8 +47,8 @@ from statistics import fmean
 import yaml
 
 from gspo_bench.config import ConfigError, deep_merge, load_config, read_yaml
-from gspo_bench.redact import redact, redact_nested
-from gspo_bench.stores import sqlite_path, store_lock
+from gspo_bench.tracking.redact import redact, redact_nested
+from gspo_bench.tracking.stores import sqlite_path, store_lock
 
 DEFAULT_STORAGE = "sqlite:///optuna.db"
 LAST_EVALS = 2

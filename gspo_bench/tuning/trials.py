@@ -28,8 +28,8 @@ import optuna
 from optuna_integration.pytorch_lightning import PyTorchLightningPruningCallback
 
 from gspo_bench.config import ConfigError, RunConfig, deep_merge, load_config
-from gspo_bench.redact import redact, redact_nested
-from gspo_bench.tracking import mark_experiment
+from gspo_bench.tracking.redact import redact, redact_nested
+from gspo_bench.tracking.ui import mark_experiment
 from gspo_bench.tuning.study import (LR_FACTOR, OBJECTIVE, PARENT_ATTR, RUN_ATTR, Progress, StudyOutcome, TrialFailed,
                                TuneRequest, best_of, counts, fmt_params, make_pruner, objective_value,
                                wait_for_attr, write_best)
@@ -93,9 +93,9 @@ def prepare(req: TuneRequest, cfg: RunConfig, uri: str, storage, log) -> Shared:
     """The MLflow experiment (made once, under the SQLite lock) and the warm start, done once for every trial."""
     import mlflow
 
-    from gspo_bench.stores import ensure_experiment
+    from gspo_bench.tracking.stores import ensure_experiment
     from gspo_bench.tasks import load_task
-    from gspo_bench.warmstart import warm_start
+    from gspo_bench.train.warmstart import warm_start
 
     exp_id = ensure_experiment(uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
     client = mlflow.MlflowClient(uri)
@@ -136,7 +136,7 @@ class Objective:
         return over
 
     def __call__(self, trial: optuna.Trial) -> float:
-        from gspo_bench.runner import run_one
+        from gspo_bench.train.runner import run_one
 
         s = self.s
         over = self.space(trial)

@@ -20,7 +20,7 @@ def tune(req: TuneRequest, log=print) -> list[StudyOutcome]:
     import optuna
 
     from gspo_bench import algorithms
-    from gspo_bench.runner import quiet, validate
+    from gspo_bench.train.runner import quiet, validate
 
     quiet()
     optuna.logging.set_verbosity(optuna.logging.WARNING)

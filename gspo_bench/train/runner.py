@@ -11,9 +11,7 @@ unfinished runs from their checkpoints (``lifecycle``, ``checkpoint``).
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
 import signal
 import traceback
 import warnings
@@ -27,22 +25,26 @@ from lightning.pytorch.loggers.logger import DummyLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from transformers import AutoTokenizer
 
-from gspo_bench import __version__, algorithms, checkpoint, stores
-from gspo_bench import distributed as ddp
-from gspo_bench import interrupts as signals
+from gspo_bench import __version__, algorithms
+from gspo_bench.tracking import stores
+from gspo_bench.train import checkpoint
+from gspo_bench.train import distributed as ddp
+from gspo_bench.train import interrupts as signals
 from gspo_bench.callbacks import CollapseCallback, MismatchProbe, MoEFlipProbe, RatioSample
+from gspo_bench.core.collectives import launch_rank_zero
 from gspo_bench.config import ConfigError, Resolved, RunConfig, flatten, resolve_tracking_uri, to_dict
-from gspo_bench.lifecycle import (ResumedLogger, RunLogger, config_digest, find_resumable, hashed_settings,
+from gspo_bench.tracking.lifecycle import (ResumedLogger, RunLogger, config_digest, find_resumable, hashed_settings,
                                   mark_orphans, owner_tags)
 from gspo_bench.models import classify_model_ref, is_moe
 from gspo_bench.paths import probe_writable_dir
-from gspo_bench.redact import redact, redact_nested
+from gspo_bench.tracking.redact import redact, redact_nested
 from gspo_bench.rollout.datamodule import RolloutDataModule
 from gspo_bench.rollout.engine import resolve_engine
 from gspo_bench.tasks import load_task, resolve_task_spec
 from gspo_bench.tasks.task import check_task_data
-from gspo_bench.tracking import NOTE_TAG, mark_experiment, run_description
-from gspo_bench.warmstart import WarmStart, warm_start
+from gspo_bench.tracking.provenance import git_commit, machine
+from gspo_bench.tracking.ui import NOTE_TAG, mark_experiment, run_description
+from gspo_bench.train.warmstart import WarmStart, warm_start
 
 
 @dataclass
@@ -114,8 +116,7 @@ def validate(cfg: RunConfig) -> str:
     """Check everything cheap to check before any run exists; returns the tracking URI."""
     for algo in cfg.algos:
         if algo not in algorithms.ALGORITHMS:
-            raise ConfigError(f"algo {algo!r} has a loss but no algorithm class (algorithms: "
-                              f"{', '.join(algorithms.names())})")
+            raise ConfigError(f"unknown algorithm {algo!r} (allowed: {', '.join(algorithms.names())})")
     ddp.check_processes(cfg)
     try:
         check_task_data(resolve_task_spec(cfg.task))  # its data files, cheaply, before any warm start
@@ -125,7 +126,7 @@ def validate(cfg: RunConfig) -> str:
     check_vllm(cfg)
     uri = tracking_uri(cfg)
     stores.apply_retry_budget(cfg.tracking.retry_budget_s)
-    if ddp.launch_rank_zero():  # the other processes of a multi-process run never open the store
+    if launch_rank_zero():  # the other processes of a multi-process run never open the store
         stores.check_store(uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
     return uri
 
@@ -148,33 +149,6 @@ def check_vllm(cfg: RunConfig) -> None:
     if cfg.train.devices * cfg.train.num_nodes > 1:
         raise ConfigError("--engine vllm runs in one process for now (vLLM's shutdown would end the process group "
                           "the ranks share): use --engine fast or hf with --devices/--num-nodes")
-
-
-def machine() -> str:
-    import platform
-
-    import torch
-
-    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"{os.cpu_count()}-core CPU"
-    return f"{dev}, {platform.machine()}, torch {torch.__version__}"
-
-
-@functools.lru_cache(maxsize=1)
-def git_commit() -> str:
-    """The checkout's commit (``+dirty`` with local changes) when first asked, i.e. the code this process loaded."""
-    import subprocess
-
-    root = Path(__file__).resolve().parent.parent
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        sha = ""
-    from gspo_bench import __version__
-
-    return (sha + ("+dirty" if dirty else "")) if sha else f"gspo-bench {__version__}"
 
 
 def resolved_settings(cfg: RunConfig, algo: str, seed: int, ws: WarmStart, settings: Resolved) -> dict:
@@ -201,7 +175,7 @@ def make_logger(cfg: RunConfig, uri: str, algo: str, seed: int, resolved: dict, 
     (RUNNING, this process as its owner; params and the metrics it holds are not logged twice). A rank other
     than 0 of a multi-process run gets a logger that records nothing, and never opens the store (torchrun
     starts every rank at once: two processes creating a new sqlite store's tables would collide)."""
-    if not ddp.launch_rank_zero():
+    if not launch_rank_zero():
         return OtherRankLogger()
     if resume_run_id:
         logger = ResumedLogger(experiment_name=cfg.tracking.experiment, tracking_uri=uri, run_id=resume_run_id)
@@ -240,7 +214,7 @@ def prior_run(cfg: RunConfig, uri: str, algo: str, seed: int, resolved: dict, re
     that run has no usable checkpoint (it starts afresh as the same MLflow run). Checkpoints that do not load
     or do not fit (``checkpoint.verify``) are named one line each and the one before is tried; when none is
     left, without ``restart``, a ConfigError says so."""
-    if not ddp.launch_rank_zero():  # rank 0 finds the run; the others get its checkpoint in setup()
+    if not launch_rank_zero():  # rank 0 finds the run; the others get its checkpoint in setup()
         return None, None
     client, exp = stores.open_store(uri, cfg.tracking.experiment)  # the first contact: a new store's tables
     if exp is None:
@@ -377,7 +351,7 @@ def _trainer(cfg: RunConfig, module, logger, callbacks: tuple) -> tuple[L.Traine
     callbacks = [MismatchProbe(), RatioSample()] + ([MoEFlipProbe()] if moe else []) + [collapse] + list(callbacks)
     # the bar on rank 0 only, and Lightning told the same on every rank (a bar callback with the bar
     # disabled is an error, which killed the other ranks of a --devices N run)
-    progress = cfg.train.progress and ddp.launch_rank_zero()
+    progress = cfg.train.progress and launch_rank_zero()
     if progress:
         callbacks.append(ProgressBar(leave=True))
     # evaluation is the module's own (PolicyModule.evaluate_now), so Lightning runs no validation loop
@@ -409,7 +383,7 @@ def run(cfg: RunConfig, log=print, keep_modules: bool = False, resume: bool = Fa
                 raise ConfigError(str(e)) from None
             try:
                 ws = warm_start(task, cfg.model, cfg.warmstart, seed, task.spec.max_new_tokens,
-                                progress=cfg.train.progress and ddp.launch_rank_zero(), log=log)
+                                progress=cfg.train.progress and launch_rank_zero(), log=log)
             except signals.Interrupted as e:
                 e.where = e.where or f"during the warm start of seed {seed}"
                 raise

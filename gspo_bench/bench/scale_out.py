@@ -2,8 +2,8 @@
 
 Two commands (README, "Scaling out"; ``results/scale-out.md``)::
 
-    torchrun --nproc-per-node N -m gspo_bench.scale_out measure OUT.json [--steps S]
-    python -m gspo_bench.scale_out report ONE.json TWO.json --out results/scale-out.md
+    torchrun --nproc-per-node N -m gspo_bench.bench.scale_out measure OUT.json [--steps S]
+    python -m gspo_bench.bench.scale_out report ONE.json TWO.json --out results/scale-out.md
 
 ``measure`` trains the default preset (its cached warm start, seed 0) for ``S`` RL steps on however many
 processes torchrun started, each rank sampling its share of the prompts, and records per step the
@@ -40,13 +40,14 @@ def measure(out: str, steps: int) -> None:
     import lightning as L
     from transformers import AutoTokenizer
 
-    from gspo_bench import algorithms, distributed
+    from gspo_bench import algorithms
+    from gspo_bench.core import collectives
     from gspo_bench.config import load_config
     from gspo_bench.rollout.datamodule import RolloutDataModule
-    from gspo_bench.distributed import strategy
-    from gspo_bench.runner import quiet
+    from gspo_bench.train.distributed import strategy
+    from gspo_bench.train.runner import quiet
     from gspo_bench.tasks import load_task
-    from gspo_bench.warmstart import warm_start
+    from gspo_bench.train.warmstart import warm_start
 
     quiet()
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -75,17 +76,17 @@ def measure(out: str, steps: int) -> None:
         grad = torch.randn(n_params)
         comm["grad_allreduce_ms"] = _timed(lambda: dist.all_reduce(grad), 20)
         lengths = torch.ones(cfg.rollout.prompts_per_step * cfg.rollout.group_size // world)
-        comm["lengths_allgather_ms"] = _timed(lambda: distributed.all_gather_cat(lengths), 20)
-        comm["flag_allreduce_ms"] = _timed(lambda: distributed.all_true(True, "cpu"), 20)
-        comm["metrics_allgather_ms"] = _timed(lambda: distributed.reduce_metrics(steps_seen[-1]), 20)
+        comm["lengths_allgather_ms"] = _timed(lambda: collectives.all_gather_cat(lengths), 20)
+        comm["flag_allreduce_ms"] = _timed(lambda: collectives.all_true(True, "cpu"), 20)
+        comm["metrics_allgather_ms"] = _timed(lambda: collectives.reduce_metrics(steps_seen[-1]), 20)
     if rank == 0:
         skip = 1 if steps > 1 else 0  # the first step pays one-off costs (compiles, caches)
         import sys
 
-        from gspo_bench.runner import git_commit
+        from gspo_bench.tracking.provenance import git_commit
 
         command = (f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} torchrun --nproc-per-node {world} "
-                   f"-m gspo_bench.scale_out {' '.join(sys.argv[1:])}")
+                   f"-m gspo_bench.bench.scale_out {' '.join(sys.argv[1:])}")
         row = {"command": command, "commit": git_commit(), "processes": world,
                "threads_per_process": torch.get_num_threads(), "steps": steps,
                "prompts_per_step": cfg.rollout.prompts_per_step, "group_size": cfg.rollout.group_size,
@@ -178,7 +179,7 @@ def report(one: str, two: str, out: str, command: str, commit: str) -> str:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m gspo_bench.scale_out")
+    p = argparse.ArgumentParser(prog="python -m gspo_bench.bench.scale_out")
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("measure", help="run under torchrun: per-step times and collective costs")
     m.add_argument("out")
@@ -192,7 +193,7 @@ def main(argv=None) -> None:
     if args.cmd == "measure":
         measure(args.out, args.steps)
     else:
-        from gspo_bench.runner import git_commit
+        from gspo_bench.tracking.provenance import git_commit
 
         print(report(args.one, args.two, args.out, args.command, git_commit()))
 

@@ -29,7 +29,7 @@ def preset_description(path: Path) -> str:
 def list_command(args, console) -> int:
     """``list``: algorithms (a table), tasks, models, and presets with their one-line descriptions."""
     from gspo_bench import algorithms
-    from gspo_bench.losses import LOSSES
+    from gspo_bench.core.losses import LOSSES
     from gspo_bench.models import BUILTIN_MODELS
     from gspo_bench.tasks import builtin_tasks, resolve_task_spec
 
@@ -182,7 +182,7 @@ def claims_command(args, console) -> int:
         if any(p.stat.n for p in r.parts):
             path = cl.plot_claim(r, runs, fig_dir / f"claim-{r.claim.key}.png")
             figures[r.claim.key] = str(path.relative_to(out.parent))
-    from gspo_bench.runner import git_commit, machine
+    from gspo_bench.tracking.provenance import git_commit, machine
 
     meta = {"command": "python -m gspo_bench " + shlex.join(args.argv), "commit": git_commit(),
             "margin": args.margin, "machine": machine(), "missing": missing}

@@ -2,9 +2,9 @@
 
 Pure functions of tensors, shared by ``losses.py`` (which computes the loss)
 and the diagnostics callbacks (which measure the sampler/trainer mismatch).
-The definitions are ALGORITHMS.md's "Clip fraction" and "Rollout precision and
+The definitions are docs/algorithms.md's "Clip fraction" and "Rollout precision and
 the mismatch" sections; ``docs/algorithms.md`` restates them. The importance
-weights of the mismatch corrections (``tis`` / ``mis``, ALGORITHMS.md's
+weights of the mismatch corrections (``tis`` / ``mis``, docs/algorithms.md's
 "Mismatch corrections") are here too: ``is_weights`` computes the detached
 weight at a loss's ratio unit, ``apply_correction`` applies it to the per-unit
 loss, ``correction_stats`` gives ``mismatch/is_weight_mean`` and
@@ -18,10 +18,10 @@ import numbers
 
 import torch
 
+from gspo_bench.core.names import CORRECTIONS
+
 Tensor = torch.Tensor
 
-# rollout.correction: none | tis (truncated IS) | mis (masked IS)
-CORRECTIONS = ("none", "tis", "mis")
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -55,7 +55,7 @@ def masked_extreme(x: Tensor, keep: Tensor, largest: bool) -> Tensor:
 
 def ratio_stats(logp_BT: Tensor, old_logp_BT: Tensor, mask_BT: Tensor, high_BT: Tensor, low_BT: Tensor
                 ) -> dict[str, Tensor]:
-    """The clip fractions, ratio spread and ``kl/old`` of one minibatch (ALGORITHMS.md, "Clip fraction").
+    """The clip fractions, ratio spread and ``kl/old`` of one minibatch (docs/algorithms.md, "Clip fraction").
 
     ``high_BT`` / ``low_BT``: where the loss's clip binds on each side (token-expanded for sequence units).
     """

@@ -1,12 +1,11 @@
 """Policy-gradient losses for the six pinned algorithms (minimise the result).
 
-The contract is ALGORITHMS.md's "Losses" section, restated in
-``docs/algorithms.md``. Each loss is registered by ``@register_loss`` directly
+The contract is the "Losses" section of ``docs/algorithms.md``. Each loss is registered by ``@register_loss`` directly
 above its function, with its ratio unit, aggregation, default clip and paper;
 ``policy_loss`` is the one entry point. The statistics each call returns
 (clip fractions, ratio spread, ``kl/old``) come from ``ratios.py``.
 
-Mismatch corrections (ALGORITHMS.md, "Mismatch corrections"): given the
+Mismatch corrections (docs/algorithms.md, "Mismatch corrections"): given the
 sampler's ``rollout_logp`` and ``correction="tis"`` or ``"mis"`` (cap ``C =
 correction_cap``, default 2.0), each unit's policy-gradient loss term is
 weighted before aggregation by the detached ``rho = exp(old_logp -
@@ -67,14 +66,14 @@ from typing import Callable
 
 import torch
 
-from gspo_bench.ratios import (CORRECTIONS, apply_correction, check_correction, compute_dtype, correction_stats,
-                               is_weights, masked_delta, masked_mean, ratio_stats, seq_logratio)
+from gspo_bench.core.names import KL_ESTIMATORS
+from gspo_bench.core.ratios import (apply_correction, check_correction, compute_dtype, correction_stats, is_weights,
+                                   masked_delta, masked_mean, ratio_stats, seq_logratio)
 
 Tensor = torch.Tensor
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean")
 RATIO_UNITS = ("token", "sequence", "sequence-token")
-KL_ESTIMATORS = ("k1", "k2", "k3")
 # Every **hparams keyword policy_loss accepts (the correction has its own keywords, see CORRECTIONS).
 HPARAMS = ("eps_low", "eps_high", "dual_clip_c", "kl_coef", "ref_logp", "kl_estimator")
 # Defaults every loss shares (the clip range is each loss's own, in its registration).

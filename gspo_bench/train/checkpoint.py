@@ -31,14 +31,15 @@ for each newer one that did not.
 from __future__ import annotations
 
 import os
-import random
 import re
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
+
+from gspo_bench.core import collectives
+from gspo_bench.core.rng import rng_state
 
 VERSION = 1
 ARTIFACT_DIR = "checkpoint"
@@ -50,26 +51,6 @@ LEGACY = "last.pt"  # the one checkpoint of gspo-bench versions that kept one
 
 
 # -- what a checkpoint holds --------------------------------------------------------------------------------------
-def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    state["numpy"] = {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                      "has_gauss": int(has_gauss), "gauss": float(gauss)}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def capture(module, elapsed_s: float, config_hash: str, settings: dict | None = None) -> dict:
     """The state of a run at the end of its RL step ``module.rl_step`` (see the module docstring);
     ``settings``: the hashed settings behind ``config_hash`` (``lifecycle.hashed_settings``)."""
@@ -258,7 +239,8 @@ def load(client, run_id: str, config_hash: str | None = None, settings: dict | N
 
 
 class Checkpointer:
-    """The module's end-of-step duty (``PolicyModule.on_train_batch_end``): a heartbeat, a checkpoint every
+    """The module's checkpoints: restored at its start (``PolicyModule.on_train_start``), and at the end of each
+    step (``PolicyModule.on_train_batch_end``) a heartbeat, a checkpoint every
     ``every`` steps, and on a pending SIGINT/SIGTERM a checkpoint and ``interrupts.Interrupted``."""
 
     def __init__(self, client, run_id: str, every: int, digest: str, elapsed_before: float = 0.0, log=print,
@@ -267,6 +249,10 @@ class Checkpointer:
         self.settings = settings or {}
         self.clock, self.t0, self.before = time.perf_counter, time.perf_counter(), elapsed_before
         self.saved_step: int | None = None
+
+    def restore(self, module, state: dict) -> None:
+        """Put a checkpoint back into ``module`` (``restore``), at its ``on_train_start``."""
+        restore(module, state)
 
     def elapsed(self) -> float:
         return self.before + self.clock() - self.t0
@@ -279,12 +265,12 @@ class Checkpointer:
     def after_step(self, module) -> None:
         import signal
 
-        from gspo_bench import distributed, interrupts
+        from gspo_bench.train import interrupts
 
         last = module.rl_step >= module.cfg.train.steps  # the run is about to end: nothing left to resume
         signum = interrupts.requested()
         if module.world > 1:  # the ranks stop at the same step, or the others would wait for it forever
-            stop = not distributed.all_true(signum is None, module.device)  # NCCL: a device tensor
+            stop = not collectives.all_true(signum is None, module.device)  # NCCL: a device tensor
             signum = (signum or signal.SIGTERM) if stop else None
         if self.run_id is None:  # a rank other than 0: rank 0 keeps the run's checkpoint and heartbeat
             if signum is not None and not last:

@@ -101,7 +101,7 @@ def bench_vllm(model, tok, prompts, max_new_tokens: int, temperature: float, war
 def bench_engines_generation(model, tok, prompts, max_new_tokens: int, temperature: float, engines, warmup: int,
                              repeats: int, dtype: str = "float32") -> tuple[dict, list[str]]:
     """Per engine: seconds, tokens/s, completions/s (and compile / start-up / sync seconds); and notes."""
-    from gspo_bench.bench import bench_generation
+    from gspo_bench.bench.throughput import bench_generation
     from gspo_bench.rollout import compiled
     from gspo_bench.rollout.engine import resolve_engine
 
@@ -131,11 +131,12 @@ def run_engines_bench(preset: str, config_files: tuple, overrides: dict, engines
     """The engines of ``engines`` on the preset's model and batch (see the module docstring)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gspo_bench.bench import bench_rl_step, matmul_gflops, path_overrides
+    from gspo_bench.bench.throughput import bench_rl_step, matmul_gflops, path_overrides
     from gspo_bench.config import deep_merge, load_config
-    from gspo_bench.runner import machine, quiet
+    from gspo_bench.train.runner import quiet
+    from gspo_bench.tracking.provenance import machine
     from gspo_bench.tasks import load_task
-    from gspo_bench.warmstart import warm_start
+    from gspo_bench.train.warmstart import warm_start
 
     check_engines(engines)
     cfg = load_config(preset, tuple(config_files), overrides)

@@ -120,7 +120,7 @@ class RunLogger(MLFlowLogger):
     against a dead server that is another round of retries before the run can stop."""
 
     def finalize(self, status: str = "success") -> None:
-        from gspo_bench.stores import unreachable
+        from gspo_bench.tracking.stores import unreachable
 
         if unreachable(sys.exc_info()[1]):  # inside Lightning's ``except``: the error that ended the fit
             return

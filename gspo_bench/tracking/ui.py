@@ -94,7 +94,7 @@ def run_description(algo: str, seed: int, preset: str, task: str, model: str,
                     settings: Mapping | None = None) -> str:
     """One Markdown paragraph for the run's ``mlflow.note.content``; ``settings``: the run's settings as
     logged (``runner.resolved_settings``), for the clip band, budget and stabilisers (optional)."""
-    from gspo_bench.losses import LOSSES
+    from gspo_bench.core.losses import LOSSES
 
     spec = LOSSES.get(algo)
     loss = _get(settings, "resolved", "loss") or {}

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from gspo_bench.config import ConfigError
 from gspo_bench.paths import probe_writable_dir
-from gspo_bench.redact import redact
+from gspo_bench.tracking.redact import redact
 
 PG_LOCK_KEY = 0x67_7370_6F62  # the PostgreSQL advisory lock held while a process creates a store's tables
 

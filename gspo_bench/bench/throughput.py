@@ -35,7 +35,7 @@ from gspo_bench.rollout import compiled
 from gspo_bench.rollout.datamodule import RolloutDataModule
 from gspo_bench.rollout.engine import generate, resolve_engine, response_logp
 from gspo_bench.tasks import load_task
-from gspo_bench.warmstart import warm_start
+from gspo_bench.train.warmstart import warm_start
 
 
 @dataclass
@@ -280,7 +280,8 @@ def bench_scaling(model, tok, prompts, lengths, temperature, engine: str, warmup
 def run_bench(preset: str, config_files: tuple = (), overrides: dict | None = None,
               opts: BenchOptions | None = None, log=print) -> BenchResult:
     """Everything above for one preset (``cpu-bench`` by default on the command line)."""
-    from gspo_bench.runner import machine, quiet
+    from gspo_bench.train.runner import quiet
+    from gspo_bench.tracking.provenance import machine
 
     opts = opts or BenchOptions()
     opts.check()
@@ -305,7 +306,7 @@ def run_bench(preset: str, config_files: tuple = (), overrides: dict | None = No
                       {"task": cfg.task, "prompts": r.prompts_per_step, "group_size": r.group_size,
                        "max_new_tokens": max_new, "temperature": r.temperature,
                        "minibatches": cfg.train.minibatches, "algo": opts.algo, "threads": torch.get_num_threads()})
-    # the issue's reference point was measured on exactly this configuration
+    # the reference point (tables.REFERENCE) was measured on exactly this configuration
     res.config["reference_comparable"] = (cfg.model.name == "tiny-dense" and not cfg.warmstart.enabled
                                           and (r.prompts_per_step, r.group_size, max_new, r.temperature,
                                                cfg.train.minibatches) == (16, 8, 64, 1.0, 4))

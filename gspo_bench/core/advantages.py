@@ -1,4 +1,4 @@
-"""Advantages, reward shaping and value diagnostics, as pinned by ALGORITHMS.md.
+"""Advantages, reward shaping and value diagnostics, as pinned in docs/algorithms.md.
 
 Conventions
 -----------

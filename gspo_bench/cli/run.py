@@ -10,8 +10,8 @@ from gspo_bench.config import RunConfig
 
 
 def run_command(cfg: RunConfig, args, console) -> int:
-    from gspo_bench.distributed import launch_rank_zero
-    from gspo_bench.runner import quiet, run, validate
+    from gspo_bench.core.collectives import launch_rank_zero
+    from gspo_bench.train.runner import quiet, run, validate
 
     quiet()  # before the store is opened: MLflow's own INFO lines ("Updating database tables") are not ours
     uri = validate(cfg)
@@ -30,8 +30,8 @@ def run_command(cfg: RunConfig, args, console) -> int:
 def mlflow_hint(uri: str, experiment: str, results: list) -> str:
     """Where to look at the runs: the UI page that opens on the runs table (and, for a local store, the
     command that serves it)."""
-    from gspo_bench.redact import redact
-    from gspo_bench.tracking import ui_url
+    from gspo_bench.tracking.redact import redact
+    from gspo_bench.tracking.ui import ui_url
 
     exp_id = next((r.experiment_id for r in results if getattr(r, "experiment_id", None)), None)
     serve = "" if uri.startswith(("http://", "https://")) else f"mlflow ui --backend-store-uri {redact(uri)}, then "

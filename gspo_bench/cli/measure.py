@@ -55,12 +55,12 @@ def bench_command(args, console) -> int:
     import shlex
     from pathlib import Path
 
-    from gspo_bench.bench import BenchOptions, run_bench
-    from gspo_bench.reporting.bench_report import markdown, plot_scaling, rich_tables
-    from gspo_bench.runner import git_commit
+    from gspo_bench.bench.throughput import BenchOptions, run_bench
+    from gspo_bench.bench.tables import markdown, plot_scaling, rich_tables
+    from gspo_bench.tracking.provenance import git_commit
 
     if args.vs is not None:
-        from gspo_bench.bench_trl import vs_command
+        from gspo_bench.bench.trl import vs_command
 
         return vs_command(args, console)
     if args.whole:
@@ -131,8 +131,8 @@ def whole_command(args, console) -> int:
     import shlex
     from pathlib import Path
 
-    from gspo_bench import bench_whole
-    from gspo_bench.runner import git_commit
+    from gspo_bench.bench import whole as bench_whole
+    from gspo_bench.tracking.provenance import git_commit
 
     over = parse_sets(args.sets)
     if args.model:
@@ -161,8 +161,9 @@ def warmstart_command(args, console) -> int:
     import shlex
     from pathlib import Path
 
-    from gspo_bench.runner import git_commit, quiet, validate
-    from gspo_bench.warmstart import band, band_markdown
+    from gspo_bench.train.runner import quiet, validate
+    from gspo_bench.tracking.provenance import git_commit
+    from gspo_bench.train.warmstart import band, band_markdown
 
     if args.seeds < 1:
         raise ConfigError(f"--seeds={args.seeds} must be >= 1")
@@ -199,8 +200,8 @@ def engines_command(args, console) -> int:
     import shlex
     from pathlib import Path
 
-    from gspo_bench.bench_engines import check_engines, markdown, run_engines_bench
-    from gspo_bench.runner import git_commit
+    from gspo_bench.bench.engines import check_engines, markdown, run_engines_bench
+    from gspo_bench.tracking.provenance import git_commit
 
     engines = tuple(args.engines)
     check_engines(engines)  # before any work: a bad name, or vllm missing, exits 2 at once

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# The reference point of issue 5: a widely used GRPO implementation on transformers' generate, cpu-bench
+# The reference point: a widely used GRPO implementation on transformers' generate, cpu-bench
 # configuration, measured on a 2-core machine of this kind.
 REFERENCE = {"completions_per_s": 52.0, "gen_tokens_per_s": 2000.0, "seconds": 2.5}
 TARGETS = {"rl_step_vs_reference": 3.0, "generation_vs_generate": 2.0}

@@ -28,9 +28,10 @@ def whole_benchmark(preset: str = "default", config_files: tuple = (), overrides
     """Time ``run`` with every algorithm on the first seed of ``preset``; returns the breakdown."""
     from gspo_bench import algorithms
     from gspo_bench.rollout import compiled
-    from gspo_bench.runner import machine, quiet, run
+    from gspo_bench.train.runner import quiet, run
+    from gspo_bench.tracking.provenance import machine
     from gspo_bench.tasks import load_task
-    from gspo_bench.warmstart import warm_start
+    from gspo_bench.train.warmstart import warm_start
 
     quiet()
     with tempfile.TemporaryDirectory(prefix="gspo-bench-whole-") as store:

@@ -51,7 +51,7 @@ def warmstart_key(cfg: RunConfig, seed: int) -> str | None:
     """The warm-start cache key of a scenario's seed; None when that checkpoint is cached already."""
     from gspo_bench.paths import cache_dir
     from gspo_bench.tasks import resolve_task_spec
-    from gspo_bench.warmstart import cache_key
+    from gspo_bench.train.warmstart import cache_key
 
     spec = resolve_task_spec(cfg.task)  # cache_key reads the task's name and spec only
     key = cache_key(SimpleNamespace(name=spec.name, spec=spec), cfg.model, cfg.warmstart, seed)

@@ -40,9 +40,10 @@ from pathlib import Path
 
 from gspo_bench.config import ConfigError, RunConfig, flatten, load_config, parse_sets, to_dict
 from gspo_bench.config.loading import deep_merge
-from gspo_bench.redact import redact
-from gspo_bench.suite_cost import ALGO_COST, WARMSTART_S, cell_seconds, warmstart_key
-from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE, FINISHED, HIDDEN_KINDS
+from gspo_bench.tracking.redact import redact
+from gspo_bench.suite.cost import ALGO_COST, WARMSTART_S, cell_seconds, warmstart_key
+from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE
+from gspo_bench.reporting.frame import FINISHED, HIDDEN_KINDS
 
 SCENARIOS = ("long", "offpolicy", "stale", "moe-bf16", "hot")
 DEFAULT_PREFIX = "suite"
@@ -123,11 +124,11 @@ def cell_runs(uri: str, experiment: str) -> list:
     anything, when the sqlite file or the experiment does not exist."""
     import mlflow
 
-    from gspo_bench.reporting.leaderboard import _quiet_mlflow
+    from gspo_bench.reporting.frame import quiet_mlflow
 
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).expanduser().is_file():
         return []
-    _quiet_mlflow()
+    quiet_mlflow()
     client = mlflow.MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
@@ -151,7 +152,7 @@ def config_differences(cfg: RunConfig, params: dict[str, str]) -> list[str]:
 
 
 def plan_scenario(name: str, req: SuiteRequest, algos: list[str]) -> ScenarioPlan:
-    from gspo_bench.runner import validate
+    from gspo_bench.train.runner import validate
 
     cfg = scenario_config(name, req, algos)
     uri = validate(cfg)
@@ -230,7 +231,7 @@ def plan_lines(plan: Plan) -> list[str]:
                                                    if builds else "") + f" -> ~{fmt_s(sum(s.estimates()))}"
                                                 if s.todo else ""))
     lines.append(f"ETA: ~{fmt_s(p.eta_s)} (rough: measured cells where the experiments have some, else the cost "
-                 "model of gspo_bench/suite.py)")
+                 "model of gspo_bench/suite/run.py)")
     return lines
 
 
@@ -238,7 +239,7 @@ def plan_lines(plan: Plan) -> list[str]:
 def run_cells(plan: Plan, log, progress: bool, console=None) -> dict[str, int]:
     """Run every to-do cell, one ``runner.run`` each, under one bar; returns {scenario: cells run}. Never
     raises for a failed cell."""
-    from gspo_bench import runner
+    from gspo_bench.train import runner
 
     todo = [(s, a, seed, est) for s in plan.scenarios for (a, seed), est in zip(s.todo, s.estimates())]
     for s in plan.scenarios:
@@ -298,7 +299,7 @@ def write_outputs(plan: Plan, req: SuiteRequest, ran: dict[str, int], wall_s: fl
     from gspo_bench.reporting.report import write_report
     from gspo_bench.reporting.suite_summary import (collapses_of, finals_of, leaderboard_md, rank_suite,
                                                     summary_markdown)
-    from gspo_bench.runner import git_commit, machine
+    from gspo_bench.tracking.provenance import git_commit, machine
 
     out = Path(req.out)
     per_scenario, collapses, info = {}, {}, {}
@@ -344,7 +345,7 @@ def write_outputs(plan: Plan, req: SuiteRequest, ran: dict[str, int], wall_s: fl
 
 def run_suite(req: SuiteRequest, log=print, console=None) -> int:
     """Plan (ConfigError on bad input, before anything runs), print it, run the missing cells, write the outputs."""
-    from gspo_bench.runner import quiet
+    from gspo_bench.train.runner import quiet
 
     t0 = time.perf_counter()
     quiet()

@@ -1,0 +1,8 @@
+"""Name lists the config checks and the packages above it use: engines, Routing Replay modes, precisions."""
+
+ENGINES = ("auto", "fast", "compiled", "hf", "vllm")
+"""``rollout.engine`` (``rollout/engine.py`` resolves ``auto``)."""
+REPLAY_MODES = ("none", "r2", "r3")
+"""``moe.routing_replay`` (``rollout/routing.py``)."""
+ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
+"""``rollout.dtype`` (``rollout/precision.py``)."""

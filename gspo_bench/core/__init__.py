@@ -1,0 +1,14 @@
+"""The core math: pure functions of tensors, no config objects, no logging.
+
+``losses.py`` (every registered policy loss, aggregation, KL estimators),
+``ratios.py`` (masked reductions, ratio and clip statistics, mismatch
+corrections), ``advantages.py`` (group z-scores, GAE, shaping), ``metrics.py``
+(per-step reduction of minibatch statistics), ``collectives.py`` (sums, gathers
+and shares across the processes of a multi-process run), ``rng.py`` (every
+random generator's state), ``names.py`` (the name lists the config checks,
+torch-free).
+
+May import: torch (and torchmetrics, numpy) only; nothing else of gspo_bench.
+This package's ``__init__`` imports none of its modules, so ``core/names.py``
+loads without torch.
+"""

@@ -1,0 +1,8 @@
+"""MLflow as the record of runs: ``stores.py`` (the store as a shared, fallible resource: a lock per
+store, the artifact folder's check, the retry budget, a dead server), ``lifecycle.py`` (who owns a RUNNING
+run, which run ``--resume`` continues, the loggers of a run), ``ui.py`` (what MLflow's UI shows: the experiment
+kind, run descriptions, links), ``redact.py`` (credentials masked in all output), ``provenance.py`` (the commit
+and machine a run or results file came from).
+
+May import: config, core, paths.
+"""
