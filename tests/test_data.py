@@ -365,3 +365,34 @@ def test_truncated_frac_counts_only_responses_without_eos(task, policy, monkeypa
     assert batch.texts == ["12", "123", "1"]
     # only the middle response hit the cap without finishing
     assert batch.stats["response/truncated_frac"] == pytest.approx(1 / 3)
+
+
+def test_truncation_counts_every_eos_id_the_engine_stops_on(task, policy, monkeypatch):
+    # a model whose generation config ends a response on two ids: "9" ends it as eos does
+    import copy
+
+    import gspo_bench.rollout.datamodule as data_mod
+
+    model, tok = policy
+    model = copy.deepcopy(model)
+    nine = ids(tok, "9")[0]
+    model.generation_config.eos_token_id = [tok.eos_token_id, nine]
+
+    def fake_generate(engine, model, tokenizer, prompts, **kw):
+        return hand_generation(tok, prompts, [[*ids(tok, "12"), nine], ids(tok, "123"), ids(tok, "129")],
+                               [[1, 1, 1], [1, 1, 1], [1, 1, 1]], None)
+
+    monkeypatch.setattr(data_mod, "generate", fake_generate)
+    dm = make_dm(task, (model, tok), prompts_per_step=1, group_size=3, max_new_tokens=3)
+    dm.score = scripted([1.0, 0.0, 0.0])
+    # rows 0 and 2 stopped on "9", an eos of this model: only row 1 was truncated
+    assert dm.rollout(0).stats["response/truncated_frac"] == pytest.approx(1 / 3)
+
+
+def test_an_algorithm_with_its_own_advantages_gets_none_from_the_rollout(task, policy):
+    dm = make_dm(task, policy)
+    dm.group_advantages = False  # what PPO (GAE over its critic) sets
+    batch = dm.rollout(0)
+    assert batch.advantages is None and batch.rows(slice(0, 2)).advantages is None
+    dm.group_advantages = True
+    assert dm.rollout(0).advantages.shape == (6,)

@@ -1,4 +1,4 @@
-"""The held-out evaluation (gspo_bench.algorithms.evaluation): a step-0 result reused within a process."""
+"""The held-out evaluation (gspo_bench.algorithms.evaluation): a step-0 result reused by the runs of one seed."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import torch
 
 from gspo_bench.algorithms import evaluation
 from gspo_bench.config import load_config
-from gspo_bench.models import build_builtin
 from gspo_bench.rollout.datamodule import RolloutDataModule
+from gspo_bench.train import runner
 from gspo_bench.train.runner import run
 from tests.conftest import tiny_overrides
 
@@ -19,23 +19,29 @@ def _runs(mixed_task, tracking_uri, algos, experiment):
 
 
 def test_a_reused_start_eval_leaves_the_run_exactly_as_without_it(mixed_task, tracking_uri, monkeypatch):
-    evaluated = []
+    evaluated, shared = [], []
     orig = RolloutDataModule.evaluate
     monkeypatch.setattr(RolloutDataModule, "evaluate", lambda self, policy, rows: evaluated.append(len(rows["prompt"]))
                         or orig(self, policy, rows))
-    evaluation.START_EVALS.clear()
+
+    class Seen(evaluation.StartEvals):  # the runner's, one per seed: kept here to look into
+        def __init__(self, source):
+            super().__init__(source)
+            shared.append(self)
+
+    monkeypatch.setattr(runner, "StartEvals", Seen)
     both = _runs(mixed_task, tracking_uri, ["grpo", "dapo"], "start-eval-shared")
     assert all(r.status == "FINISHED" for r in both.values())
     # 3 evaluations per run (steps 0, 1, 2) of 8 prompts in one batch; dapo's step 0 came from grpo's
     # (its rollout settings differ, those of its evaluation do not)
     assert len(evaluated) == 5
-    assert len(evaluation.START_EVALS) == 1
+    [cache] = shared  # one seed, one cache, holding one evaluation
+    assert len(cache.done) == 1
     assert both["dapo"].eval_log[0] == both["grpo"].eval_log[0]
     # the reused evaluation's 8 x (1 greedy + 2 sampled) completions were not generated again
     assert both["dapo"].completions["eval"] == both["grpo"].completions["eval"] - 8 * 3
     # dapo alone, nothing cached: every metric of every step is the same, to the digit (the sampled eval
     # and the training rollouts drew from the random state the reused evaluation restored)
-    evaluation.START_EVALS.clear()
     alone = _runs(mixed_task, tracking_uri, ["dapo"], "start-eval-alone")["dapo"]
     assert len(evaluated) == 8
     assert alone.eval_log == both["dapo"].eval_log
@@ -52,7 +58,7 @@ def _untimed(metrics: dict) -> dict:
 
 
 class _DM:
-    """What ``start_eval_key`` reads from a datamodule."""
+    """What ``StartEvals.key`` reads from a datamodule."""
 
     def __init__(self, spec="arith", samples=2):
         self.task = type("T", (), {"spec": spec})()
@@ -62,31 +68,29 @@ class _DM:
         self.eval_rows = {"prompt": ["1+1="], "answer": ["2"]}
 
 
-def test_the_start_eval_key_changes_with_weights_rows_settings_and_random_state():
-    model, _ = build_builtin("tiny-dense", 0)
+def test_the_start_eval_key_changes_with_source_rows_settings_and_random_state():
+    shared = evaluation.StartEvals("/cache/warmstart/arith-tiny-dense-s0")
     torch.manual_seed(0)
-    key = evaluation.start_eval_key(model, _DM())
+    key = shared.key(_DM())
     torch.manual_seed(0)
-    assert evaluation.start_eval_key(model, _DM()) == key
+    assert shared.key(_DM()) == key
     torch.manual_seed(0)
-    assert evaluation.start_eval_key(model, _DM(samples=3)) != key
+    assert shared.key(_DM(samples=3)) != key
     torch.manual_seed(0)
-    assert evaluation.start_eval_key(model, _DM(spec="other")) != key
+    assert shared.key(_DM(spec="other")) != key
     torch.manual_seed(0)
     dm = _DM()
     dm.s.temperature = 0.7
-    assert evaluation.start_eval_key(model, dm) != key
+    assert shared.key(dm) != key
     torch.manual_seed(0)
     dm = _DM()
     dm.s.dynamic_sampling = True  # a training-only setting (DAPO's): the same evaluation
-    assert evaluation.start_eval_key(model, dm) == key
+    assert shared.key(dm) == key
     torch.manual_seed(1)
-    assert evaluation.start_eval_key(model, _DM()) != key
+    assert shared.key(_DM()) != key
     torch.manual_seed(0)
     dm = _DM()
     dm.eval_rows = {"prompt": ["1+1="], "answer": ["3"]}
-    assert evaluation.start_eval_key(model, dm) != key
-    with torch.no_grad():
-        model.lm_head.weight[0, 0] += 1e-6
-    torch.manual_seed(0)
-    assert evaluation.start_eval_key(model, _DM()) != key
+    assert shared.key(dm) != key
+    torch.manual_seed(0)  # another warm start: other weights
+    assert evaluation.StartEvals("/cache/warmstart/arith-tiny-dense-s1").key(_DM()) != key

@@ -1,7 +1,7 @@
 """The package's layers, kept by import-linter (the contracts are in ``pyproject.toml``).
 
 Two contracts: packages import downward only (``layers``, top to bottom: cli, suite, reporting, bench | tuning,
-train, algorithms | callbacks, rollout, tasks, models, tracking, config, core, paths), and no import cycle among
+train, algorithms | callbacks, rollout, tasks, models, tracking, config, core, paths | tables), and no import cycle among
 the modules of any package (``acyclic_siblings``). import-linter's graph (grimp) counts imports inside functions
 too, so a lazy import cannot hide an upward edge. A test below plants one in a copy of the package and checks
 that the contract breaks on it.

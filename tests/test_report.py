@@ -110,3 +110,44 @@ def test_paired_section_per_group(made, tmp_path):
     assert "### (f) Paired differences vs grpo" in tuned and "No pairs: only grpo in this group" in tuned
     rep = write_report(uri, EXP, tmp_path / "g", baseline="gspo", strict_baseline=True, log_to_mlflow=False)
     assert "| grpo | gspo | final pass@1 (points) | 2 | -5.5 |" in rep.path.read_text()
+
+
+def test_the_runs_table_remakes_leaderboard_and_report_without_the_store(made, tmp_path, capsys):
+    from gspo_bench.reporting.frame import read_frame, runs_of
+
+    uri, _, out, _ = made
+    table = out / "runs.csv.gz"
+    frame = read_frame(table)
+    # every run of the store (but the report's own), its status, tags and histories, in the table
+    stored = {r.run_id: r for r in load_runs(uri, EXP)}
+    assert {r.run_id for r in runs_of(frame)} == set(stored)
+    for r in runs_of(frame):
+        s = stored[r.run_id]
+        assert (r.status, r.tags, r.history, r.metrics) == (s.status, s.tags, s.history, s.metrics)
+    capsys.readouterr()
+    for fmt in ("md", "csv"):
+        assert main(["leaderboard", "--tracking-uri", uri, "--experiment", EXP, "--format", fmt]) == 0
+        from_store = capsys.readouterr().out
+        assert main(["leaderboard", "--runs", str(table), "--format", fmt]) == 0
+        assert capsys.readouterr().out == from_store and from_store.count("\n") > 5
+    again = tmp_path / "again"
+    assert main(["report", "--runs", str(table), "--out", str(again)]) == 0
+    assert "nothing logged to MLflow" in capsys.readouterr().out
+
+    def tables(md: str) -> list[str]:  # the leaderboard and the paired tables (collapse details are artifacts)
+        board = md[md.index("## Leaderboard"):md.index("## arith / tiny-dense\n")]
+        return board.splitlines() + [ln for ln in md.splitlines() if "(points) |" in ln or "(steps) |" in ln]
+
+    made_md, again_md = (out / "report.md").read_text(), (again / "report.md").read_text()
+    assert f"- runs table: `{table}`" in again_md
+    assert tables(again_md) == tables(made_md) and len(tables(made_md)) > 10
+    assert (again / "eval_arith_tiny-dense.png").is_file() and not (again / "runs.csv.gz").samefile(table)
+
+
+def test_a_runs_file_that_is_not_one_is_one_line_exit_2(tmp_path, capsys):
+    bad = tmp_path / "runs.csv.gz"
+    bad.write_bytes(b"not gzip at all")
+    assert main(["leaderboard", "--runs", str(bad)]) == 2
+    assert "not a runs table" in one_line(capsys)
+    assert main(["leaderboard", "--runs", str(tmp_path / "none.csv.gz")]) == 2
+    assert "no such file" in one_line(capsys)

@@ -97,6 +97,8 @@ class PolicyModule(HeldOutEval, L.LightningModule):
     name: ClassVar[str] = ""
     """Registry key, and the loss it trains with (``losses.LOSSES``)."""
     recipe: ClassVar[Recipe] = Recipe()
+    group_advantages: ClassVar[bool] = True
+    """The datamodule computes group z-score advantages; an algorithm with its own (PPO's GAE) turns it off."""
     """What this algorithm's ``auto`` fields resolve to (the clip range comes from its loss registration)."""
     kl_in_loss: ClassVar[bool] = True
     """False when the KL to the reference lives elsewhere (PPO: in the reward)."""
@@ -139,7 +141,6 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         self.world = 1  # processes training together (set in setup)
         # seconds spent in each phase of this run (``bench --whole``): sampling, the update, evaluation
         self.clock = {"rollout_s": 0.0, "train_s": 0.0, "eval_s": 0.0}
-        self._units: dict[str, float] | None = None  # this minibatch's divisors on W > 1 processes
 
     @property
     def kl_coef(self) -> float:
@@ -192,6 +193,7 @@ class PolicyModule(HeldOutEval, L.LightningModule):
             dm.policy = self.policy
             # the sampler records its experts on MoE models: moe/routing_mismatch, and what r3 replays
             dm.record_routes = self.is_moe
+            dm.group_advantages = self.group_advantages
             dm.rank, dm.world = rank, self.world
         if self.world > 1:
             # every rank samples its own responses (a seed per rank), and continues rank 0's checkpoint
@@ -242,12 +244,13 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         for rows, units in self.minibatches(batch, g):
             rows = rows.to(batch.input_ids.device)
             # 3. loss (on W > 1 processes: this rank's share of the minibatch's, x W)
-            self._units = units
             if len(rows):
-                loss = self.minibatch_loss(batch, prep, rows, stats)
+                loss = self.minibatch_loss(batch, prep, rows, stats, units)
                 stats.add({"train/loss": loss.detach()})
-            else:  # no rows of this minibatch here: a zero loss that reaches every trained parameter, so the
-                # ranks' backwards pair up (its gradient is exactly 0, never NaN)
+            else:  # no rows of this minibatch on this rank (W > 1 only): DDP all-reduces every gradient in the
+                # backward, so this rank must run one too or the others wait for it forever. A loss of exactly 0
+                # times one element of each trained parameter gives every gradient exactly 0 (never NaN), with
+                # no forward pass: the ranks' backwards pair up and the average is the other ranks' gradient.
                 loss = 0.0 * sum(p.reshape(-1)[0] for p in self.parameters() if p.requires_grad)
                 # its share of the minibatch's loss is 0: the ranks' mean stays the whole minibatch's loss
                 stats.add({"train/loss": 0.0, "loss/policy": 0.0, "loss/kl": 0.0})
@@ -257,7 +260,6 @@ class PolicyModule(HeldOutEval, L.LightningModule):
                 self.manual_backward(loss)
             # 5. clip and step
             self.clip_and_step(stats, finite)
-        self._units = None
         # 6. logging, with the RL step as the step (metrics reduced over ranks: every rank logs the same)
         self.rl_step += 1
         metrics = {**batch.stats, **stats.reduce()}
@@ -283,11 +285,6 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         rank = ddp.rank_world()[0]
         for rows, tokens, seqs in ddp.local_minibatches(parts, lengths.cpu(), rank, self.world):
             yield rows, {"token": tokens / self.world, "sequence": seqs / self.world}
-
-    def units(self, kind: str) -> float | None:
-        """The current minibatch's divisor for a mean over ``kind`` units ("token" or "sequence") on W > 1
-        processes (its count over all ranks / W); None on one process (the rows' own count)."""
-        return None if self._units is None else self._units[kind]
 
     def prepare(self, batch: RolloutBatch, stats: StepStats) -> dict[str, torch.Tensor]:
         """Tensors every minibatch needs: old (and reference) log-probs and advantages.
@@ -321,8 +318,11 @@ class PolicyModule(HeldOutEval, L.LightningModule):
             stats.add({"moe/routing_mismatch": routing_mismatch(batch.routes, natural, batch.attention_mask.bool())})
         return out
 
-    def minibatch_loss(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor, stats: StepStats):
-        """The policy loss on ``rows``; returns the scalar to backpropagate."""
+    def minibatch_loss(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor, stats: StepStats,
+                       units: dict[str, float] | None = None):
+        """The policy loss on ``rows``; returns the scalar to backpropagate. ``units`` (W > 1 processes): the
+        minibatch's divisor of a mean over tokens or sequences, its count over all ranks / W (``minibatches``);
+        None on one process (the rows' own count)."""
         logp, ent = self.response_logp(self.policy, batch, rows, with_entropy=True, replay=prep.get("routes"))
         mask = batch.response_mask[rows]
         self.trace.minibatches.append((rows, logp.detach()))
@@ -334,9 +334,10 @@ class PolicyModule(HeldOutEval, L.LightningModule):
             # the sampler/trainer correction: weights exp(old_logp - rollout_logp) at the loss's ratio unit
             extra.update(rollout_logp=batch.rollout_logp[rows], correction=r.correction,
                          correction_cap=r.correction_cap)
-        units = self.units("token" if LOSSES[self.name].aggregation == "token-mean" else "sequence")
+        kind = "token" if LOSSES[self.name].aggregation == "token-mean" else "sequence"
         loss, st = policy_loss(self.name, logp=logp, old_logp=prep["old_logp"][rows],
-                               advantages=prep["advantages"][rows], mask=mask, units=units, **self.hp, **extra)
+                               advantages=prep["advantages"][rows], mask=mask,
+                               units=None if units is None else units[kind], **self.hp, **extra)
         # H = mean over response tokens of the sampling distribution's entropy
         st["policy/entropy"] = (ent * mask).sum() / mask.sum().clamp(min=1)
         stats.add(st)

@@ -9,41 +9,41 @@ prompt, aggregated with torchmetrics (on W > 1 processes each rank scores its
 share of the prompts, and ``compute`` averages over all of them).
 
 The step-0 evaluation scores the warm start, which every algorithm of a
-``run`` shares. When this process has already evaluated the same weights on
-the same rows and settings from the same random state, the result and the
-random state it left are reused (``START_EVALS``): the run is exactly what it
-would have been, minus the repeated evaluation.
+``run`` shares for a seed. The runner hands the algorithms of one seed one
+``StartEvals``: when one of them has evaluated the warm start on the same rows
+and settings from the same random state, the next reuses the result and the
+random state it left, so its run is exactly what it would have been, minus
+the repeated evaluation. It lives as long as that seed's runs, not the
+process, and knows which weights it holds by the warm start's folder.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from collections import OrderedDict
 
 import torch
 from torchmetrics.aggregation import MeanMetric
 
 
-# step-0 evaluations made in this process: key -> (metrics, torch RNG state after, verifier timeouts)
-START_EVALS: OrderedDict[str, tuple[dict, torch.Tensor, int]] = OrderedDict()
-START_EVALS_KEPT = 8
+class StartEvals:
+    """The step-0 evaluations of runs that all start from the warm start in ``source`` (a folder): key ->
+    (metrics, torch RNG state after, verifier timeouts)."""
 
+    def __init__(self, source: str):
+        self.source = source
+        self.done: dict[str, tuple[dict, torch.Tensor, int]] = {}
 
-def start_eval_key(policy, dm) -> str:
-    """What a step-0 evaluation's outcome depends on: the weights, the eval rows, the task and sampling
-    settings, and the random state the sampled completions draw from."""
-    h = hashlib.blake2b(digest_size=20)
-    for name, t in policy.state_dict().items():
-        h.update(name.encode())
-        h.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes())
-    # the settings ``RolloutDataModule.evaluate`` reads (not the training-only ones, which differ by algorithm)
-    s = dm.s
-    h.update(repr((dm.task.spec, s.engine, s.max_new_tokens, s.temperature, s.verify_timeout, dm.eval_samples,
-                   dm.eval_batch, dm.rank, dm.world, list(dm.eval_rows["prompt"]),
-                   list(dm.eval_rows["answer"]))).encode())
-    h.update(torch.get_rng_state().numpy().tobytes())
-    return h.hexdigest()
+    def key(self, dm) -> str:
+        """What a step-0 evaluation's outcome depends on beside the weights: the eval rows, the task and
+        sampling settings, and the random state the sampled completions draw from."""
+        h = hashlib.blake2b(digest_size=20)
+        s = dm.s  # the settings ``RolloutDataModule.evaluate`` reads (not the training-only ones)
+        h.update(repr((self.source, dm.task.spec, s.engine, s.max_new_tokens, s.temperature, s.verify_timeout,
+                       dm.eval_samples, dm.eval_batch, dm.rank, dm.world, list(dm.eval_rows["prompt"]),
+                       list(dm.eval_rows["answer"]))).encode())
+        h.update(torch.get_rng_state().numpy().tobytes())
+        return h.hexdigest()
 
 
 class HeldOutEval:
@@ -88,11 +88,12 @@ class HeldOutEval:
         t0 = time.perf_counter()
         dm = self.trainer.datamodule
         # one process on CPU (where the torch RNG state is all the sampler draws from): reuse a step-0 result
-        key = None
-        if self.rl_step == 0 and self.world == 1 and all(p.device.type == "cpu" for p in self.policy.parameters()):
-            key = start_eval_key(self.policy, dm)
-        if key in START_EVALS:
-            metrics, rng, late = START_EVALS[key]
+        shared, key = getattr(self, "start_evals", None), None
+        if (shared is not None and self.rl_step == 0 and self.world == 1
+                and all(p.device.type == "cpu" for p in self.policy.parameters())):
+            key = shared.key(dm)
+        if key is not None and key in shared.done:
+            metrics, rng, late = shared.done[key]
             torch.set_rng_state(rng)
             # its timeouts are part of the result (the next step's verify/timeouts); its completions were
             # not generated again, so they stay out of this run's count (bench --whole's completions/hour)
@@ -109,8 +110,6 @@ class HeldOutEval:
         if "pass1" in self._eval_seen or (self.world > 1 and len(dm.eval_rows)):
             metrics = self.record_eval()
             if key is not None:
-                START_EVALS[key] = (dict(metrics), torch.get_rng_state(), dm.timeouts - before)
-                while len(START_EVALS) > START_EVALS_KEPT:
-                    START_EVALS.popitem(last=False)
+                shared.done[key] = (dict(metrics), torch.get_rng_state(), dm.timeouts - before)
         self.policy.train(was_training)
         self.clock["eval_s"] += time.perf_counter() - t0

@@ -59,6 +59,7 @@ class PPO(PolicyModule):
 
     name = "ppo"
     recipe = Recipe(kl_coef=0.05)
+    group_advantages = False  # GAE over the critic instead (``prepare``)
     kl_in_loss = False  # the KL is in the reward, so the policy loss is the bare clipped surrogate
 
     def __init__(self, cfg, model_path: str, seed: int, settings):
@@ -97,8 +98,9 @@ class PPO(PolicyModule):
     def parameter_groups(self):
         return super().parameter_groups() + [("critic/grad_norm", list(self.critic.parameters()))]
 
-    def minibatch_loss(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor, stats: StepStats):
-        policy = super().minibatch_loss(batch, prep, rows, stats)
+    def minibatch_loss(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor, stats: StepStats,
+                       units: dict[str, float] | None = None):
+        policy = super().minibatch_loss(batch, prep, rows, stats, units)
         mask = batch.response_mask[rows]
         v = self.critic(batch.input_ids[rows], batch.attention_mask[rows], batch.prompt_len)
         v_old, ret = prep["values"][rows], prep["returns"][rows]
@@ -108,7 +110,7 @@ class PPO(PolicyModule):
             # V_clip = V_old + clamp(V - V_old, -c, c); loss = max((V - R)^2, (V_clip - R)^2)
             err = torch.maximum(err, (v_old + (v - v_old).clamp(-c, c) - ret).square())
         # value loss = vf_coef * 0.5 * token-mean of the squared error (the minibatch's tokens on every rank)
-        tokens = self.units("token")
+        tokens = None if units is None else units["token"]
         value_loss = self.cfg.loss.vf_coef * 0.5 * (err * mask).sum() / (
             mask.sum().clamp(min=1) if tokens is None else (tokens if tokens > 0 else 1.0))
         stats.add({"critic/value_loss": value_loss.detach()})

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from gspo_bench import tables
 from gspo_bench.config import ConfigError
 from gspo_bench.rollout.engine import VLLM_AUTO_MIN_PARAMS
 
@@ -196,27 +197,25 @@ def markdown(results: list[dict], command: str, commit: str) -> str:
         c = r["config"]
         lines += [f"## {r['model']} ({r['params'] / 1e6:.1f} M parameters)", "",
                   f"{c['prompts']} prompts x {c['group_size']} samples, at most {c['max_new_tokens']} new tokens, "
-                  f"temperature {c['temperature']}, {c['dtype']}, {c['threads']} threads.", "",
-                  "| engine | seconds | tokens | tokens/s | completions/s | compile / start-up s | weight sync s |",
-                  "|---|---|---|---|---|---|---|"]
+                  f"temperature {c['temperature']}, {c['dtype']}, {c['threads']} threads.", ""]
+        rows = []
         for name, g in r["generation"].items():
-            if not isinstance(g, dict):
-                continue
-            setup, sync = g.get("compile_s", g.get("startup_s")), g.get("weight_sync_s")
-            lines.append(f"| {name} | {g['seconds']:.3f} | {g['tokens']:.0f} | {g['tokens_per_s']:.0f} | "
-                         f"{g['completions_per_s']:.1f} | {'' if setup is None else f'{setup:.1f}'} | "
-                         f"{'' if sync is None else f'{sync:.3f}'} |")
+            if isinstance(g, dict):
+                setup, sync = g.get("compile_s", g.get("startup_s")), g.get("weight_sync_s")
+                rows.append([name, f"{g['seconds']:.3f}", f"{g['tokens']:.0f}", f"{g['tokens_per_s']:.0f}",
+                             f"{g['completions_per_s']:.1f}", "" if setup is None else f"{setup:.1f}",
+                             "" if sync is None else f"{sync:.3f}"])
+        lines.append(tables.markdown(("engine", "seconds", "tokens", "tokens/s", "completions/s",
+                                      "compile / start-up s", "weight sync s"), rows).rstrip("\n"))
         if "fast_over_vllm" in r["generation"]:
             ratio = r["generation"]["fast_over_vllm"]
             lines += ["", f"Fast engine over vLLM: **{ratio:.2f}x** tokens/s "
                       f"({'ours ahead' if ratio > 1 else 'vLLM ahead'})."]
         if r["rl_step"]:
-            lines += ["", f"Full RL step ({c['algo']}):", "", "| engine | seconds | completions/s | gen s | train s |",
-                      "|---|---|---|---|---|"]
-            for name, s in r["rl_step"].items():
-                if isinstance(s, dict):
-                    lines.append(f"| {name} | {s['seconds']:.2f} | {s['completions_per_s']:.1f} | {s['gen_s']:.2f} | "
-                                 f"{s['train_s']:.2f} |")
+            lines += ["", f"Full RL step ({c['algo']}):", "", tables.markdown(
+                ("engine", "seconds", "completions/s", "gen s", "train s"),
+                [[name, f"{s['seconds']:.2f}", f"{s['completions_per_s']:.1f}", f"{s['gen_s']:.2f}", f"{s['train_s']:.2f}"]
+                 for name, s in r["rl_step"].items() if isinstance(s, dict)]).rstrip("\n")]
             if "fast_over_vllm" in r["rl_step"]:
                 lines += ["", f"The RL step is {r['rl_step']['fast_over_vllm']:.2f}x as fast with the fast engine."]
         for note in r["notes"]:

@@ -24,6 +24,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from gspo_bench import tables
+
 
 def _timed(fn, reps: int) -> float:
     """Median wall time of ``fn()`` in ms over ``reps`` calls (ranks in step: a barrier before each)."""
@@ -119,12 +121,10 @@ def report(one: str, two: str, out: str, command: str, commit: str) -> str:
         f"{b['threads_per_process']} thread, so two processes use the two cores one process with one thread "
         "leaves idle: per-rank work can be seen to halve. Times are the slowest rank's.",
         "",
-        "| processes | rows per rank | generation s/step | training s/step | step s |",
-        "|---|---|---|---|---|",
+        tables.markdown(("processes", "rows per rank", "generation s/step", "training s/step", "step s"),
+                        [[r["processes"], r["rows_per_rank"], f"{r['gen_s']:.3f}", f"{r['train_s']:.3f}",
+                          f"{r['step_s']:.3f}"] for r in (a, b)]).rstrip("\n"),
     ]
-    for r in (a, b):
-        lines.append(f"| {r['processes']} | {r['rows_per_rank']} | {r['gen_s']:.3f} | {r['train_s']:.3f} | "
-                     f"{r['step_s']:.3f} |")
     lines += [
         "",
         f"Per-rank rows halve ({a['rows_per_rank']} -> {b['rows_per_rank']}); generation takes "
@@ -153,15 +153,18 @@ def report(one: str, two: str, out: str, command: str, commit: str) -> str:
         "- comm(N) on GPUs: k ring all-reduces of the gradient, each moving 2 (N-1) / N of its G bytes over a",
         "  link of bandwidth BW, plus the small collectives (taken at their gloo cost here, an upper bound).",
         "",
-        "| N | link (achieved) | comm(N) | T(N) | speed-up over 1 |",
-        "|---|---|---|---|---|",
     ]
     small = b["lengths_allgather_ms"] + mb * b["flag_allreduce_ms"] + 2 * b["metrics_allgather_ms"]
+    predicted = []
     for n, bw_gbs, link in ((2, 20.0, "PCIe 4, 20 GB/s"), (8, 20.0, "PCIe 4, 20 GB/s"), (8, 200.0, "NVLink, 200 GB/s"),
                             (64, 200.0, "NVLink, 200 GB/s")):
+        # comm(N) = k x 2 (N - 1) / N x G / BW + the small collectives
         comm_n = (mb * 2 * (n - 1) / n * 4 * b["params"] / (bw_gbs * 1e9)) * 1e3 + small
+        # T(N) = F + W / N + comm(N)
         t_n = fixed + work / n + comm_n / 1e3
-        lines.append(f"| {n} | {link} | {comm_n:.2f} ms | {t_n:.3f} s | {a['step_s'] / t_n:.1f}x |")
+        predicted.append([n, link, f"{comm_n:.2f} ms", f"{t_n:.3f} s", f"{a['step_s'] / t_n:.1f}x"])
+    lines.append(tables.markdown(("N", "link (achieved)", "comm(N)", "T(N)", "speed-up over 1"),
+                                 predicted).rstrip("\n"))
     big = 8e9 * 2  # an 8B-parameter model's bf16 gradients
     lines += [
         "",

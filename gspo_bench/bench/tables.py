@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gspo_bench import tables
+
 # The reference point: a widely used GRPO implementation on transformers' generate, cpu-bench
 # configuration, measured on a 2-core machine of this kind.
 REFERENCE = {"completions_per_s": 52.0, "gen_tokens_per_s": 2000.0, "seconds": 2.5}
 TARGETS = {"rl_step_vs_reference": 3.0, "generation_vs_generate": 2.0}
 
 
-def tables(d: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+def sections(d: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, columns, rows) for every section of one bench result (``BenchResult.to_dict()``)."""
     out = []
     peak = d["matmul_gflops"]
@@ -64,7 +66,7 @@ def tables(d: dict) -> list[tuple[str, list[str], list[list[str]]]]:
 def rich_tables(d: dict):
     from rich.table import Table
 
-    for title, cols, rows in tables(d):
+    for title, cols, rows in sections(d):
         t = Table(title=title, title_justify="left")
         for c in cols:
             t.add_column(c)
@@ -79,10 +81,8 @@ def markdown(d: dict, command: str, commit: str, figure: str | None = None) -> s
              f"Configuration: {d['config']['prompts']} prompts x {d['config']['group_size']} samples, temperature "
              f"{d['config']['temperature']}, at most {d['config']['max_new_tokens']} new tokens, "
              f"{d['config']['minibatches']} minibatches, algorithm {d['config']['algo']}.", ""]
-    for title, cols, rows in tables(d):
-        lines += [f"**{title}**", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
-        lines.append("")
+    for title, cols, rows in sections(d):
+        lines += [f"**{title}**", "", tables.markdown(cols, rows)]
     if figure:
         lines += [f"![rollout time against max_new_tokens]({figure})", ""]
     for n in d.get("notes", []):

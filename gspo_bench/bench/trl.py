@@ -22,6 +22,7 @@ import transformers
 from rich.table import Table
 from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, ProgressCallback, TrainerCallback
 
+from gspo_bench import tables
 from gspo_bench import algorithms
 from gspo_bench.bench.throughput import bench_rl_step, matmul_gflops, path_overrides
 from gspo_bench.config import ConfigError, RunConfig, deep_merge, load_config, parse_sets
@@ -177,8 +178,7 @@ def markdown(res: dict, command: str, commit: str) -> str:
              f"at most {m['max_new_tokens']} new tokens, {m['minibatches']} optimiser steps per cycle; medians of "
              f"{res['cycles']} cycles after {res['warmup']} warm-up, measured in the order "
              f"{', '.join(res['order'])}.", "",
-             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS),
-             *("| " + " | ".join(r) + " |" for r in table_rows(res)), "", verdict(res) + ".", "",
+             tables.markdown(COLUMNS, table_rows(res)), verdict(res) + ".", "",
              *(f"- {c}" for c in res["checks"])]
     return "\n".join(lines) + "\n"
 

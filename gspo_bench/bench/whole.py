@@ -18,6 +18,7 @@ import time
 
 from rich.table import Table
 
+from gspo_bench import tables
 from gspo_bench.config import deep_merge, load_config
 
 PHASES = ("warm start", "rollout", "train", "eval", "overhead")
@@ -98,10 +99,9 @@ def rich_table(d: dict) -> Table:
 
 def markdown(d: dict, command: str, commit: str) -> str:
     lines = ["## The whole benchmark: `run --algos all`", "", f"Made by `{command}` at commit `{commit}`, on "
-             f"{d['machine']}.", "", summary(d) + ".", "", "| phase | seconds | share |", "|---|---|---|"]
-    lines += [f"| {' | '.join(r)} |" for r in rows(d)]
-    lines += ["", "| algorithm | seconds | rollout s | train s | eval s | training completions | eval completions |",
-              "|---|---|---|---|---|---|---|"]
-    lines += [f"| {a['algo']} | {a['seconds']:.1f} | {a['rollout_s']:.1f} | {a['train_s']:.1f} | {a['eval_s']:.1f} | "
-              f"{a.get('train_completions', 0):,} | {a.get('eval_completions', 0):,} |" for a in d["per_algo"]]
-    return "\n".join(lines) + "\n"
+             f"{d['machine']}.", "", summary(d) + ".", "", tables.markdown(("phase", "seconds", "share"), rows(d))]
+    lines.append(tables.markdown(
+        ("algorithm", "seconds", "rollout s", "train s", "eval s", "training completions", "eval completions"),
+        [[a["algo"], f"{a['seconds']:.1f}", f"{a['rollout_s']:.1f}", f"{a['train_s']:.1f}", f"{a['eval_s']:.1f}",
+          f"{a.get('train_completions', 0):,}", f"{a.get('eval_completions', 0):,}"] for a in d["per_algo"]]))
+    return "\n".join(lines)

@@ -89,7 +89,12 @@ def leaderboard_command(args, console) -> int:
     from gspo_bench.reporting.split_pairs import (check_split_value, parse_split_baseline, render_split_pairs,
                                                   render_with_split_pairs, split_pair_groups, split_pairs_rich)
 
-    runs = load_runs(read_uri(args.tracking_uri), args.experiment, args.task, args.model)
+    if args.runs:  # a results folder's raw data, no MLflow store
+        from gspo_bench.reporting.frame import read_frame, runs_of, select
+
+        runs = runs_of(select(read_frame(args.runs), args.experiment, args.task, args.model))
+    else:
+        runs = load_runs(read_uri(args.tracking_uri), args.experiment, args.task, args.model)
     by = tuple(dict.fromkeys(args.by))  # --by: the tags splitting the groups, in order, once each
     rows = summarise(runs, by)
     if not rows:  # an empty leaderboard is a mistake (wrong experiment or filter), not a result
@@ -140,8 +145,10 @@ def add_claims_parser(sub, default_uri: str) -> None:
                    help="read this experiment from another MLflow store (repeatable)")
     c.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                    help=f"points of pass@1 treated as 'as well' / 'equal' (default {DEFAULT_MARGIN:g})")
-    c.add_argument("--out", default="results/claims.md", help="the page to write; figures go beside it in "
-                   "<stem>/ (default results/claims.md)")
+    c.add_argument("--out", default="results/claims.md", help="the page to write; figures and the runs table "
+                   "(runs.csv.gz, the page's raw data) go beside it in <stem>/ (default results/claims.md)")
+    c.add_argument("--runs", metavar="FILE", help="read every experiment from a runs table an earlier claims "
+                   "wrote (<stem>/runs.csv.gz) instead of MLflow stores")
 
 
 def claims_command(args, console) -> int:
@@ -157,24 +164,31 @@ def claims_command(args, console) -> int:
     if not args.margin > 0:
         raise ConfigError(f"--margin must be > 0, got {args.margin}")
     uris = {}
+    if args.runs and args.source:
+        raise ConfigError("--runs reads every experiment from the table; --source names MLflow stores: give one")
     for item in args.source:
         name, sep, uri = item.partition("=")
         if not sep or name not in EXPERIMENTS:
             raise ConfigError(f"--source {item!r}: expected EXPERIMENT=URI with EXPERIMENT one of "
                               f"{', '.join(EXPERIMENTS)}")
         uris[name] = read_uri(uri)
-    default = None
-    for name in EXPERIMENTS:
-        if name not in uris:
-            default = default or read_uri(args.tracking_uri)
-            uris[name] = default
+    default, table = None, None
+    if args.runs:
+        from gspo_bench.reporting.frame import read_frame
+
+        table = read_frame(args.runs)
+    else:
+        for name in EXPERIMENTS:
+            if name not in uris:
+                default = default or read_uri(args.tracking_uri)
+                uris[name] = default
     out = Path(args.out)
     try:
         probe_writable_dir(out.parent, make=True)
     except OSError as e:
         raise ConfigError(f"--out {args.out!r}: {e.strerror or e}") from None
     specs = claims(args.margin)
-    runs, missing = cl.load(uris, {e for c in specs for e in c.experiments}, cl.needed_metrics(specs))
+    runs, missing, frame = cl.load(uris, {e for c in specs for e in c.experiments}, cl.needed_metrics(specs), table)
     results = cl.evaluate(specs, runs)
     fig_dir = out.parent / out.stem
     figures = {}
@@ -187,6 +201,10 @@ def claims_command(args, console) -> int:
     meta = {"command": "python -m gspo_bench " + shlex.join(args.argv), "commit": git_commit(),
             "margin": args.margin, "machine": machine(), "missing": missing}
     out.write_text(cl.markdown(results, meta, figures))
+    if frame is not None and table is None:  # the page's raw data: claims --runs reads it back
+        from gspo_bench.reporting.frame import RUNS_FILE, write_frame
+
+        write_frame(frame, fig_dir / RUNS_FILE)
     for i, r in enumerate(results, 1):
         console.print(f"{i}. {r.claim.text} -> {r.verdict}{cl.seeds_and_mde(r)}", soft_wrap=True, markup=False)
     console.print(f"wrote {out} and {len(figures)} figures in {fig_dir}", soft_wrap=True, markup=False)

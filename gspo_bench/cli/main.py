@@ -18,6 +18,7 @@ from gspo_bench.cli.measure import add_bench_parser
 from gspo_bench.config import DEFAULT_TRACKING_URI, ConfigError, load_config, parse_sets, presets
 from gspo_bench.train.interrupts import Interrupted, handle_signals
 from gspo_bench.tracking.redact import RedactingConsole, redact
+from gspo_bench.reporting.frame import RUNS_FILE
 from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE, DEFAULT_EXPERIMENT, NOTES
 
 console = RedactingConsole(highlight=False)  # every printed line passes through redact: no credentials
@@ -184,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"MLflow experiment (default {DEFAULT_EXPERIMENT})")
         c.add_argument("--task", help="only runs of this task")
         c.add_argument("--model", help="only runs of this model")
+        c.add_argument("--runs", metavar="FILE", help="read the runs from a runs.csv.gz a report wrote (a results "
+                       "folder's raw data) instead of an MLflow store: nothing is logged to MLflow")
         c.add_argument("--baseline", metavar="ALGO|TAG=VALUE",
                        help=f"the algorithm the paired differences are taken against (default {DEFAULT_BASELINE}); "
                        "given, it must have a FINISHED run in the selection, else exit 2; left at the default, a "
@@ -351,12 +354,15 @@ def cmd_report(args) -> int:
 
     if args.study and not args.storage:
         raise ConfigError("--study needs --storage (the Optuna storage URL holding the study)")
-    rep = write_report(read_uri(args.tracking_uri), args.experiment, args.out, args.task, args.model,
-                       command="python -m gspo_bench " + shlex.join(args.argv), storage=args.storage,
+    rep = write_report(None if args.runs else read_uri(args.tracking_uri), args.experiment, args.out, args.task,
+                       args.model, command="python -m gspo_bench " + shlex.join(args.argv), storage=args.storage,
                        studies=args.study, baseline=args.baseline or DEFAULT_BASELINE,
-                       strict_baseline=args.baseline is not None, by=tuple(dict.fromkeys(args.by)))
-    console.print(f"wrote {rep.path} and {len(rep.figures)} figures; logged to MLflow run {rep.run_id} "
-                  f"(name 'report', tag kind=report)", soft_wrap=True)
+                       strict_baseline=args.baseline is not None, by=tuple(dict.fromkeys(args.by)),
+                       runs_file=args.runs)
+    logged = (f"; logged to MLflow run {rep.run_id} (name 'report', tag kind=report)" if rep.run_id else
+              " (from a runs table: nothing logged to MLflow)")
+    console.print(f"wrote {rep.path}, {len(rep.figures)} figures and the runs table {rep.path.parent / RUNS_FILE}"
+                  + logged, soft_wrap=True)
     return 0
 
 

@@ -22,6 +22,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from gspo_bench import tables
 from gspo_bench.reporting.claim_specs import EXPERIMENTS, Claim, Part, Term
 from gspo_bench.reporting.frame import FINISHED, RunData
 from gspo_bench.reporting.paired import PairedStat, paired_summary, signed_sum_by_seed
@@ -144,20 +145,32 @@ def evaluate(claims: tuple[Claim, ...], runs: dict[str, list[RunData]]) -> list[
     return out
 
 
-def load(uris: dict[str, str], experiments: set[str],
-         metrics: tuple[str, ...] = METRICS) -> tuple[dict[str, list[RunData]], dict[str, str]]:
-    """Runs of each experiment from its tracking URI (``uris[name]``); an experiment that is not there is
-    reported in the second dict (name -> reason), not raised."""
-    from gspo_bench.config import ConfigError
-    from gspo_bench.reporting.leaderboard import load_runs
+def load(uris: dict[str, str] | None, experiments: set[str], metrics: tuple[str, ...] = METRICS,
+         frame=None) -> tuple[dict[str, list[RunData]], dict[str, str], object]:
+    """Runs of each experiment from its tracking URI (``uris[name]``), or from ``frame`` (a runs table holding
+    them all, ``frame.read_frame``); an experiment that is not there is reported in the second dict (name ->
+    reason), not raised. The third: the runs table of every experiment read (the page's raw data)."""
+    import pandas as pd
 
-    runs, missing = {}, {}
+    from gspo_bench.config import ConfigError
+    from gspo_bench.reporting.frame import load_frame, runs_of
+
+    runs, missing, frames = {}, {}, []
     for name in sorted(experiments):
-        try:
-            runs[name] = load_runs(uris[name], name, metrics=metrics)
-        except ConfigError as e:
-            missing[name] = str(e)
-    return runs, missing
+        if frame is not None:
+            mine = frame[frame["experiment"] == name]
+            if mine.empty:
+                missing[name] = f"experiment {name!r} is not in the runs table"
+                continue
+        else:
+            try:
+                mine = load_frame(uris[name], name, metrics=metrics)
+            except ConfigError as e:
+                missing[name] = str(e)
+                continue
+        frames.append(mine)
+        runs[name] = runs_of(mine)
+    return runs, missing, (pd.concat(frames, ignore_index=True) if frames else None)
 
 
 # -- rendering -----------------------------------------------------------------------------------------------------
@@ -182,7 +195,7 @@ def _ratio(x: float | None) -> str:
     return "-" if x is None else f"{10 ** x:.3g}x"
 
 
-def part_row(r: PartResult) -> str:
+def part_row(r: PartResult) -> list[str]:
     st, unit = r.stat, r.part.unit
     mean = _num(st.mean, unit) + (f" ({_ratio(st.mean)})" if unit == "log10" and st.mean is not None else "")
     ci = "-" if st.ci is None else f"[{_num(st.ci[0], unit)}, {_num(st.ci[1], unit)}]" + (
@@ -192,8 +205,7 @@ def part_row(r: PartResult) -> str:
     if r.missing:
         v += f": {r.missing}"
     seeds = ",".join(r.seeds) or "-"
-    return (f"| {r.part.label} | {r.part.unit} | {len(r.seeds)} ({seeds}) | {mean} | {ci} | {mde} | "
-            f"{_region(r.part.region, unit)} | {v} |")
+    return [r.part.label, r.part.unit, f"{len(r.seeds)} ({seeds})", mean, ci, mde, _region(r.part.region, unit), v]
 
 
 def seeds_and_mde(res: ClaimResult) -> str:
@@ -219,10 +231,10 @@ def markdown(results: list[ClaimResult], meta: dict, figures: dict[str, str]) ->
            "decided**: it straddles an edge (then the MDE says what more seeds would buy). A claim is refuted "
            "when any decisive part is, reproduced when all are. No correction for testing many parts at once. "
            "Scope: these are miniatures (models of ~1M parameters, arithmetic tasks, 40 RL steps); a refutation "
-           "says the effect does not appear at this scale, not that the source is wrong at its own.", "",
-           "| # | claim | verdict |", "|---|---|---|"]
-    for i, r in enumerate(results, 1):
-        out.append(f"| {i} | {r.claim.text} | **{r.verdict}**{seeds_and_mde(r) if r.verdict == UNDECIDED else ''} |")
+           "says the effect does not appear at this scale, not that the source is wrong at its own.", ""]
+    out += tables.markdown(("#", "claim", "verdict"), [
+        [i, r.claim.text, f"**{r.verdict}**{seeds_and_mde(r) if r.verdict == UNDECIDED else ''}"]
+        for i, r in enumerate(results, 1)]).rstrip("\n").split("\n")
     for i, r in enumerate(results, 1):
         c = r.claim
         out += ["", f"## {i}. {c.text}", "", f"**Verdict: {r.verdict}{seeds_and_mde(r)}.**", "",
@@ -231,8 +243,8 @@ def markdown(results: list[ClaimResult], meta: dict, figures: dict[str, str]) ->
             what, cmd = EXPERIMENTS[e]
             out += [f"- `{e}`: {what}." + (f" **Missing**: {meta['missing'][e]}" if e in meta["missing"] else ""),
                     f"  `{cmd}`"]
-        out += ["", "| part | unit | seeds | mean d | 95 % CI | MDE | claimed | verdict |",
-                "|---|---|---|---|---|---|---|---|"] + [part_row(p) for p in r.parts]
+        out += ["", *tables.markdown(("part", "unit", "seeds", "mean d", "95 % CI", "MDE", "claimed", "verdict"),
+                                     map(part_row, r.parts)).rstrip("\n").split("\n")]
         if c.key in figures:
             out += ["", f"![{c.key}]({figures[c.key]})"]
     return "\n".join(out) + "\n"

@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gspo_bench import tables
 from gspo_bench.callbacks.collapse import CollapseDetector, CollapseEvent
 from gspo_bench.config import CollapseConfig
 
@@ -107,8 +108,7 @@ def load(path: str | Path) -> list[tuple[History, str]]:
 
 def markdown(rows: list[tuple[History, str, list[CollapseEvent]]]) -> str:
     """One line per run: label, eval pass@1 start -> end, events (kind@step), and the verdict against the label."""
-    lines = ["| run | lr | judged | eval pass@1 start -> end | events (kind@step) | detector |",
-             "|---|---|---|---|---|---|"]
+    cells = []
     for h, label, events in rows:
         ev = ", ".join(f"{e.kind}@{e.step}" for e in events) or "-"
         if label == "collapsed":
@@ -119,5 +119,7 @@ def markdown(rows: list[tuple[History, str, list[CollapseEvent]]]) -> str:
             verdict = "-"
         start = f"{h.eval_start:.3f}" if h.eval_start is not None else "-"
         end = f"{h.eval_end:.3f}" if h.eval_end is not None else "-"
-        lines.append(f"| {h.name} | {h.tags.get('lr', '?')} | {label or '-'} | {start} -> {end} | {ev} | {verdict} |")
+        cells.append([h.name, h.tags.get("lr", "?"), label or "-", f"{start} -> {end}", ev, verdict])
+    lines = tables.markdown(("run", "lr", "judged", "eval pass@1 start -> end", "events (kind@step)", "detector"),
+                            cells).rstrip("\n").split("\n")
     return "\n".join(lines) + "\n"

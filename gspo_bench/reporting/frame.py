@@ -26,6 +26,7 @@ import pandas as pd
 from gspo_bench.config import ConfigError
 
 FINISHED = "FINISHED"
+RUNS_FILE = "runs.csv.gz"  # the long table a results folder keeps beside report.md
 LATEST = -1  # the ``step`` of a run's latest value of a metric
 HIDDEN_KINDS = ("report", "study")  # runs that hold outputs, not training (tag ``kind``)
 BASE_COLUMNS = ("run_id", "status", "experiment", "artifact_uri")
@@ -184,3 +185,20 @@ def runs_of(frame: pd.DataFrame) -> list:
         out.append(RunData(str(run_id), str(first["status"]), tags, params, metrics,
                            {k: sorted(v) for k, v in history.items()}, str(first["artifact_uri"] or "")))
     return out
+
+
+def select(frame: pd.DataFrame, experiment: str | None = None, task: str | None = None,
+           model: str | None = None, source: str = "--runs") -> pd.DataFrame:
+    """The rows of ``frame`` (read from a file) for ``experiment``, ``task`` and ``model``. A file holding one
+    experiment is read whatever ``experiment`` says (the CLI's default name rarely matches a results folder's);
+    one holding several needs the name, a ConfigError lists them."""
+    names = sorted(n for n in frame["experiment"].dropna().unique())
+    if experiment in names:
+        frame = frame[frame["experiment"] == experiment]
+    elif len(names) > 1:
+        raise ConfigError(f"{source}: experiment {experiment!r} is not in it (it holds {', '.join(names)}); "
+                          "pick one with --experiment")
+    for col, value in (("tags.task", task), ("tags.model", model)):
+        if value is not None:
+            frame = frame[frame[col] == value] if col in frame.columns else frame.iloc[0:0]
+    return frame

@@ -39,23 +39,24 @@ importances (``reporting/study.py``).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import statistics
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from gspo_bench import tables
 from gspo_bench.reporting import figures
 from gspo_bench.config import ConfigError
 from gspo_bench.paths import probe_writable_dir
 from gspo_bench.tracking.redact import redact
 from gspo_bench.tracking.ui import mark_experiment
 from gspo_bench.reporting.grouping import MISSING, by_slug, check_by, split_values
-from gspo_bench.reporting.leaderboard import (DEFAULT_BASELINE, DEFAULT_EXPERIMENT, NOTES, load_runs, no_runs_message, render, slug, summarise)
-from gspo_bench.reporting.frame import FINISHED, RunData, experiment_id
+from gspo_bench.reporting.frame import (FINISHED, RUNS_FILE, RunData, experiment_id, load_frame, read_frame, runs_of,
+                                        select, write_frame)
+from gspo_bench.reporting.leaderboard import (DEFAULT_BASELINE, DEFAULT_EXPERIMENT, NOTES, no_runs_message, render,
+                                              slug, summarise)
 from gspo_bench.reporting.paired import seed_key
 from gspo_bench.reporting.paired_table import PairedGroup, check_baseline, group_title, paired_groups, render_paired
 from gspo_bench.reporting.split_pairs import (check_split_value, parse_split_baseline, split_pair_groups,
@@ -93,34 +94,42 @@ def _join(values: list[str], missing: str) -> str:
 
 
 def config_table(runs: list[RunData]) -> list[str]:
-    lines = ["| setting | value |", "|---|---|"]
+    rows = []
     for label, keys in CONFIG_KEYS:
         vals = _distinct(runs, lambda r: next((r.params[k] for k in keys if k in r.params), None))
-        cell = " / ".join(vals) + (" (differs between runs)" if len(vals) > 1 else "") if vals else "-"
-        lines.append(f"| {label} | {cell} |")
-    return lines
+        rows.append([label, " / ".join(vals) + (" (differs between runs)" if len(vals) > 1 else "") if vals else "-"])
+    return tables.markdown(("setting", "value"), rows).rstrip("\n").split("\n")
 
 
-def _artifact_json(client, run_id: str, path: str):
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            local = client.download_artifacts(run_id, path, tmp)
-        except Exception:  # absent or unreadable: the caller falls back or skips
-            return None
-        return json.loads(Path(local).read_text())
+def _artifact_json(client, run: RunData, path: str):
+    """A JSON artifact of ``run`` (``mlflow.artifacts.load_dict``), None when it is absent or unreadable. The
+    artifacts a tracking server proxies (``mlflow-artifacts:``) resolve through the client's tracking URI,
+    used for this call only."""
+    import mlflow
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
+    try:
+        with _use_tracking_uri(client.tracking_uri):
+            return mlflow.artifacts.load_dict(f"{run.artifact_uri.rstrip('/')}/{path}")
+    except Exception:  # absent or unreadable: the caller falls back or skips
+        return None
 
 
 def collapse_events(client, run: RunData) -> list[dict]:
-    """Events from ``collapse_events.json`` when the run wrote it, else (kind, step) from the metrics."""
-    if run.tags.get("collapse.count", "0") not in ("", "0") or run.collapse_steps():
-        data = _artifact_json(client, run.run_id, "collapse_events.json")
+    """Events from ``collapse_events.json`` when the run wrote it (and the store is at hand: ``client``), else
+    (kind, step) from the metrics."""
+    if client is not None and (run.tags.get("collapse.count", "0") not in ("", "0") or run.collapse_steps()):
+        data = _artifact_json(client, run, "collapse_events.json")
         if data:
             return sorted(data, key=lambda e: e.get("step", 0))
     return [{"kind": k, "step": s} for k, s in run.collapse_steps()]
 
 
 def ratio_payload(client, runs: list[RunData]) -> dict | None:
-    """The last ``ratios/step_*.json`` of the group's first gspo (else gspo_token) run that has one."""
+    """The last ``ratios/step_*.json`` of the group's first gspo (else gspo_token) run that has one (None
+    without the store: a runs table holds no artifacts)."""
+    if client is None:
+        return None
     for algo in RATIO_ALGOS:
         for r in sorted((r for r in runs if r.algo == algo), key=lambda r: r.seed):
             try:
@@ -129,7 +138,7 @@ def ratio_payload(client, runs: list[RunData]) -> dict | None:
                 files = []
             if files:
                 last = max(files, key=lambda f: int(re.sub(r"\D", "", Path(f).stem) or -1))
-                payload = _artifact_json(client, r.run_id, last)
+                payload = _artifact_json(client, r, last)
                 if payload:
                     return {**payload, "seed": r.seed}
     return None
@@ -218,12 +227,13 @@ def group_section(client, key: tuple, runs: list[RunData], rows: list[dict], out
     if not events:
         md += ["none", ""]
     else:
-        md += ["| algo | seed | kind | step | value | threshold | detail |", "|---|---|---|---|---|---|---|"]
-        for r, e in sorted(events, key=lambda x: (x[0].algo, x[0].seed, x[1].get("step", 0))):
-            val = lambda k: f"{e[k]:.4g}" if isinstance(e.get(k), (int, float)) else "-"  # noqa: E731
-            md.append(f"| {r.algo} | {r.seed} | {e.get('kind')} | {e.get('step')} | {val('value')} | "
-                      f"{val('threshold')} | {e.get('detail', '-')} |")
-        md.append("")
+        def val(e: dict, k: str) -> str:
+            return f"{e[k]:.4g}" if isinstance(e.get(k), (int, float)) else "-"
+
+        md.append(tables.markdown(
+            ("algo", "seed", "kind", "step", "value", "threshold", "detail"),
+            [[r.algo, r.seed, e.get("kind"), e.get("step"), val(e, "value"), val(e, "threshold"), e.get("detail", "-")]
+             for r, e in sorted(events, key=lambda x: (x[0].algo, x[0].seed, x[1].get("step", 0)))]))
     pmd, pfigs = paired_section(paired, baseline, paired_note, title, name, out)
     return md + pmd, figs + pfigs
 
@@ -265,8 +275,7 @@ def splits_section(key: tuple, splits: dict[tuple, list[RunData]], by: tuple[str
                f"split ({', '.join(by)}): the mean over the split's seeds at each step, shaded band = min..max over "
                f"those seeds; n = {n}. `mismatch/kl` on a log axis, values <= 0 left out."
                + (f" Not logged by any run of the group: {', '.join(absent)}." if absent else ""), ""]
-    md += [f"| algo | {' | '.join(by)} | seeds | final pass@1 | mean mismatch/kl | mean routing mismatch |",
-           "|---" * (len(by) + 5) + "|"]
+    cells = []
     for algo in figures.by_algo(runs):
         for vals, rs in splits.items():
             mine = [r for r in rs if r.algo == algo]
@@ -280,9 +289,11 @@ def splits_section(key: tuple, splits: dict[tuple, list[RunData]], by: tuple[str
             # mismatch: each run's mean over its steps, then the mean over the seeds that logged it
             mean = {m: [x for r in mine if (x := _run_mean(r.history.get(m, []))) is not None]
                     for m in ("mismatch/kl", "moe/routing_mismatch")}
-            md.append(f"| {algo} | {' | '.join(vals)} | {len(seeds)} ({','.join(seeds)}) | {pass1} | "
-                      f"{_cell(mean['mismatch/kl'], '.3g')} | {_cell(mean['moe/routing_mismatch'], '.3g')} |")
-    md += ["", f"final pass@1 = the last eval/pass1 of each seed, mean ± sd over seeds; the two mismatch columns: "
+            cells.append([algo, *vals, f"{len(seeds)} ({','.join(seeds)})", pass1, _cell(mean["mismatch/kl"], ".3g"),
+                          _cell(mean["moe/routing_mismatch"], ".3g")])
+    md += [tables.markdown(("algo", *by, "seeds", "final pass@1", "mean mismatch/kl", "mean routing mismatch"),
+                           cells)]
+    md += [f"final pass@1 = the last eval/pass1 of each seed, mean ± sd over seeds; the two mismatch columns: "
            "mean over steps per seed, then over seeds (`-`: not logged)"
            + (f"; `{MISSING}` as a split value: runs without the tag." if any(MISSING in v for v in splits) else "."),
            ""]
@@ -292,8 +303,14 @@ def splits_section(key: tuple, splits: dict[tuple, list[RunData]], by: tuple[str
 def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path | None = None,
                  task: str | None = None, model: str | None = None, command: str = "",
                  log_to_mlflow: bool = True, storage: str | None = None, studies: list[str] | None = None,
-                 baseline: str = DEFAULT_BASELINE, strict_baseline: bool = False, by: tuple[str, ...] = ()) -> Report:
-    """Write ``out/report.md`` and its PNGs; log them to a ``kind=report`` MLflow run unless told not to.
+                 baseline: str = DEFAULT_BASELINE, strict_baseline: bool = False, by: tuple[str, ...] = (),
+                 runs_file: str | None = None) -> Report:
+    """Write ``out/report.md``, its PNGs and the runs it read (``out/runs.csv.gz``, ``frame.write_frame``); log
+    them to a ``kind=report`` MLflow run unless told not to.
+
+    ``runs_file``: read the runs from such a table instead of ``uri`` (then ``uri`` is None, nothing is logged
+    to MLflow, and what only artifacts hold is left out: collapse events come from their metrics, the ratio
+    histogram is skipped).
 
     ``storage``: also a section per Optuna study in it (``studies``, default all); then an experiment
     holding only tuning trials is not an error. ``baseline``: of the paired differences; with
@@ -305,7 +322,12 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
     """
     import mlflow
 
-    runs = load_runs(uri, experiment, task, model, metrics=REPORT_METRICS)
+    if runs_file is not None:
+        frame = select(read_frame(runs_file), experiment, task, model)
+        log_to_mlflow = False
+    else:
+        frame = load_frame(uri, experiment, task, model, REPORT_METRICS)
+    runs = runs_of(frame)
     if not runs and storage is None:
         raise ConfigError(no_runs_message(experiment, task, model))
     # before anything is written: a bad --baseline is a one-line error
@@ -319,7 +341,7 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
         check_split_value(runs, *split_base)
     paired = {g.key: g for g in paired_groups(runs, baseline, by=by)}
     split_pairs = {g.key: g for g in split_pair_groups(runs, *split_base, by)} if split_base else {}
-    client = mlflow.MlflowClient(uri)
+    client = mlflow.MlflowClient(uri) if uri else None
     out = Path(out or Path("results") / experiment)
     try:  # an output folder we cannot make or write is the user's input: one line, not a traceback
         probe_writable_dir(out, make=True)
@@ -340,7 +362,8 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
     md = [f"# gspo_bench report: experiment `{experiment}`", "",
           f"- generated: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
           f"- command: `{command or 'python -m gspo_bench report'}`",
-          f"- tracking URI: `{uri}`" + (f"; filters: task={task!r}, model={model!r}" if task or model else ""),
+          (f"- tracking URI: `{uri}`" if uri else f"- runs table: `{runs_file}`")
+          + (f"; filters: task={task!r}, model={model!r}" if task or model else ""),
           f"- runs: {', '.join(f'{n} {s}' for s, n in statuses.items())} (only FINISHED runs are averaged "
           "or plotted)",
           f"- commit: {commit}",
@@ -368,7 +391,12 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
             report.figures += figs
     md += tuning_md
     report.figures += tuning_figs
+    md += ["## Raw data", "", f"`{RUNS_FILE}`: every run this report read, one row per run, metric and step "
+           "(its tags and params as columns); `python -m gspo_bench report --runs " + RUNS_FILE + "` (or "
+           "`leaderboard --runs`) makes this page again without the MLflow store.", ""]
     report.path.write_text(redact("\n".join(md)))  # the command line and URIs, without their credentials
+    if runs_file is None or Path(runs_file).resolve() != (out / RUNS_FILE).resolve():
+        write_frame(frame, out / RUNS_FILE)
     if log_to_mlflow:
         report.run_id = log_report(client, experiment_id(client, experiment), report, experiment, len(runs))
     return report

@@ -31,6 +31,7 @@ import statistics
 
 from scipy.stats import rankdata
 
+from gspo_bench import tables
 from gspo_bench.reporting.leaderboard import NOTES, run_summary
 from gspo_bench.reporting.frame import FINISHED, RunData
 from gspo_bench.reporting.paired import pair_by_seed, paired_summary
@@ -209,25 +210,24 @@ def summary_markdown(result: dict, meta: dict) -> str:
           "place), the mean in brackets. Significantly best / worst: scenarios where its paired final-pass@1 "
           "difference to the runner-up / second-worst has a 95 % t interval excluding 0 (see below).", ""]
     cols = ["algo", *names, "mean rank", "significantly best", "significantly worst", "collapse events"]
-    md += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    ranked = []
     for row in result["algorithms"]:
         mr = "-" if row["mean_rank"] is None else f"{row['mean_rank']:.2f}"
         if row["mean_rank"] is not None and row["ranked_in"] != len(names):
             mr += f" (over {row['ranked_in']})"
-        cells = [f"`{row['algo']}`", *(_rank_cell(row, s, n_seeds, result["scenarios"][s]) for s in names), mr,
-                 str(row["significantly_best"]), str(row["significantly_worst"]), str(row["collapse_events"])]
-        md.append("| " + " | ".join(cells) + " |")
-    md += ["", "## Per scenario", "",
+        ranked.append([f"`{row['algo']}`", *(_rank_cell(row, s, n_seeds, result["scenarios"][s]) for s in names),
+                       mr, str(row["significantly_best"]), str(row["significantly_worst"]),
+                       str(row["collapse_events"])])
+    md += [tables.markdown(cols, ranked)]
+    md += ["## Per scenario", "",
            "Paired differences in final pass@1 points (100 × pass@1), mean and 95 % t interval over the seeds "
-           "where both FINISHED.", "",
-           "| scenario | task / model | cells FINISHED | best vs runner-up | worst vs second-worst | outputs |",
-           "|---|---|---|---|---|---|"]
-    for s in names:
-        info = meta["scenario_info"][s]
-        sc = result["scenarios"][s]
-        md.append(f"| `{s}` | {info['task']} / {info['model']} | {info['finished']}/{info['cells']} | "
-                  f"{_test_cell(sc['best'], 'significantly best')} | "
-                  f"{_test_cell(sc['worst'], 'significantly worst')} | {info['outputs']} |")
-    md += ["", *limits_text(n_seeds, len(names))]
+           "where both FINISHED.", ""]
+    scen = [[f"`{s}`", f"{info['task']} / {info['model']}", f"{info['finished']}/{info['cells']}",
+             _test_cell(sc["best"], "significantly best"), _test_cell(sc["worst"], "significantly worst"),
+             info["outputs"]]
+            for s in names for info, sc in [(meta["scenario_info"][s], result["scenarios"][s])]]
+    md += [tables.markdown(("scenario", "task / model", "cells FINISHED", "best vs runner-up",
+                            "worst vs second-worst", "outputs"), scen)]
+    md += [*limits_text(n_seeds, len(names))]
     return redact("\n".join(md))  # the tracking URI and command line, without their credentials
 

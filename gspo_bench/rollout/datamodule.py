@@ -21,7 +21,7 @@ from gspo_bench.core import advantages as adv
 from gspo_bench.core import collectives as ddp
 from gspo_bench.core.rng import set_rng_state
 from gspo_bench.config import RolloutConfig
-from gspo_bench.rollout.engine import Generation, generate, resolve_engine
+from gspo_bench.rollout.engine import Generation, eos_ids, generate, resolve_engine
 from gspo_bench.rollout.precision import SamplerWeights
 from gspo_bench.tasks import Task
 
@@ -35,7 +35,7 @@ class RolloutBatch:
     rollout_logp: torch.Tensor | None  # (B, T) the sampler's log-probs, when the engine returned them
     scores: torch.Tensor  # (B,) verifier reward
     rewards: torch.Tensor  # (B,) reward after shaping (what advantages see)
-    advantages: torch.Tensor  # (B,) group z-score
+    advantages: torch.Tensor | None  # (B,) group z-score; None for an algorithm with its own (PPO: GAE)
     texts: list[str]
     answers: list[str]
     stats: dict[str, float] = field(default_factory=dict)
@@ -56,7 +56,8 @@ class RolloutBatch:
         """The rollout restricted to rows ``idx`` (e.g. one rank's share of a global batch); stats kept."""
         return RolloutBatch(self.input_ids[idx], self.attention_mask[idx], self.prompt_len, self.response_mask[idx],
                             None if self.rollout_logp is None else self.rollout_logp[idx], self.scores[idx],
-                            self.rewards[idx], self.advantages[idx], self.texts[idx], self.answers[idx],
+                            self.rewards[idx], None if self.advantages is None else self.advantages[idx],
+                            self.texts[idx], self.answers[idx],
                             dict(self.stats), None if self.routes is None else self.routes[:, idx])
 
 
@@ -119,6 +120,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.eval_samples, self.eval_batch = eval_samples, eval_batch
         self.policy = None  # set by the module in setup(); the engine samples from (a cast of) it
         self.record_routes = False  # set by the module in setup(): keep the sampler's experts (MoE)
+        self.group_advantages = True  # set by the module in setup(): False when it computes its own (PPO)
         self.sampler = SamplerWeights(settings.dtype, settings.staleness)
         self.timeouts = 0  # verifier calls past their time limit since the last RL step's metrics
         self.start_step = 0  # a resumed run's next RL step (checkpoint.restore)
@@ -259,12 +261,13 @@ class RolloutDataModule(L.LightningDataModule):
         gen = merge_generations(kept_gens, self.tokenizer.pad_token_id)
         scores, rewards = torch.cat(kept_scores), torch.cat(kept_rewards)
         # A_i = (R_i - mean(R_group)) / (std(R_group) + 1e-6), population std
-        advantages = adv.group_zscore(rewards, G, scale=self.s.advantage_scale)
+        advantages = adv.group_zscore(rewards, G, scale=self.s.advantage_scale) if self.group_advantages else None
         gen_s = time.perf_counter() - t0
         lengths = gen.response_mask.sum(-1)
-        # truncated: the response hit the cap without emitting eos
+        # truncated: the response hit the cap without emitting eos (any of the ids the engine stops on)
         last_tok = gen.input_ids[:, gen.prompt_len:].gather(1, (lengths.long() - 1).clamp(min=0)[:, None])[:, 0]
-        truncated = (lengths >= self.s.max_new_tokens) & (last_tok != self.tokenizer.eos_token_id)
+        eos = torch.tensor(eos_ids(self.policy, self.tokenizer), device=last_tok.device)
+        truncated = (lengths >= self.s.max_new_tokens) & ~torch.isin(last_tok, eos)
         sampled = torch.cat(all_scores)
         self.sampled["train"] += len(sampled)
         stats = {

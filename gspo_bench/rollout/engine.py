@@ -161,14 +161,20 @@ def _recorded_only(grid: torch.Tensor, attention_mask: torch.Tensor) -> torch.Te
     return torch.where(attention_mask.bool()[None, :, :, None], grid, torch.full_like(grid, -1))
 
 
+def eos_ids(model, tokenizer) -> list[int]:
+    """The token ids that end a response: the model's generation config's (one or several), else the
+    tokenizer's eos."""
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
 def _encode(model, tokenizer, prompts: list[str]):
     """Left-padded prompt batch on the model's device, and the eos id(s) that end a response."""
     device = next(model.parameters()).device
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-    eos = model.generation_config.eos_token_id
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    return enc, ([eos] if isinstance(eos, int) else list(eos))
+    return enc, eos_ids(model, tokenizer)
 
 
 def _finish(tokenizer, enc, resp: torch.Tensor, eos: list[int]) -> Generation:

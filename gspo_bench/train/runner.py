@@ -3,7 +3,7 @@
 Everything a user can get wrong is checked in ``validate`` before the first
 MLflow run is created, so a bad flag never leaves a run RUNNING. An exception
 inside one algorithm marks that run FAILED and the others still run; the
-exception types a caller names in ``run_one(interrupts=...)`` (``tune``:
+exception types a caller names in ``RunOptions.interrupts`` (``tune``:
 ``optuna.TrialPruned``) end the run KILLED instead and propagate, and so does
 a SIGINT/SIGTERM (``interrupts``), after a checkpoint. ``resume`` continues
 unfinished runs from their checkpoints (``lifecycle``, ``checkpoint``).
@@ -30,6 +30,7 @@ from gspo_bench.tracking import stores
 from gspo_bench.train import checkpoint
 from gspo_bench.train import distributed as ddp
 from gspo_bench.train import interrupts as signals
+from gspo_bench.algorithms.evaluation import StartEvals
 from gspo_bench.callbacks import CollapseCallback, MismatchProbe, MoEFlipProbe, RatioSample
 from gspo_bench.core.collectives import launch_rank_zero
 from gspo_bench.config import ConfigError, Resolved, RunConfig, flatten, resolve_tracking_uri, to_dict
@@ -246,29 +247,59 @@ def prior_run(cfg: RunConfig, uri: str, algo: str, seed: int, resolved: dict, re
     return run_id, state
 
 
+@dataclass
+class RunOptions:
+    """How ``run_one`` runs beyond the config: what ``run``, ``tune`` and the tests ask of it."""
+
+    keep_module: bool = False
+    """Keep the trained LightningModule on the result (tests, notebooks)."""
+    callbacks: tuple = ()
+    """Extra Lightning callbacks (``tune``'s pruning)."""
+    tags: dict | None = None
+    """Extra MLflow tags."""
+    parent_run_id: str | None = None
+    """A run to nest under (``tune``'s study run)."""
+    run_name: str | None = None
+    """The MLflow run's name (default ``<algo>-s<seed>``)."""
+    interrupts: tuple[type[BaseException], ...] = ()
+    """Exception types that end the run KILLED and are re-raised (``optuna.TrialPruned``); any other exception
+    ends it FAILED and is returned (on one process)."""
+    resume: bool = False
+    """Continue this (algo, seed)'s unfinished run from its checkpoint (``prior_run``)."""
+    restart: bool = False
+    """With ``resume``: start it afresh where no checkpoint of it is usable."""
+    start_evals: object | None = None
+    """The step-0 evaluations the runs of one seed share (``evaluation.StartEvals``)."""
+
+
+def end_run(logger, status: str, elapsed_s: float, reason: tuple[str, str] | None = None) -> None:
+    """Mark the run ``status`` with its wall time, and ``reason`` as a (tag, text) when given."""
+    if logger.run_id is None:  # a rank other than 0 holds no run
+        return
+    if reason is not None:
+        logger.experiment.set_tag(logger.run_id, *reason)
+    logger.experiment.set_terminated(logger.run_id, status)
+    logger.experiment.log_metric(logger.run_id, "time/wall_s", elapsed_s)
+
+
 def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str, log=print,
-            keep_module: bool = False, *, callbacks: tuple = (), tags: dict | None = None,
-            parent_run_id: str | None = None, run_name: str | None = None,
-            interrupts: tuple[type[BaseException], ...] = (), resume: bool = False,
-            restart: bool = False) -> RunResult:
-    """Train one algorithm from the warm start. The keyword-only options are ``tune``'s: extra Lightning
-    ``callbacks``, extra MLflow ``tags``, a parent run to nest under, and ``interrupts``, exception types
-    that end the run KILLED and are re-raised (any other exception ends it FAILED and is returned); and
-    ``resume``: continue this (algo, seed)'s unfinished run from its checkpoint (``lifecycle``), and with
-    ``restart`` start it afresh where no checkpoint of it is usable (``prior_run``)."""
+            opts: RunOptions | None = None) -> RunResult:
+    """Train one algorithm from the warm start, as ``opts`` says (``RunOptions``)."""
+    o = opts or RunOptions()
     cls = algorithms.get(algo)
     settings = cfg.resolve(algo, cls.recipe, task.spec.max_new_tokens)
     resolved = resolved_settings(cfg, algo, seed, ws, settings)
     digest = config_digest(resolved)
-    resume_id, state = prior_run(cfg, uri, algo, seed, resolved, resume, log, restart)
+    resume_id, state = prior_run(cfg, uri, algo, seed, resolved, o.resume, log, o.restart)
     L.seed_everything(seed, verbose=False)
     module = cls(cfg, str(ws.path), seed, settings)
+    module.start_evals = o.start_evals
     tok = AutoTokenizer.from_pretrained(ws.path)
     dm = RolloutDataModule(task, tok, settings.rollout, steps=cfg.train.steps, seed=seed, model_dir=str(ws.path),
                            eval_prompts=cfg.train.eval_prompts, eval_samples=cfg.train.eval_samples)
     if state is not None:
         module.resume_state, dm.start_step = state, int(state["rl_step"])
-    logger = make_logger(cfg, uri, algo, seed, resolved, task.name, tags, parent_run_id, run_name, resume_id)
+    logger = make_logger(cfg, uri, algo, seed, resolved, task.name, o.tags, o.parent_run_id, o.run_name, resume_id)
     ddp.watch_run(logger.experiment, logger.run_id)  # another rank dying marks this run FAILED
     result = RunResult(algo, seed, logger.run_id, "FAILED", experiment_id=logger.experiment_id)
     ckpt = module.checkpointer = checkpoint.Checkpointer(logger.experiment, logger.run_id, cfg.train.checkpoint_every,
@@ -276,7 +307,7 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
                                                          hashed_settings(resolved))
     collapse = None
     try:
-        trainer, collapse = _trainer(cfg, module, logger, callbacks)
+        trainer, collapse = _trainer(cfg, module, logger, o.callbacks)
         with signals.deferred():
             try:
                 trainer.fit(module, datamodule=dm)
@@ -293,17 +324,14 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
         result.status = "KILLED"
         step = ckpt.saved_step if ckpt.saved_step is not None else (state["rl_step"] if state else None)
         where = f"; resume from RL step {step} with --resume" if step else "; no checkpoint yet"
-        logger.experiment.set_tag(logger.run_id, "killed_reason", f"{e.name} at RL step {module.rl_step}{where}")
-        logger.experiment.set_terminated(logger.run_id, "KILLED")
-        logger.experiment.log_metric(logger.run_id, "time/wall_s", ckpt.elapsed())
+        end_run(logger, "KILLED", ckpt.elapsed(), ("killed_reason", f"{e.name} at RL step {module.rl_step}{where}"))
         e.checkpoint_step, e.results = step, [result]
         if e is caught:
             raise
         raise e from None
-    except interrupts:  # stopped on purpose (a pruned trial): not a failure, and the caller handles it
+    except o.interrupts:  # stopped on purpose (a pruned trial): not a failure, and the caller handles it
         result.status = "KILLED"
-        logger.experiment.set_terminated(logger.run_id, "KILLED")
-        logger.experiment.log_metric(logger.run_id, "time/wall_s", ckpt.elapsed())
+        end_run(logger, "KILLED", ckpt.elapsed())
         raise
     except Exception as e:  # one algorithm failing must not take the benchmark down
         if stores.unreachable(e):  # the server is gone: no more calls to it (each would retry in vain)
@@ -318,8 +346,9 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
             result.error = f"rank {rank} failed: {line}"
         log(f"[error] {algo} seed {seed} failed: {result.error}")
         log(trace)
-        if logger.run_id is not None:
-            ddp.mark_failed(logger.experiment, logger.run_id, result.error, trace if rank else "", rank)
+        if rank and logger.run_id is not None:  # the other rank's traceback, as an artifact
+            logger.experiment.log_text(logger.run_id, trace, f"rank{rank}-error.txt")
+        end_run(logger, "FAILED", ckpt.elapsed(), ("failed_reason", result.error[:5000]))
         if cfg.train.devices * cfg.train.num_nodes > 1:  # ranks in lockstep: none can go on without the others
             line = result.error if rank else ddp.error_line(e)
             raise ddp.RankFailed(f"{algo} seed {seed}: {line}", trace, line) from None
@@ -330,8 +359,9 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
     result.eval_log = list(module.eval_log)
     result.clock, result.completions = dict(module.clock), dict(dm.sampled)
     result.collapse_events = len(collapse.events) if collapse is not None else 0
-    logger.experiment.log_metric(logger.run_id, "time/wall_s", result.seconds)
-    if keep_module:
+    if result.status == "FINISHED" and logger.run_id is not None:  # Lightning marked it FINISHED
+        logger.experiment.log_metric(logger.run_id, "time/wall_s", result.seconds)
+    if o.keep_module:
         result.module = module
     return result
 
@@ -390,12 +420,13 @@ def run(cfg: RunConfig, log=print, keep_modules: bool = False, resume: bool = Fa
             if ws.cached:
                 log(f"warm start (cached): greedy pass@1 {ws.pass1:.1%} on {len(task.eval)} held-out prompts "
                     f"-> {ws.path}")
+            start_evals = StartEvals(str(ws.path))  # every algorithm of this seed starts from this warm start
             for algo in cfg.algos:
                 signals.check(where=f"before {algo} seed {seed}")
                 log(f"== {algo} (seed {seed}) ==")
                 try:
-                    results.append(run_one(cfg, algo, seed, task, ws, uri, log, keep_modules, resume=resume,
-                                           restart=restart))
+                    results.append(run_one(cfg, algo, seed, task, ws, uri, log, RunOptions(
+                        keep_module=keep_modules, resume=resume, restart=restart, start_evals=start_evals)))
                 except Exception as e:  # the server went away between runs (opening the next one)
                     if isinstance(e, stores.TrackingUnreachable) or not stores.unreachable(e):
                         raise

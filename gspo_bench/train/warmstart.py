@@ -45,6 +45,7 @@ import torch
 from filelock import FileLock
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from gspo_bench import tables
 from gspo_bench.config import ModelConfig, WarmStartConfig
 from gspo_bench.rollout.engine import generate
 from gspo_bench.models import build_builtin, classify_model_ref, load_pretrained
@@ -266,12 +267,13 @@ def band_markdown(rows: list[BandRow], ws: WarmStartConfig, task: str, command: 
            f"Stop rule: greedy pass@1 on the whole eval split, checked every {ws.eval_every} steps; stop at the "
            f"first check in [{ws.target_pass1:.0%}, {ws.target_pass1 + ws.tolerance:.0%}]; a check above it is "
            f"undone (back to the last check below the target, lr x {ws.backoff:g} and checks 3x as often, at most "
-           f"{ws.max_backoffs} times); at most {ws.max_steps} steps.", "",
-           "| model | seed | greedy pass@1 | steps | seconds |", "|---|---|---|---|---|"]
-    out += [f"| {r.model} | {r.seed} | {r.pass1:.1%} | {r.steps} | {r.seconds:.0f} |" for r in rows]
-    out += ["", "| model | seeds | min | mean | max | below target |", "|---|---|---|---|---|---|"]
+           f"{ws.max_backoffs} times); at most {ws.max_steps} steps.", ""]
+    out.append(tables.markdown(("model", "seed", "greedy pass@1", "steps", "seconds"),
+                               [[r.model, r.seed, f"{r.pass1:.1%}", r.steps, f"{r.seconds:.0f}"] for r in rows]))
+    per_model = []
     for model in dict.fromkeys(r.model for r in rows):
         ps = [r.pass1 for r in rows if r.model == model]
-        below = sum(p < ws.target_pass1 for p in ps)
-        out.append(f"| {model} | {len(ps)} | {min(ps):.1%} | {sum(ps) / len(ps):.1%} | {max(ps):.1%} | {below} |")
-    return "\n".join(out) + "\n"
+        per_model.append([model, len(ps), f"{min(ps):.1%}", f"{sum(ps) / len(ps):.1%}", f"{max(ps):.1%}",
+                          sum(p < ws.target_pass1 for p in ps)])
+    out.append(tables.markdown(("model", "seeds", "min", "mean", "max", "below target"), per_model))
+    return "\n".join(out)

@@ -136,7 +136,7 @@ class Objective:
         return over
 
     def __call__(self, trial: optuna.Trial) -> float:
-        from gspo_bench.train.runner import run_one
+        from gspo_bench.train.runner import RunOptions, run_one
 
         s = self.s
         over = self.space(trial)
@@ -150,9 +150,9 @@ class Objective:
                           deep_merge(deep_merge(s.req.overrides, {"algos": [self.algo], "tuning": "trial"}), over))
         prune = RLStepPruning(trial, self.metric)
         try:
-            res = run_one(cfg, self.algo, cfg.seeds[0], s.task, s.ws, s.uri, s.log, callbacks=(prune,), tags=tags,
-                          parent_run_id=self.parent, run_name=f"{self.algo}-trial{trial.number}",
-                          interrupts=(optuna.TrialPruned,))
+            res = run_one(cfg, self.algo, cfg.seeds[0], s.task, s.ws, s.uri, s.log, RunOptions(
+                callbacks=(prune,), tags=tags, parent_run_id=self.parent, run_name=f"{self.algo}-trial{trial.number}",
+                interrupts=(optuna.TrialPruned,)))
         except optuna.TrialPruned:
             if prune.run_id:
                 s.client.set_tag(prune.run_id, "pruned", "true")
