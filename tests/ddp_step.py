@@ -21,7 +21,7 @@ warnings.filterwarnings("ignore")
 torch.set_num_threads(1)
 
 from gspo_bench import algorithms  # noqa: E402
-from gspo_bench.train import distributed as ddp  # noqa: E402
+from gspo_bench.core import collectives as ddp  # noqa: E402
 from gspo_bench.config import load_config  # noqa: E402
 from gspo_bench.rollout.datamodule import RolloutDataModule  # noqa: E402
 from gspo_bench.train.distributed import strategy  # noqa: E402

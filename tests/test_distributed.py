@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gspo_bench.train import distributed as ddp
+from gspo_bench.core import collectives as ddp
 from gspo_bench.config import ConfigError, load_config
 from gspo_bench.core.losses import agg_loss, policy_loss
 from gspo_bench.train.distributed import check_processes, fsdp_fallback

@@ -181,7 +181,7 @@ def _cache_repo(cache, repo: str, config: dict) -> Path:
 
 
 def test_a_hub_id_not_in_the_cache_fails_at_once_naming_three_places(tmp_path, monkeypatch, capsys):
-    import gspo_bench.models
+    import gspo_bench.models.loading
     from gspo_bench.cli.main import main
 
     def no_download(*a, **k):  # the run must stop before any loading, hence before any network retry
@@ -194,8 +194,8 @@ def test_a_hub_id_not_in_the_cache_fails_at_once_naming_three_places(tmp_path, m
     msg = str(e.value)
     assert "not a built-in model (tiny-dense" in msg and str(tmp_path / "someone" / "no-such-model") in msg
     assert str(tmp_path / "hf") in msg and "huggingface-cli download someone/no-such-model" in msg
-    monkeypatch.setattr(gspo_bench.models.AutoTokenizer, "from_pretrained", no_download)
-    monkeypatch.setattr(gspo_bench.models.AutoModelForCausalLM, "from_pretrained", no_download)
+    monkeypatch.setattr(gspo_bench.models.loading.AutoTokenizer, "from_pretrained", no_download)
+    monkeypatch.setattr(gspo_bench.models.loading.AutoModelForCausalLM, "from_pretrained", no_download)
     code = main(["run", "--model", "someone/no-such-model", "--tracking-uri", f"sqlite:///{tmp_path}/m.db",
                  "--no-progress"])
     out = capsys.readouterr()

@@ -114,12 +114,13 @@ def test_paired_section_per_group(made, tmp_path):
 
 def test_the_runs_table_remakes_leaderboard_and_report_without_the_store(made, tmp_path, capsys):
     from gspo_bench.reporting.frame import read_frame, runs_of
+    from gspo_bench.reporting.report import REPORT_METRICS
 
     uri, _, out, _ = made
     table = out / "runs.csv.gz"
     frame = read_frame(table)
-    # every run of the store (but the report's own), its status, tags and histories, in the table
-    stored = {r.run_id: r for r in load_runs(uri, EXP)}
+    # every run of the store (but the report's own), its status, tags and the histories the report read
+    stored = {r.run_id: r for r in load_runs(uri, EXP, metrics=REPORT_METRICS)}
     assert {r.run_id for r in runs_of(frame)} == set(stored)
     for r in runs_of(frame):
         s = stored[r.run_id]

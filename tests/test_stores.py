@@ -56,7 +56,7 @@ def test_run_and_tune_take_the_same_lock_for_a_store_and_a_second_process_waits_
 
     assert study.store_lock is stores.store_lock  # tune's storage opens under the lock run's store takes
     url = f"sqlite:///{tmp_path}/shared.db"
-    child = ("import sys, time; from gspo_bench import stores\n"
+    child = ("import sys, time; from gspo_bench.tracking import stores\n"
              f"with stores.store_lock({url!r}): print(time.time(), flush=True)")
     with stores.store_lock(url):
         proc = subprocess.Popen([sys.executable, "-c", child], env=_env(tmp_path), stdout=subprocess.PIPE, text=True)
