@@ -491,3 +491,33 @@ def test_a_10_mb_row_keeps_peak_memory_flat(tmp_path):
         if name == "huge":
             assert re.search(r"dropped 1 of \d+ train rows", out), out[-3000:]
     assert peaks["huge"] - peaks["plain"] < 200, peaks  # MiB: the row itself, a few copies, never a padded batch
+
+
+@pytest.mark.parametrize("body, rows", [
+    (b'{"a": 1}\n{"a": 2}\n', 2),
+    (b'{"a": 1}\n\n  \n{"a": 2}', 2),  # blank lines do not count, nor does a missing last newline
+    (b'{"a": 1}\n', 1),
+    (b"\n\n", 0),
+])
+def test_count_rows_counts_the_non_blank_lines_of_a_jsonl_file(tmp_path, body, rows):
+    from pathlib import Path
+
+    from gspo_bench.tasks.generators import count_rows
+
+    f = tmp_path / "d.jsonl"
+    f.write_bytes(body)
+    assert count_rows(f, "json") == rows
+    big = tmp_path / "big.jsonl"  # a row longer than the read chunk counts once
+    big.write_bytes(b'{"a": "' + b"x" * (3 << 20) + b'"}\n' + body)
+    assert count_rows(big, "json") == rows + 1
+    assert count_rows(Path(tmp_path / "d.json"), "json") is None  # a JSON array is counted by loading it
+
+
+def test_count_rows_reads_a_parquet_footer(tmp_path):
+    import datasets
+
+    from gspo_bench.tasks.generators import count_rows
+
+    datasets.Dataset.from_dict({"prompt": ["1+1=", "2+2=", "3+3="], "answer": ["2", "4", "6"]}).to_parquet(
+        tmp_path / "d.parquet")
+    assert count_rows(tmp_path / "d.parquet", "parquet") == 3

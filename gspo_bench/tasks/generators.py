@@ -276,6 +276,37 @@ def check_data_file(p: str, format: str | None, fields: tuple[str, ...]) -> tupl
     return file, fmt
 
 
+def count_rows(file: Path, fmt: str) -> int | None:
+    """The rows of a data file, counted without loading it: a ``.jsonl`` file's non-blank lines (read in
+    chunks, so a huge row costs no memory), a Parquet file's footer; None for a JSON file in another layout."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.ParquetFile(file).metadata.num_rows
+        except Exception:  # not Parquet after all: loading it says what is wrong
+            return None
+    if file.suffix.lower() != ".jsonl":
+        return None
+    rows = 0
+    with file.open("rb") as f:
+        pending = False  # the current (unfinished) line holds a non-blank byte
+        while chunk := f.read(1 << 20):
+            parts = chunk.split(b"\n")
+            for part in parts[:-1]:
+                rows += pending or bool(part.strip())
+                pending = False
+            pending = pending or bool(parts[-1].strip())
+        rows += pending
+    return rows
+
+
+def check_split_rows(path: str, rows: int) -> None:
+    """A file split into train and eval needs a row on each side."""
+    if rows < 2:
+        raise ValueError(f"{path} has {rows} row(s), too few to hold out an eval split (at least 2 are "
+                         "needed: half of them at most go to eval); add rows or name an eval_path")
+
 
 @register_generator("file", "jsonl")
 def load_file(
@@ -307,9 +338,7 @@ def load_file(
     train = load(path)
     if eval_path:
         return train, load(eval_path)
-    if len(train) < 2:  # a held-out split needs a row on each side
-        raise ValueError(f"{path} has {len(train)} row(s), too few to hold out an eval split (at least 2 are "
-                         "needed: half of them at most go to eval); add rows or name an eval_path")
+    check_split_rows(path, len(train))
     split = train.train_test_split(test_size=min(n_eval, len(train) // 2), seed=seed)
     return split["train"], split["test"]
 

@@ -26,6 +26,8 @@ from gspo_bench.config.loading import yaml_file
 from gspo_bench.tasks.generators import (
     GENERATORS,
     check_data_file,
+    check_split_rows,
+    count_rows,
     generate_arith,
     generate_countdown,
     load_file,
@@ -178,7 +180,13 @@ def check_task_data(spec: TaskSpec) -> None:
     a = args.arguments
     fields = (a["prompt_field"], a["answer_field"], a["target_field"] or a["answer_field"])
     for p in filter(None, (a["path"], a["eval_path"])):
-        check_data_file(p, a["format"], fields)
+        file, fmt = check_data_file(p, a["format"], fields)
+        rows = count_rows(file, fmt) if p == a["path"] and not a["eval_path"] else None
+        if rows is not None:  # too few rows to split: said before any work, as loading would say it
+            try:
+                check_split_rows(p, rows)
+            except ValueError as e:
+                raise ValueError(f"task {spec.name!r}: {e}") from None
 
 
 def load_task(ref: str, seed: int, model=None, max_new_tokens: int | None = None, log=print) -> Task:

@@ -79,6 +79,7 @@ class ProgressBar(RichProgressBar):
 
 def quiet() -> None:
     """Keep the console to what a user needs: our lines and the progress bar."""
+    import datasets
     import mlflow  # noqa: F401  (import first: it sets its own log levels on import)
     import transformers
 
@@ -88,6 +89,7 @@ def quiet() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()  # a task's file loads in a blink; its bars would bury an error line
     warnings.filterwarnings("ignore", module="lightning")
     warnings.filterwarnings("ignore", module="transformers")
     warnings.filterwarnings("ignore", category=UserWarning, module="torch")
