@@ -62,6 +62,64 @@ def test_group_zscore_rejects_bad_input():
         group_zscore(torch.zeros(4), 2, scale="mad")
     with pytest.raises(ValueError, match="group_size"):
         group_zscore(torch.zeros(4), 0)
+    with pytest.raises(ValueError, match="baseline"):
+        group_zscore(torch.zeros(4), 2, baseline="median")
+    with pytest.raises(ValueError, match="scale"):
+        group_zscore(torch.zeros(4), 2, scale="std")  # the z-score is scale "group"
+
+
+# ----------------------------------------------------------------------------- baselines and scales
+
+
+def test_default_is_the_group_zscore_bit_for_bit():
+    g = torch.Generator().manual_seed(0)
+    r = torch.rand(24, generator=g)
+    # the expression as it always was: (R - mean) / (population std + 1e-6), per group of 4
+    r_NG = r.view(-1, 4)
+    want = ((r_NG - r_NG.mean(-1, keepdim=True)) / (r_NG.std(-1, unbiased=False, keepdim=True) + 1e-6)).reshape(-1)
+    assert torch.equal(group_zscore(r, 4), want)
+    assert torch.equal(group_zscore(r, 4, scale="group", baseline="group_mean"), want)
+
+
+def test_leave_one_out_by_hand():
+    # rewards [1, 0, 1, 0]: A_i = R_i - mean of the other three: 1 - 1/3, 0 - 2/3, ...
+    close_list(group_zscore(torch.tensor([1.0, 0.0, 1.0, 0.0]), 4, scale="none", baseline="leave_one_out").tolist(),
+               [2 / 3, -2 / 3, 2 / 3, -2 / 3])
+    # = G / (G - 1) (R_i - mean R) = 4/3 * [.5, -.5, .5, -.5]; with the group scale, / (std = .5)
+    close_list(group_zscore(torch.tensor([1.0, 0.0, 1.0, 0.0]), 4, baseline="leave_one_out").tolist(),
+               [(2 / 3) / (0.5 + 1e-6), -(2 / 3) / (0.5 + 1e-6), (2 / 3) / (0.5 + 1e-6), -(2 / 3) / (0.5 + 1e-6)])
+    # G = 3: [3, 0, 0] -> 3 - 0, 0 - 1.5, 0 - 1.5
+    close_list(group_zscore(torch.tensor([3.0, 0.0, 0.0]), 3, scale="none", baseline="leave_one_out").tolist(),
+               [3.0, -1.5, -1.5])
+
+
+def test_batch_scale_by_hand():
+    # two groups of 2: [1, 0] centred [.5, -.5]; [4, 0] centred [2, -2]
+    r = torch.tensor([1.0, 0.0, 4.0, 0.0], dtype=torch.float64)
+    # population std over the batch of the centred values: sqrt((.25 + .25 + 4 + 4) / 4) = sqrt(2.125)
+    sd = math.sqrt(2.125)
+    close_list(group_zscore(r, 2, scale="batch").tolist(), [0.5 / (sd + 1e-6), -0.5 / (sd + 1e-6),
+                                                            2 / (sd + 1e-6), -2 / (sd + 1e-6)], 1e-12)
+    # the group scale would give [1, -1, 1, -1] instead: the batch scale keeps the groups' relative sizes
+    close_list(group_zscore(r, 2).tolist(), [1, -1, 1, -1], 1e-5)
+    # leave-one-out with the batch scale: the baseline's G/(G-1) = 2 times the centred value, same divisor
+    close_list(group_zscore(r, 2, scale="batch", baseline="leave_one_out").tolist(),
+               [1 / (sd + 1e-6), -1 / (sd + 1e-6), 4 / (sd + 1e-6), -4 / (sd + 1e-6)], 1e-12)
+
+
+def test_batch_scale_sums_over_ranks():
+    # two "ranks" holding one group each give the single-process answer when all_sum adds both shares
+    r = torch.tensor([1.0, 0.0, 4.0, 0.0], dtype=torch.float64)
+    shares = [r[:2], r[2:]]
+    c = [x - x.mean() for x in shares]
+    totals = {"n": 4.0, "s": float(sum(x.sum() for x in c)), "q": float(sum(x.square().sum() for x in c))}
+
+    def all_sum_for(rank):
+        calls = iter(["n", "s", "q"])
+        return lambda t: torch.tensor(totals[next(calls)], dtype=torch.float64)
+
+    got = torch.cat([group_zscore(x, 2, scale="batch", all_sum=all_sum_for(i)) for i, x in enumerate(shares)])
+    assert torch.allclose(got, group_zscore(r, 2, scale="batch"), atol=1e-12)
 
 
 def test_group_is_degenerate_uses_a_tolerance():

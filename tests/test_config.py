@@ -45,7 +45,8 @@ def test_default_preset():
 def test_smoke_preset():
     cfg = load_config("smoke")
     assert cfg.preset == "smoke"
-    assert set(cfg.algos) == set(LOSSES)
+    # the preset names its own list (the six it has always run); ``--algos all`` is the registry
+    assert cfg.algos == ["ppo", "grpo", "dapo", "gspo", "gspo_token", "cispo"] and set(cfg.algos) <= set(LOSSES)
     assert (cfg.rollout.prompts_per_step, cfg.rollout.group_size) == (4, 4)
     assert (cfg.train.steps, cfg.train.eval_every, cfg.train.eval_prompts, cfg.train.eval_samples) == (3, 2, 64, 2)
     assert (cfg.warmstart.max_steps, cfg.warmstart.target_pass1, cfg.warmstart.eval_every) == (150, 0.05, 25)
@@ -142,6 +143,17 @@ def test_flatten_and_to_dict():
     ({"stepz": 3}, ["unknown key", "stepz"]),
     ({"train": {"stepz": 3}}, ["unknown key", "stepz", "train"]),
     ({"loss": 0.2}, ["loss", "mapping"]),
+    ({"loss": {"tau_pos": 0.0}}, ["loss.tau_pos", "0.0"]),
+    ({"loss": {"tau_neg": -1.0}}, ["loss.tau_neg", "-1.0"]),
+    ({"loss": {"lam_pos": "big"}}, ["loss.lam_pos", "big"]),
+    ({"loss": {"k_neg": float("nan")}}, ["loss.k_neg", "nan"]),
+    ({"loss": {"trunc_c": 0}}, ["loss.trunc_c", "0"]),
+    ({"rollout": {"advantage_scale": "std"}}, ["rollout.advantage_scale", "std"]),
+    ({"rollout": {"advantage_baseline": "median"}}, ["rollout.advantage_baseline", "median"]),
+    ({"rollout": {"correction_level": "batch"}}, ["rollout.correction_level", "batch"]),
+    ({"rollout": {"correction_min": 2.5}}, ["rollout.correction_min", "2.5"]),
+    ({"rollout": {"correction_min": -0.1}}, ["rollout.correction_min", "-0.1"]),
+    ({"rollout": {"opsm_threshold": -1.0}}, ["rollout.opsm_threshold", "-1.0"]),
 ])
 def test_bad_values_raise_config_error(overrides, needles):
     with pytest.raises(ConfigError) as e:
@@ -307,3 +319,23 @@ def test_stress_presets_are_the_default_plus_one_stress(name):
 def test_response_cap_is_the_set_cap_or_none_for_auto():
     assert load_config("smoke").rollout.response_cap() is None  # auto: the task's own
     assert load_config("smoke", overrides={"rollout": {"max_new_tokens": 12}}).rollout.response_cap() == 12
+
+
+def test_new_loss_and_rollout_fields_resolve():
+    from gspo_bench import algorithms
+
+    cfg = load_config("default", overrides={"loss": {"tau_pos": 2.0}, "rollout": {"correction": "mis",
+                                            "correction_min": 0.25, "correction_level": "sequence",
+                                            "opsm_threshold": 0.1, "advantage_baseline": "leave_one_out"}})
+    sapo = cfg.resolve("sapo", algorithms.get("sapo").recipe, 8)
+    assert (sapo.loss.tau_pos, sapo.loss.tau_neg) == (2.0, 1.05)  # explicit, then auto = the loss's default
+    assert (sapo.rollout.correction_min, sapo.rollout.correction_level, sapo.rollout.opsm_threshold) == (
+        0.25, "sequence", 0.1)
+    assert sapo.rollout.advantage_baseline == "leave_one_out" and sapo.rollout.advantage_scale == "group"
+    dr = cfg.resolve("dr_grpo", algorithms.get("dr_grpo").recipe, 8)
+    assert dr.rollout.advantage_scale == "none" and dr.loss.tau_neg is None
+    vespo = load_config("default").resolve("vespo", algorithms.get("vespo").recipe, 8)
+    assert (vespo.loss.k_pos, vespo.loss.lam_pos, vespo.loss.k_neg, vespo.loss.lam_neg) == (2.0, 3.0, 3.0, 2.0)
+    assert load_config("default").rollout.advantage_scale == AUTO
+    batch = load_config("default", overrides={"rollout": {"advantage_scale": "batch"}})
+    assert batch.resolve("dr_grpo", algorithms.get("dr_grpo").recipe, 8).rollout.advantage_scale == "batch"

@@ -1,10 +1,12 @@
 """Truncated / masked importance-sampling corrections (``tis`` / ``mis``) in ``policy_loss``, by hand.
 
 docs/algorithms.md, "Mismatch corrections": ``rho = exp(old_logp - rollout_logp)``
-per token; the weight is ``w_t = rho_t`` for token-unit losses and ``w_i =
-exp(mean_t log rho_it)`` for gspo, detached. ``tis`` scales each unit's term by
-``min(w, C)``; ``mis`` zeroes the units with ``w`` outside ``[1/C, C]`` and keeps
-them in the denominator. Expected numbers are written out with ``math``.
+per token; at the default level the weight is ``w_t = rho_t`` for token-unit
+losses and ``w_i = exp(mean_t log rho_it)`` for gspo, detached. ``tis`` scales
+each unit's term by ``min(w, C)``; ``mis`` keeps ``w`` on the units with ``w``
+inside ``[1/C, C]``, zeroes the others and keeps them in the denominator.
+Expected numbers are written out with ``math``. The levels, ``correction_min``,
+the new losses and off-policy sequence masking are in ``test_field_losses.py``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ def t(x):
     return torch.tensor(x, dtype=F64)
 
 
+def need(name):
+    # dr_grpo's aggregation needs the rollout's length cap
+    return {"max_new_tokens": 4} if name == "dr_grpo" else {}
+
+
 # ----------------------------------------------------------------------------- token units
 
 
@@ -84,12 +91,12 @@ def test_cispo_tis_by_hand():
 
 def test_grpo_mis_by_hand_masked_tokens_stay_in_the_denominator():
     loss, grad, stats = run("grpo", correction="mis", correction_cap=2.0)
-    # band [.5, 2]: t01 (e^1 = 2.72) and t10 (e^-1 = .37) are dropped, the rest are unweighted
-    row0 = (-1.2 + 0.0 - 1.2) / 3  # still / 3
-    row1 = (0.0 + 0.5 * e(0.5)) / 2  # still / 2
+    # band [.5, 2]: t01 (e^1 = 2.72) and t10 (e^-1 = .37) are dropped, the rest keep their weight w = rho
+    row0 = (e(0.1) * -1.2 + 0.0 + e(-0.5) * -1.2) / 3  # still / 3
+    row1 = (0.0 + e(0.3) * 0.5 * e(0.5)) / 2  # still / 2
     assert_close(loss, t((row0 + row1) / 2))
-    # t01 had a gradient and loses it; t11 keeps its uncorrected one
-    assert_close(grad, t([[0, 0, 0], [0, 0.5 * e(0.5) / 4, 0]]))
+    # t01 had a gradient and loses it; t11 keeps its own, times its weight e^.3
+    assert_close(grad, t([[0, 0, 0], [0, e(0.3) * 0.5 * e(0.5) / 4, 0]]))
     assert_close(stats["mismatch/is_weight_mean"], t((e(0.1) + e(1.0) + e(-0.5) + e(-1.0) + e(0.3)) / 5))
     assert_close(stats["mismatch/corrected_frac"], t(2 / 5))
 
@@ -121,12 +128,12 @@ def test_gspo_tis_by_hand():
 
 
 def test_gspo_mis_by_hand_masked_sequence_stays_in_the_denominator():
-    # row 0: w0 = e^1 > 2 -> dropped | row 1: w1 = e^0 = 1 -> kept, unweighted
-    loss, grad, stats = run("gspo", log_rho=[[1.0, 1.0, 1.0], [0.1, -0.1, 7.0]], correction="mis")
-    s1 = e((-0.4 + 0.5) / 2)
-    assert_close(loss, t((0.0 + 0.5 * s1) / 2))
-    assert_close(grad, t([[0, 0, 0], [0.5 * s1 / 4, 0.5 * s1 / 4, 0]]))
-    assert_close(stats["mismatch/is_weight_mean"], t((e(1.0) + 1.0) / 2))
+    # row 0: w0 = e^1 > 2 -> dropped | row 1: w1 = e^((.3 + .1) / 2) = e^.2 -> kept with its weight
+    loss, grad, stats = run("gspo", log_rho=[[1.0, 1.0, 1.0], [0.3, 0.1, 7.0]], correction="mis")
+    s1, w1 = e((-0.4 + 0.5) / 2), e(0.2)
+    assert_close(loss, t((0.0 + w1 * 0.5 * s1) / 2))
+    assert_close(grad, t([[0, 0, 0], [w1 * 0.5 * s1 / 4, w1 * 0.5 * s1 / 4, 0]]))
+    assert_close(stats["mismatch/is_weight_mean"], t((e(1.0) + w1) / 2))
     assert_close(stats["mismatch/corrected_frac"], t(1 / 2))
 
 
@@ -156,9 +163,9 @@ def test_gspo_stats_skip_empty_sequences():
                                 {"correction": "mis", "rollout_logp": None, "correction_cap": 3.0}])
 def test_no_correction_is_bit_identical(name, kw):
     logp, old, roll, adv, mask = example()
-    base, base_stats = policy_loss(name, logp=logp, old_logp=old, advantages=adv, mask=mask)
+    base, base_stats = policy_loss(name, logp=logp, old_logp=old, advantages=adv, mask=mask, **need(name))
     (g_base,) = torch.autograd.grad(base, logp)
-    kw = {"rollout_logp": roll, **kw}
+    kw = {"rollout_logp": roll, **kw, **need(name)}
     loss, stats = policy_loss(name, logp=logp, old_logp=old, advantages=adv, mask=mask, **kw)
     (g,) = torch.autograd.grad(loss, logp)
     assert torch.equal(loss, base) and torch.equal(g, g_base)
@@ -173,7 +180,7 @@ def test_weight_carries_no_gradient(name, correction):
     old.requires_grad_(True)
     roll.requires_grad_(True)
     loss, stats = policy_loss(name, logp=logp, old_logp=old, advantages=adv, mask=mask, rollout_logp=roll,
-                              correction=correction, kl_coef=0.1, ref_logp=old.detach() - 0.1)
+                              correction=correction, kl_coef=0.1, ref_logp=old.detach() - 0.1, **need(name))
     loss.backward()
     assert old.grad is None and roll.grad is None
     assert logp.grad is not None and torch.isfinite(logp.grad).all()
@@ -198,12 +205,17 @@ def test_weight_helpers_by_hand():
     w, unit_w = is_weights(old, roll, mask, "token")
     assert_close(w, t([[e(0.5), e(-1.0), 1.0], [1.0, 1.0, 1.0]]))
     assert torch.equal(unit_w, mask)
-    w_B, seq_w = is_weights(old, roll, mask, "sequence")
+    # geometric: exp(mean_t log rho) = e^((.5 - 1) / 2); sequence: the product, e^(.5 - 1)
+    w_B, seq_w = is_weights(old, roll, mask, "geometric")
     assert_close(w_B, t([e(-0.25), 1.0]))
     assert torch.equal(seq_w, t([1.0, 1.0]))
-    # mis: an infinite loss on a dropped unit gives 0, and a NaN weight counts as outside the band
-    out, dropped = apply_correction(t([math.inf, 2.0, 3.0]), t([5.0, 1.0, math.nan]), "mis", 2.0)
-    assert torch.equal(out, t([0.0, 2.0, 0.0])) and dropped.tolist() == [True, False, True]
+    w_B, seq_w = is_weights(old, roll, mask, "sequence")
+    assert_close(w_B, t([e(-0.5), 1.0]))
+    assert torch.equal(seq_w, t([1.0, 1.0]))
+    # mis: an infinite loss on a dropped unit gives 0, a kept unit keeps its weight (1.5 x 2), and a NaN
+    # weight counts as outside the band
+    out, dropped = apply_correction(t([math.inf, 2.0, 3.0]), t([5.0, 1.5, math.nan]), "mis", 2.0, 0.5)
+    assert torch.equal(out, t([0.0, 3.0, 0.0])) and dropped.tolist() == [True, False, True]
     out, trunc = apply_correction(t([1.0, 2.0, 3.0]), t([5.0, 0.1, 2.0]), "tis", 2.0)
     assert torch.equal(out, t([2.0, 0.2, 6.0])) and trunc.tolist() == [True, False, False]
 
@@ -258,10 +270,10 @@ def test_unit_weight_changes_nothing_on_random_inputs(seed, correction):
     cap = 1.0 + float(torch.rand(1, generator=g)) * 4
     for name in LOSSES:
         x = logp.clone().requires_grad_(True)
-        base, base_stats = policy_loss(name, logp=x, old_logp=old, advantages=adv, mask=mask)
+        base, base_stats = policy_loss(name, logp=x, old_logp=old, advantages=adv, mask=mask, **need(name))
         (g_base,) = torch.autograd.grad(base, x)
         loss, stats = policy_loss(name, logp=x, old_logp=old, advantages=adv, mask=mask, rollout_logp=old.clone(),
-                                  correction=correction, correction_cap=cap)
+                                  correction=correction, correction_cap=cap, **need(name))
         (g_loss,) = torch.autograd.grad(loss, x)
         assert_close(loss, base)
         assert_close(g_loss, g_base)

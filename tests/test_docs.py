@@ -64,8 +64,9 @@ def logged(mixed_task, tracking_uri) -> list[set[str]]:
     """The metric names each of the two runs logged, read back from MLflow."""
     exp = "docs-metrics"
     cfg = load_config("smoke", overrides={
-        **tiny_overrides(mixed_task, tracking_uri, rollout={"correction": "tis"}), "algos": ["ppo", "dapo"],
-        "model": {"name": "tiny-moe"},  # a correction: its two mismatch/* metrics are logged too
+        **tiny_overrides(mixed_task, tracking_uri, rollout={"correction": "tis", "opsm_threshold": 0.5}),
+        "algos": ["ppo", "dapo"],
+        "model": {"name": "tiny-moe"},  # a correction and OPSM: their mismatch/* metrics are logged too
         # an entropy floor no policy can reach: an entropy_collapse event at step 1, so collapse/* are logged
         "collapse": {"entropy_floor": 100.0, "on_collapse": "continue"},
         "tracking": {"tracking_uri": tracking_uri, "experiment": exp}})

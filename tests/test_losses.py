@@ -329,17 +329,22 @@ def test_kl_for_gspo_is_seq_mean_of_token_means():
 # ----------------------------------------------------------------------------- empty rows, padding, dtype
 
 
+def need(name):
+    # dr_grpo's aggregation needs the rollout's length cap
+    return {"max_new_tokens": 4} if name == "dr_grpo" else {}
+
+
 @pytest.mark.parametrize("name", list(LOSSES))
 def test_empty_row_changes_nothing(name):
     logp, old, adv, mask = example()
-    loss, stats = policy_loss(name, logp=logp, old_logp=old, advantages=adv, mask=mask)
+    loss, stats = policy_loss(name, logp=logp, old_logp=old, advantages=adv, mask=mask, **need(name))
     # append a response with no token, full of garbage
     logp2 = torch.cat([logp.detach(), torch.tensor([[-math.inf, 5.0, 7.0]], dtype=torch.float64)])
     logp2.requires_grad_(True)
     old2 = torch.cat([old, torch.tensor([[0.0, -9.0, math.inf]], dtype=torch.float64)])
     adv2 = torch.cat([adv, torch.tensor([100.0], dtype=torch.float64)])
     mask2 = torch.cat([mask, torch.zeros(1, 3, dtype=torch.bool)])
-    loss2, stats2 = policy_loss(name, logp=logp2, old_logp=old2, advantages=adv2, mask=mask2)
+    loss2, stats2 = policy_loss(name, logp=logp2, old_logp=old2, advantages=adv2, mask=mask2, **need(name))
     loss2.backward()
     close(loss2.item(), loss.item(), 1e-12)
     assert torch.isfinite(logp2.grad).all() and (logp2.grad[2] == 0).all()
@@ -351,7 +356,7 @@ def test_empty_row_changes_nothing(name):
 def test_all_masked_batch_gives_connected_zero(name):
     logp = torch.full((2, 3), -math.inf, requires_grad=True)
     loss, stats = policy_loss(name, logp=logp, old_logp=torch.zeros(2, 3), advantages=torch.ones(2),
-                              mask=torch.zeros(2, 3), kl_coef=0.1, ref_logp=torch.zeros(2, 3))
+                              mask=torch.zeros(2, 3), kl_coef=0.1, ref_logp=torch.zeros(2, 3), **need(name))
     assert loss.item() == 0.0 and loss.requires_grad
     loss.backward()
     assert (logp.grad == 0).all()
@@ -385,12 +390,21 @@ def test_agg_loss_modes_by_hand():
 
 
 def test_registry_matches_contract_table():
-    assert list(LOSSES) == ["ppo", "grpo", "dapo", "gspo", "gspo_token", "cispo"]
+    assert list(LOSSES) == ["ppo", "grpo", "dapo", "gspo", "gspo_token", "cispo", "sapo", "gmpo", "dr_grpo", "luspo",
+                            "vespo", "dppo_tv", "dppo_kl"]
     want = {"ppo": (0.2, 0.2, "token-mean"), "grpo": (0.2, 0.2, "seq-mean-token-mean"),
             "dapo": (0.2, 0.28, "token-mean"), "gspo": (3e-4, 4e-4, "seq-mean"),
-            "gspo_token": (3e-4, 4e-4, "seq-mean-token-mean"), "cispo": (None, 4.0, "token-mean")}
+            "gspo_token": (3e-4, 4e-4, "seq-mean-token-mean"), "cispo": (None, 4.0, "token-mean"),
+            "sapo": (None, None, "seq-mean-token-mean"), "gmpo": (0.4, 0.4, "seq-mean"),
+            "dr_grpo": (0.2, 0.2, "seq-mean-token-sum-norm"), "luspo": (3e-4, 4e-4, "seq-mean"),
+            "vespo": (None, None, "token-mean"), "dppo_tv": (0.15, 0.15, "token-mean"),
+            "dppo_kl": (0.05, 0.05, "token-mean")}
+    own = {"sapo": {"tau_pos": 1.0, "tau_neg": 1.05}, "vespo": {"k_pos": 2.0, "lam_pos": 3.0, "k_neg": 3.0,
+                                                                "lam_neg": 2.0},
+           "dppo_tv": {"trunc_c": 20.0}, "dppo_kl": {"trunc_c": 20.0}}
     for name, spec in LOSSES.items():
         assert (spec.eps_low, spec.eps_high, spec.aggregation) == want[name]
+        assert dict(spec.defaults) == own.get(name, {})
         assert spec.name == name and "arxiv.org" in spec.paper
     assert BASE_DEFAULTS == {"dual_clip_c": None, "kl_coef": 0.0, "kl_estimator": "k3"}
     with pytest.raises(ValueError, match="already"):

@@ -29,7 +29,9 @@ def test_every_registered_loss_has_an_algorithm_class():
     # importing the package registers all six, no side-effect import needed
     assert algorithms.names() == list(LOSSES)
     assert {n: algorithms.get(n).__name__ for n in LOSSES} == {
-        "ppo": "PPO", "grpo": "GRPO", "dapo": "DAPO", "gspo": "GSPO", "gspo_token": "GSPOToken", "cispo": "CISPO"}
+        "ppo": "PPO", "grpo": "GRPO", "dapo": "DAPO", "gspo": "GSPO", "gspo_token": "GSPOToken", "cispo": "CISPO",
+        "sapo": "SAPO", "gmpo": "GMPO", "dr_grpo": "DrGRPO", "luspo": "LUSPO", "vespo": "VESPO", "dppo_tv": "DPPOTV",
+        "dppo_kl": "DPPOKL"}
     assert all(algorithms.get(n).name == n for n in LOSSES)
     with pytest.raises(ValueError, match="unknown algorithm 'trpo'"):
         algorithms.get("trpo")

@@ -16,16 +16,26 @@ def _table_rows() -> list[list[str]]:
     return [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
 
 
+def table_markdown() -> str:
+    """The algorithms table as the README holds it, from the registry (paste its output between the markers)."""
+    head = ["| algo | ratio unit | per-unit loss | aggregation | defaults (eps_low / eps_high; own) | paper |",
+            "|---|---|---|---|---|---|"]
+    return "\n".join(head + [f"| `{s.name}` | {s.ratio} | `{s.loss}` | {s.aggregation} | {s.defaults_text()} | "
+                             f"{s.paper} |" for s in LOSSES.values()])
+
+
 def test_algorithm_table_matches_registry():
     rows = _table_rows()
     assert [r[0].strip("`") for r in rows] == list(LOSSES)
-    for (name, ratio, loss, agg, clip, paper) in rows:
+    for (name, ratio, loss, agg, defaults, paper) in rows:
         spec = LOSSES[name.strip("`")]
         assert ratio == spec.ratio
         assert loss.strip("`") == spec.loss
         assert agg == spec.aggregation
-        assert clip == f"{spec.eps_low} / {spec.eps_high}"
+        assert defaults == spec.defaults_text()
         assert paper == spec.paper
+    text = README.read_text()
+    assert table_markdown() in text, "regenerate: python -c 'from tests.test_readme import table_markdown as t; print(t())'"
 
 
 def test_readme_opens_with_the_two_setup_commands():

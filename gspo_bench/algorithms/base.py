@@ -65,7 +65,7 @@ def register_algorithm(cls: type["PolicyModule"]) -> type["PolicyModule"]:
         raise ValueError(f"algorithm {cls.name!r} is already registered by {ALGORITHMS[cls.name].__name__}")
     spec = LOSSES[cls.name]
     # the config resolves ``auto`` clip offsets from the recipe: registered upward, from the loss's own defaults
-    cls.recipe = dataclasses.replace(cls.recipe, clip=(spec.eps_low, spec.eps_high))
+    cls.recipe = dataclasses.replace(cls.recipe, clip=(spec.eps_low, spec.eps_high), loss_defaults=spec.defaults)
     ALGORITHMS[cls.name] = cls
     return cls
 
@@ -148,8 +148,13 @@ class PolicyModule(HeldOutEval, L.LightningModule):
 
     @property
     def hp(self) -> dict:
-        """The loss keyword arguments (clip range, dual clip, KL estimator)."""
-        return self.settings.loss.hparams()
+        """The loss keyword arguments its loss takes (clip range, dual clip, its own parameters; dr_grpo's
+        T_max, the rollout's length cap) and the KL estimator."""
+        spec = LOSSES[self.name]
+        hp = {k: v for k, v in self.settings.loss.hparams().items() if k in spec.params or k == "kl_estimator"}
+        if "max_new_tokens" in spec.params:
+            hp["max_new_tokens"] = self.settings.rollout.max_new_tokens
+        return hp
 
     # -- search space (``tune``) ----------------------------------------------------------------
     @classmethod
@@ -331,9 +336,15 @@ class PolicyModule(HeldOutEval, L.LightningModule):
             extra = {"kl_coef": self.kl_coef, "ref_logp": prep["ref_logp"][rows]}
         r = self.settings.rollout
         if r.correction != "none" and r.old_logp_source == "recompute" and batch.rollout_logp is not None:
-            # the sampler/trainer correction: weights exp(old_logp - rollout_logp) at the loss's ratio unit
+            # the sampler/trainer correction: weights exp(old_logp - rollout_logp) at correction_level
             extra.update(rollout_logp=batch.rollout_logp[rows], correction=r.correction,
-                         correction_cap=r.correction_cap)
+                         correction_cap=r.correction_cap, correction_min=r.correction_min,
+                         correction_level=r.correction_level)
+        if r.opsm_threshold is not None:
+            # off-policy sequence masking against the sampler's log-probs (the old ones stand in without them)
+            extra["opsm_threshold"] = r.opsm_threshold
+            if batch.rollout_logp is not None:
+                extra["rollout_logp"] = batch.rollout_logp[rows]
         kind = "token" if LOSSES[self.name].aggregation == "token-mean" else "sequence"
         loss, st = policy_loss(self.name, logp=logp, old_logp=prep["old_logp"][rows],
                                advantages=prep["advantages"][rows], mask=mask,

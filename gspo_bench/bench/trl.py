@@ -66,13 +66,15 @@ def matched(cfg: RunConfig, algo: str, task_max_new_tokens: int) -> Matched:
         raise ConfigError(f"--vs trl compares grpo only (TRL's GRPOTrainer), not --algo {algo!r}")
     s = cfg.resolve(algo, algorithms.get(algo).recipe, task_max_new_tokens)
     r = s.rollout
-    if s.loss.eps_low is None or s.loss.kl_coef or r.dynamic_sampling or r.overlong_buffer or r.staleness:
-        raise ConfigError("--vs trl: eps_low null, KL, dynamic sampling, overlong shaping, staleness: not matched")
+    if (s.loss.eps_low is None or s.loss.kl_coef or r.dynamic_sampling or r.overlong_buffer or r.staleness
+            or r.advantage_baseline != "group_mean"):
+        raise ConfigError("--vs trl: eps_low null, KL, dynamic sampling, overlong shaping, staleness, a leave-one-out "
+                          "baseline: not matched")
     if (r.prompts_per_step * r.group_size) % cfg.train.minibatches:
         raise ConfigError(f"--vs trl: the rollout must split into {cfg.train.minibatches} equal minibatches")
     return Matched(r.prompts_per_step, r.group_size, r.max_new_tokens, r.temperature, cfg.train.minibatches,
                    cfg.train.lr, cfg.train.weight_decay, cfg.train.max_grad_norm, s.loss.eps_low, s.loss.eps_high,
-                   "group" if r.advantage_scale == "std" else "none", r.verify_timeout, cfg.seeds[0])
+                   r.advantage_scale, r.verify_timeout, cfg.seeds[0])
 
 
 def grpo_config_kwargs(m: Matched, output_dir: str, total_cycles: int) -> dict:

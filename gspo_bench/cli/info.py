@@ -34,12 +34,13 @@ def list_command(args, console) -> int:
     from gspo_bench.tasks import builtin_tasks, resolve_task_spec
 
     t = Table(title="algorithms")
-    for col in ("name", "class", "ratio", "loss", "aggregation", "clip (eps_low / eps_high)", "recipe"):
+    for col in ("name", "class", "ratio", "loss", "aggregation", "defaults (eps_low / eps_high; own)", "recipe"):
         t.add_column(col)
     for name in algorithms.names():
         s, cls = LOSSES[name], algorithms.get(name)
-        recipe = ", ".join(f"{k}={v}" for k, v in vars(cls.recipe).items() if v) or "-"
-        t.add_row(s.name, cls.__name__, s.ratio, s.loss, s.aggregation, f"{s.eps_low} / {s.eps_high}", recipe)
+        recipe = ", ".join(f"{k}={v}" for k, v in vars(cls.recipe).items()
+                           if v and k not in ("clip", "loss_defaults") and (k, v) != ("advantage_scale", "group")) or "-"
+        t.add_row(s.name, cls.__name__, s.ratio, s.loss, s.aggregation, s.defaults_text(), recipe)
     console.print(t)
     console.print("tasks:   " + ", ".join(f"{n} ({resolve_task_spec(n).description})" for n in builtin_tasks()))
     console.print("models:  " + ", ".join(f"{m.name} ({m.description})" for m in BUILTIN_MODELS.values())

@@ -22,9 +22,12 @@ from typing import Any, Union
 
 from gspo_bench.config.names import ENGINES, REPLAY_MODES, ROLLOUT_DTYPES
 from gspo_bench.config.resolved import LossSettings, Recipe, Resolved
-from gspo_bench.core.names import CORRECTIONS, KL_ESTIMATORS
+from gspo_bench.core.names import (ADVANTAGE_BASELINES, ADVANTAGE_SCALES, CORRECTION_LEVELS, CORRECTIONS,
+                                   KL_ESTIMATORS)
 
 AUTO = "auto"
+LOSS_OWN_PARAMS = ("tau_pos", "tau_neg", "k_pos", "lam_pos", "k_neg", "lam_neg", "trunc_c")
+"""The ``loss.`` fields that belong to one loss each (``auto`` = that loss's default, None for the others)."""
 
 
 class ConfigError(ValueError):
@@ -123,8 +126,11 @@ class RolloutConfig:
     """DAPO overlong shaping buffer L_buf in tokens; null = off; auto = max_new_tokens//4 for dapo only."""
     overlong_penalty: float = 1.0
     """Scale of the overlong shaping penalty."""
-    advantage_scale: str = "std"
-    """Group advantage: std (z-score) | none (Dr. GRPO, no division)."""
+    advantage_baseline: str = "group_mean"
+    """What a group advantage subtracts: group_mean (GRPO) | leave_one_out (RLOO: the mean of the other G-1)."""
+    advantage_scale: str = AUTO
+    """What it divides by: group (the group's reward std: the z-score) | batch (the std of the centred rewards
+    over the whole rollout) | none (no division); auto = none for dr_grpo, group otherwise."""
     old_logp_source: str = "recompute"
     """recompute (a forward pass of the training model) | rollout (the engine's log-probs)."""
     dtype: str = "float32"
@@ -134,7 +140,15 @@ class RolloutConfig:
     """Sampler/trainer mismatch correction: none | tis (truncate the IS weight at the cap) | mis (mask units
     whose weight leaves [1/cap, cap]); the weight is taken at the algorithm's ratio unit."""
     correction_cap: float = 2.0
-    """C, the cap of tis / the band [1/C, C] of mis."""
+    """C_max, the cap of tis / the top of mis's band [C_min, C_max]."""
+    correction_min: Union[float, None] = None
+    """C_min, the floor of tis / the bottom of mis's band; null = no floor for tis, 1 / C_max for mis."""
+    correction_level: str = "unit"
+    """Where the weight is taken: unit (the algorithm's ratio unit) | token | sequence (the product over the
+    response) | geometric (its length-normalised mean)."""
+    opsm_threshold: Union[float, None] = None
+    """Off-policy sequence masking: drop the loss terms of a sequence with A < 0 whose mean sampler-minus-policy
+    log-prob exceeds this; null = off."""
     staleness: int = 0
     """k: sample from the policy as it was k rollouts ago (asynchronous trainers); 0 = the current policy."""
     verify_timeout: float = 1.0
@@ -167,12 +181,21 @@ class RolloutConfig:
         _check(self.overlong_buffer in (None, AUTO) or (isinstance(self.overlong_buffer, int)
                                                         and self.overlong_buffer > 0),
                f"rollout.overlong_buffer={self.overlong_buffer!r} must be a positive int, null or auto")
-        _choice("rollout.advantage_scale", self.advantage_scale, ("std", "none"))
+        _choice("rollout.advantage_baseline", self.advantage_baseline, ADVANTAGE_BASELINES)
+        _choice("rollout.advantage_scale", self.advantage_scale, (*ADVANTAGE_SCALES, AUTO))
         _choice("rollout.old_logp_source", self.old_logp_source, ("recompute", "rollout"))
         _choice("rollout.dtype", self.dtype, ROLLOUT_DTYPES)
         _choice("rollout.correction", self.correction, CORRECTIONS)
         _numbers("rollout", self, "correction_cap")
         _check(self.correction_cap > 1, f"rollout.correction_cap={self.correction_cap} must be > 1")
+        lo = self.correction_min
+        _check(lo is None or (isinstance(lo, (int, float)) and not isinstance(lo, bool) and math.isfinite(lo)
+                              and 0 <= lo < self.correction_cap),
+               f"rollout.correction_min={lo!r} must be a number in [0, correction_cap) or null")
+        _choice("rollout.correction_level", self.correction_level, CORRECTION_LEVELS)
+        t = self.opsm_threshold
+        _check(t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0),
+               f"rollout.opsm_threshold={t!r} must be a number >= 0 or null")
         _check(isinstance(self.staleness, int) and not isinstance(self.staleness, bool) and self.staleness >= 0,
                f"rollout.staleness={self.staleness!r} must be an int >= 0")
         _numbers("rollout", self, "vllm_gpu_memory_utilization", "vllm_kv_cache_mb")
@@ -203,6 +226,20 @@ class LossConfig:
     """PPO critic loss weight (the critic has its own optimiser; this scales its loss)."""
     value_clip: Union[float, None] = 0.2
     """PPO value clipping range; null = off."""
+    tau_pos: Union[float, str] = AUTO
+    """SAPO gate temperature where A > 0; auto = the loss's default (1.0)."""
+    tau_neg: Union[float, str] = AUTO
+    """SAPO gate temperature where A <= 0; auto = the loss's default (1.05)."""
+    k_pos: Union[float, str] = AUTO
+    """VESPO power k where A >= 0; auto = 2."""
+    lam_pos: Union[float, str] = AUTO
+    """VESPO decay lambda where A >= 0; auto = 3."""
+    k_neg: Union[float, str] = AUTO
+    """VESPO power k where A < 0; auto = 3."""
+    lam_neg: Union[float, str] = AUTO
+    """VESPO decay lambda where A < 0; auto = 2."""
+    trunc_c: Union[float, str] = AUTO
+    """DPPO: the importance weight is truncated at this; auto = 20."""
 
     def __post_init__(self):
         _numbers("loss", self, "gamma", "lam", "vf_coef")
@@ -218,6 +255,12 @@ class LossConfig:
         _check(self.kl_coef == AUTO or (isinstance(self.kl_coef, (int, float)) and self.kl_coef >= 0),
                f"loss.kl_coef={self.kl_coef!r} must be >= 0 (or auto)")
         _choice("loss.kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        for key in LOSS_OWN_PARAMS:
+            v = getattr(self, key)
+            positive = not key.startswith("k_")  # vespo's powers k may be any real; the rest are scales
+            _check(v == AUTO or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                                 and (v > 0 or not positive)),
+                   f"loss.{key}={v!r} must be a finite number{' > 0' if positive else ''} (or auto)")
         _check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "loss.gamma and loss.lam must be in [0, 1]")
 
 
@@ -401,6 +444,9 @@ class RunConfig:
             dual_clip_c=lc.dual_clip_c,
             kl_coef=recipe.kl_coef if lc.kl_coef == AUTO else float(lc.kl_coef),
             kl_estimator=lc.kl_estimator,
+            # the loss's own parameters: auto -> its registered default, None where it has none
+            **{k: (dict(recipe.loss_defaults).get(k) if getattr(lc, k) == AUTO else float(getattr(lc, k)))
+               for k in LOSS_OWN_PARAMS},
         )
         max_new = task_max_new_tokens if r.max_new_tokens == AUTO else r.max_new_tokens
         buffer = r.overlong_buffer
@@ -408,5 +454,7 @@ class RunConfig:
             # DAPO's overlong buffer: a quarter of the length cap
             buffer = max(1, max_new // 4) if recipe.overlong_shaping else None
         dynamic = recipe.dynamic_sampling if r.dynamic_sampling == AUTO else r.dynamic_sampling
-        rollout = dataclasses.replace(r, max_new_tokens=max_new, overlong_buffer=buffer, dynamic_sampling=dynamic)
+        scale = recipe.advantage_scale if r.advantage_scale == AUTO else r.advantage_scale
+        rollout = dataclasses.replace(r, max_new_tokens=max_new, overlong_buffer=buffer, dynamic_sampling=dynamic,
+                                      advantage_scale=scale)
         return Resolved(loss, rollout)

@@ -8,6 +8,11 @@ Conventions
   the *population* std (divide by G), as in the GSPO article's worked example
   (rewards [1, 0, 1, 0] -> advantages [+1, -1, +1, -1]). ``scale="none"`` is
   Dr. GRPO (https://arxiv.org/abs/2503.20783), which drops the division.
+- The field's other baselines and scales: ``baseline="leave_one_out"`` (RLOO,
+  https://arxiv.org/abs/2402.14740) subtracts the mean of the other G - 1
+  rewards, ``G / (G - 1) * (R_i - mean(R))``; ``scale="batch"``
+  (REINFORCE++-baseline) divides by the population std, over the whole rollout
+  batch, of the group-mean-centred rewards.
 - PPO (https://arxiv.org/abs/1707.06347): the scalar reward sits on the last
   response token, an optional per-token KL-to-reference penalty is folded into
   the reward, and GAE (https://arxiv.org/abs/1506.02438) runs over response
@@ -24,6 +29,9 @@ Choices the papers leave open
 - ``whiten`` follows the TRL / verl PPO convention: Bessel-corrected masked
   variance, ``(x - mean) * rsqrt(var + eps)``, and with ``shift_mean=False``
   the mean is added back (rescale only).
+- The scale is a property of the rewards, whatever the baseline: ``group``
+  divides by the group's reward std and ``batch`` by the batch std of the
+  group-mean-centred rewards, with leave-one-out as with the group mean.
 - ``overlong_penalty`` is the contract's formula verbatim, with no -1 floor:
   generation is truncated at ``max_len``, so ``L <= max_len`` and the DAPO
   paper's "-1 beyond L_max" case never arises.
@@ -35,7 +43,8 @@ import torch
 
 Tensor = torch.Tensor
 
-SCALES = ("std", "none")
+BASELINES = ("group_mean", "leave_one_out")
+SCALES = ("group", "batch", "none")
 
 
 def _float(x: Tensor) -> Tensor:
@@ -53,17 +62,46 @@ def _groups(rewards_B: Tensor, group_size: int) -> Tensor:
     return _float(rewards_B).view(-1, group_size)  # (num_groups, G)
 
 
-def group_zscore(rewards_B: Tensor, group_size: int, scale: str = "std", eps: float = 1e-6) -> Tensor:
-    """Group-relative advantage of each response, shape [B]."""
+def group_zscore(rewards_B: Tensor, group_size: int, scale: str = "group", eps: float = 1e-6,
+                 baseline: str = "group_mean", all_sum=None) -> Tensor:
+    """Group-relative advantage of each response, shape [B]: ``(R_i - b_i) / s``.
+
+    ``baseline``: ``group_mean`` (``b_i = mean(R)``) or ``leave_one_out``
+    (``b_i = mean_{j != i} R_j``). ``scale``: ``group`` (``s = std(R) + eps``,
+    population std of the group), ``batch`` (``s`` = population std of
+    ``R - mean(R)`` over every group of the batch, ``+ eps``) or ``none``
+    (``s = 1``). ``all_sum`` (several processes): sums a tensor over ranks, so
+    the batch std is the whole rollout's.
+    """
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r}; allowed: {SCALES}")
+    if baseline not in BASELINES:
+        raise ValueError(f"unknown baseline {baseline!r}; allowed: {BASELINES}")
     r_NG = _groups(rewards_B, group_size)
     # centred reward R_i - mean(R) within the group
     centred_NG = r_NG - r_NG.mean(-1, keepdim=True)
+    adv_NG = centred_NG
+    if baseline == "leave_one_out":
+        if group_size < 2:
+            raise ValueError("leave_one_out needs groups of at least 2")
+        # A_i = R_i - mean_{j != i} R_j = G / (G - 1) * (R_i - mean(R))
+        adv_NG = centred_NG * (group_size / (group_size - 1))
     if scale == "none":
-        return centred_NG.reshape(-1)
-    # A_i = (R_i - mean(R)) / (std(R) + eps), population std (divide by G)
-    return (centred_NG / (r_NG.std(-1, unbiased=False, keepdim=True) + eps)).reshape(-1)
+        return adv_NG.reshape(-1)
+    if scale == "group":
+        # A_i = (R_i - b_i) / (std(R) + eps), population std (divide by G)
+        return (adv_NG / (r_NG.std(-1, unbiased=False, keepdim=True) + eps)).reshape(-1)
+    # batch: population std of the centred rewards over the whole batch (their mean is 0, up to rounding)
+    n = torch.tensor(float(centred_NG.numel()), dtype=centred_NG.dtype)
+    total = centred_NG.sum()
+    if all_sum is not None:
+        n, total = all_sum(n), all_sum(total)
+    mean = total / n
+    sq = (centred_NG - mean).square().sum()
+    if all_sum is not None:
+        sq = all_sum(sq)
+    # A_i = (R_i - b_i) / (std_batch(R - mean_group(R)) + eps)
+    return (adv_NG / (torch.sqrt(sq / n) + eps)).reshape(-1)
 
 
 def group_is_degenerate(rewards_B: Tensor, group_size: int, tol: float = 1e-6) -> Tensor:

@@ -61,6 +61,7 @@ Choices the papers leave open
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Callable
 
@@ -68,16 +69,27 @@ import torch
 
 from gspo_bench.core.names import KL_ESTIMATORS
 from gspo_bench.core.ratios import (apply_correction, check_correction, compute_dtype, correction_stats, is_weights,
-                                   masked_delta, masked_mean, ratio_stats, seq_logratio)
+                                   masked_delta, masked_mean, off_policy_sequences, ratio_stats, seq_logratio)
 
 Tensor = torch.Tensor
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean")
-RATIO_UNITS = ("token", "sequence", "sequence-token")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean", "seq-mean-token-sum-norm")
+# The ratio a loss is built on; it is also where a mismatch correction's weight is taken at level "unit":
+# token -> per token, sequence (geometric mean of the token ratios) -> per sequence, length-normalised,
+# sequence-token (gspo_token) -> per token, sequence-product (vespo) -> per sequence, the product.
+RATIO_UNITS = ("token", "sequence", "sequence-token", "sequence-product")
+UNIT_LEVELS = {"token": "token", "sequence": "geometric", "sequence-token": "token", "sequence-product": "sequence"}
 # Every **hparams keyword policy_loss accepts (the correction has its own keywords, see CORRECTIONS).
-HPARAMS = ("eps_low", "eps_high", "dual_clip_c", "kl_coef", "ref_logp", "kl_estimator")
-# Defaults every loss shares (the clip range is each loss's own, in its registration).
+HPARAMS = ("eps_low", "eps_high", "dual_clip_c", "kl_coef", "ref_logp", "kl_estimator", "tau_pos", "tau_neg",
+           "max_new_tokens", "k_pos", "lam_pos", "k_neg", "lam_neg", "trunc_c")
+# Keywords every loss takes (the KL to a reference); the others belong to the losses that list them in ``params``.
+SHARED_HPARAMS = ("kl_coef", "ref_logp", "kl_estimator")
+# Defaults every loss shares (the clip range and a loss's own parameters are its registration's).
 BASE_DEFAULTS = {"dual_clip_c": None, "kl_coef": 0.0, "kl_estimator": "k3"}
+# The surrogate's parameters (clip band, dual clip), the ``params`` of a loss that does not say otherwise.
+CLIP_PARAMS = ("eps_low", "eps_high", "dual_clip_c")
+# Parameters of the aggregation rather than the per-unit loss (dr_grpo's T_max).
+AGG_PARAMS = ("max_new_tokens",)
 
 
 @dataclass(frozen=True)
@@ -85,23 +97,33 @@ class LossSpec:
     """One registered loss: its function and the facts the README table and ``list`` show."""
 
     name: str  # registry key, also the algorithm's name
-    fn: Callable  # (logp, old_logp, adv, mask, *, eps_low, eps_high, dual_clip_c) -> (loss, high_BT, low_BT)
-    ratio: str  # "token" | "sequence" | "sequence-token"
+    fn: Callable  # (logp, old_logp, adv, mask, **its params but AGG_PARAMS) -> (loss, high_BT, low_BT)
+    ratio: str  # one of RATIO_UNITS
     loss: str  # human formula for the README table
     aggregation: str  # one of AGGREGATIONS
-    eps_low: float | None  # default lower clip offset, None = no lower bound
-    eps_high: float  # default upper clip offset
+    eps_low: float | None  # default lower offset/threshold, None = no lower bound (or no band at all)
+    eps_high: float | None  # default upper offset/threshold, None for a loss without a band
     paper: str  # title + URL
+    params: tuple[str, ...] = CLIP_PARAMS  # the keywords of HPARAMS the loss takes, beside SHARED_HPARAMS
+    defaults: tuple[tuple[str, object], ...] = ()  # its own parameters' defaults (tau_pos, k_pos, trunc_c, ...)
+
+    def defaults_text(self) -> str:
+        """The defaults column of the README table and ``list``: the band (eps_low / eps_high), then its own."""
+        parts = [f"{self.eps_low} / {self.eps_high}"] if "eps_high" in self.params else []
+        return "; ".join(parts + [f"{k} {v:g}" for k, v in self.defaults])
 
 
 LOSSES: dict[str, LossSpec] = {}
 
 
-def register_loss(name: str, *, ratio: str, loss: str, aggregation: str, eps_low: float | None, eps_high: float,
-                  paper: str) -> Callable[[Callable], Callable]:
+def register_loss(name: str, *, ratio: str, loss: str, aggregation: str, eps_low: float | None,
+                  eps_high: float | None, paper: str, params: tuple[str, ...] = CLIP_PARAMS,
+                  defaults: dict | None = None) -> Callable[[Callable], Callable]:
     """Decorator: add the function below to ``LOSSES`` under ``name`` with its table facts.
 
-    The other hparams (``dual_clip_c``, ``kl_coef``, ``kl_estimator``) share
+    ``params``: the hyper-parameters it takes (keywords of ``HPARAMS``; the KL
+    ones are every loss's), ``defaults`` the defaults of those beyond the band
+    and the dual clip. ``dual_clip_c``, ``kl_coef`` and ``kl_estimator`` share
     one default for every loss (``BASE_DEFAULTS``). A duplicate name is an error.
     """
     if name in LOSSES:
@@ -110,9 +132,13 @@ def register_loss(name: str, *, ratio: str, loss: str, aggregation: str, eps_low
         raise ValueError(f"aggregation {aggregation!r} not in {AGGREGATIONS}")
     if ratio not in RATIO_UNITS:
         raise ValueError(f"ratio {ratio!r} not in {RATIO_UNITS}")
+    unknown = sorted(set(params) - set(HPARAMS) | set(defaults or {}) - set(params))
+    if unknown:
+        raise ValueError(f"loss {name!r}: params/defaults {unknown} are not its parameters (allowed: {HPARAMS})")
 
     def add(fn: Callable) -> Callable:
-        LOSSES[name] = LossSpec(name, fn, ratio, loss, aggregation, eps_low, eps_high, paper)
+        LOSSES[name] = LossSpec(name, fn, ratio, loss, aggregation, eps_low, eps_high, paper, tuple(params),
+                                tuple((defaults or {}).items()))
         return fn
 
     return add
@@ -239,11 +265,178 @@ def cispo_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_clip
     return loss_BT, high_BT, low_BT
 
 
+# ----------------------------------------------------------------------------- the field's other losses
+
+
+def _by_sign(cond: Tensor, pos: float, neg: float, like: Tensor) -> Tensor:
+    # pos where cond else neg, in like's dtype and device (bare python floats would give float32)
+    return torch.where(cond, like.new_full((), pos), like.new_full((), neg))
+
+
+@register_loss("sapo", ratio="token", loss="-A (4 / tau) sigmoid(tau (r - 1))", aggregation="seq-mean-token-mean",
+               eps_low=None, eps_high=None, params=("tau_pos", "tau_neg"), defaults={"tau_pos": 1.0, "tau_neg": 1.05},
+               paper="Soft Adaptive Policy Optimization, https://arxiv.org/abs/2511.20347")
+def sapo_loss(logp, old_logp, advantages, mask, *, tau_pos, tau_neg):
+    """SAPO: a sigmoid gate on the token ratio instead of a hard clip. Returns (loss_BT, high_BT, low_BT).
+
+    The gate's slope ``4 sig (1 - sig)`` is 1 on policy and decays smoothly away from it, so a token is
+    damped rather than cut; ``clip/frac`` counts the tokens damped by more than half (slope < 0.5), on the
+    side of 1 their ratio lies.
+    """
+    valid_BT = mask > 0
+    ratio_BT = torch.exp(masked_delta(logp, old_logp, mask))  # (B, T)
+    adv_BT = _adv_BT(advantages, mask)
+    # tau = tau_pos if A > 0 else tau_neg
+    tau_BT = _by_sign(adv_BT > 0, tau_pos, tau_neg, ratio_BT)
+    sig_BT = torch.sigmoid(tau_BT * (ratio_BT - 1.0))
+    # L = -A * g(r), g(r) = (4 / tau) * sigmoid(tau * (r - 1))
+    loss_BT = -adv_BT * (4.0 / tau_BT) * sig_BT
+    # gate slope dg/dr = 4 sig (1 - sig): damped by more than half below 0.5
+    slope_BT = 4.0 * sig_BT.detach() * (1.0 - sig_BT.detach())
+    damped_BT = (slope_BT < 0.5) & valid_BT
+    return loss_BT, damped_BT & (ratio_BT > 1.0), damped_BT & (ratio_BT < 1.0)
+
+
+@register_loss("gmpo", ratio="sequence", loss="-A_i exp(mean_t sign(A_i) min(sign(A_i) delta, sign(A_i) "
+               "clamp(delta)))", aggregation="seq-mean", eps_low=0.4, eps_high=0.4, params=("eps_low", "eps_high"),
+               paper="Geometric-Mean Policy Optimization, https://arxiv.org/abs/2507.20673")
+def gmpo_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high):
+    """GMPO: the geometric mean of the clipped token ratios, clipped on the log-ratio ``[-eps_low, eps_high]``.
+
+    Returns (loss_B, high_BT, low_BT). A token's clamp binds in the direction that counts: above
+    ``eps_high`` when ``A > 0``, below ``-eps_low`` when ``A < 0``; only those tokens lose their gradient.
+    """
+    if advantages.dim() != 1:
+        raise ValueError(f"gmpo takes one advantage per sequence, shape [B]; got {tuple(advantages.shape)}")
+    valid_BT = mask > 0
+    delta_BT = masked_delta(logp, old_logp, mask)
+    adv_B = advantages.detach()
+    sgn_B1 = torch.sign(adv_B)[:, None]
+    clamped_BT = torch.clamp(delta_BT, min=None if eps_low is None else -eps_low, max=eps_high)
+    # dc_t = sign(A_i) * min(sign(A_i) * delta_t, sign(A_i) * clamp(delta_t, -eps_low, eps_high))
+    dc_BT = sgn_B1 * torch.minimum(sgn_B1 * delta_BT, sgn_B1 * clamped_BT)
+    # L_i = -A_i * exp(sum_t(dc_t * mask) / |y_i|)
+    loss_B = -adv_B * torch.exp(seq_logratio(dc_BT, mask))
+    high_BT = (delta_BT > eps_high) & (adv_B > 0)[:, None] & valid_BT
+    low_BT = ((delta_BT < -eps_low) & (adv_B < 0)[:, None] & valid_BT if eps_low is not None
+              else torch.zeros_like(high_BT))
+    return loss_B, high_BT, low_BT
+
+
+@register_loss("dr_grpo", ratio="token", loss="max(-A r, -A clip(r))", aggregation="seq-mean-token-sum-norm",
+               eps_low=0.2, eps_high=0.2, params=(*CLIP_PARAMS, "max_new_tokens"),
+               paper="Understanding R1-Zero-Like Training: A Critical Perspective, https://arxiv.org/abs/2503.20783")
+def dr_grpo_loss(logp, old_logp, advantages, mask, **clip):
+    """Dr. GRPO: the token clipped surrogate summed and divided by B * max_new_tokens (no length bias), with
+    advantages that are not divided by the group std (its recipe)."""
+    return clipped_token_loss(logp, old_logp, advantages, mask, **clip)
+
+
+@register_loss("luspo", ratio="sequence", loss="abs(y_i) max(-A_i s_i, -A_i clip(s_i))", aggregation="seq-mean",
+               eps_low=3e-4, eps_high=4e-4,
+               paper="Length-Unbiased Sequence Policy Optimization, https://arxiv.org/abs/2602.05261")
+def luspo_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_clip_c=None):
+    """LUSPO: GSPO's clipped sequence surrogate scaled by the response length. Returns (loss_B, high_BT, low_BT)."""
+    if advantages.dim() != 1:
+        raise ValueError(f"luspo takes one advantage per sequence, shape [B]; got {tuple(advantages.shape)}")
+    loss_B, high_BT, low_BT = gspo_sequence_loss(logp, old_logp, advantages, mask, eps_low=eps_low,
+                                                 eps_high=eps_high, dual_clip_c=dual_clip_c)
+    # L_i = |y_i| * max(-A_i s_i, -A_i clip(s_i))
+    return mask.sum(-1) * loss_B, high_BT, low_BT
+
+
+@register_loss("vespo", ratio="sequence-product", loss="-sg(phi_i) A log p", aggregation="token-mean",
+               eps_low=None, eps_high=None, params=("k_pos", "lam_pos", "k_neg", "lam_neg"),
+               defaults={"k_pos": 2.0, "lam_pos": 3.0, "k_neg": 3.0, "lam_neg": 2.0},
+               paper="Variational Sequence-Level Soft Policy Optimization, https://arxiv.org/abs/2602.10693")
+def vespo_loss(logp, old_logp, advantages, mask, *, k_pos, lam_pos, k_neg, lam_neg):
+    """VESPO: REINFORCE weighted by a gamma-shaped function of the sequence's product ratio, without gradient.
+
+    ``phi(w) = e^lam w^k e^(-lam w)`` is 1 at ``w = 1`` and falls off on both sides. Returns
+    (loss_BT, high_BT, low_BT); ``clip/frac`` counts the tokens of sequences with ``phi < 0.5``.
+    """
+    valid_BT = mask > 0
+    delta_BT = masked_delta(logp, old_logp, mask)
+    # lw_i = clamp(sum_t(clamp(delta, -20, 20) * mask), ln 1e-8, 20): the log of the product of token ratios
+    lw_B = torch.clamp((torch.clamp(delta_BT, -20.0, 20.0) * mask).sum(-1), math.log(1e-8), 20.0).detach()
+    adv_BT = _adv_BT(advantages, mask)
+    # (k, lam) = (k_pos, lam_pos) if A >= 0 else (k_neg, lam_neg)
+    k_BT = _by_sign(adv_BT >= 0, k_pos, k_neg, delta_BT)
+    lam_BT = _by_sign(adv_BT >= 0, lam_pos, lam_neg, delta_BT)
+    lw_B1 = lw_B[:, None]
+    # phi_i = exp(lam + k * lw_i - lam * exp(lw_i)), 1 at w = 1, no gradient
+    phi_BT = torch.exp(lam_BT + k_BT * lw_B1 - lam_BT * torch.exp(lw_B1)).detach()
+    # L = -sg(phi_i) * A * logp
+    loss_BT = -phi_BT * adv_BT * torch.where(valid_BT, logp, 0.0)
+    damped_BT = (phi_BT < 0.5) & valid_BT
+    return loss_BT, damped_BT & (lw_B1 > 0), damped_BT & (lw_B1 < 0)
+
+
+_DPPO_PAPER = "Rethinking the Trust Region in LLM Reinforcement Learning, https://arxiv.org/abs/2602.04879"
+
+
+def _dppo_loss(logp, old_logp, advantages, mask, keep_pos_BT, keep_neg_BT, trunc_c):
+    """The DPPO policy gradient given where the divergence test keeps a token; returns (loss_BT, high_BT, low_BT)."""
+    valid_BT = mask > 0
+    # r = exp(clamp(delta, -20, 20))
+    ratio_BT = torch.exp(torch.clamp(masked_delta(logp, old_logp, mask), -20.0, 20.0))
+    adv_BT = _adv_BT(advantages, mask)
+    pos_BT = adv_BT > 0
+    # v = the A > 0 test where A > 0, the other one elsewhere; no gradient
+    v_BT = torch.where(pos_BT, keep_pos_BT, keep_neg_BT) & valid_BT
+    # L = -A * sg(min(r, c)) * logp * v
+    loss_BT = torch.where(v_BT, -adv_BT * torch.clamp(ratio_BT, max=trunc_c).detach() * logp, 0.0)
+    cut_BT = ~v_BT & valid_BT
+    return loss_BT, cut_BT & pos_BT, cut_BT & ~pos_BT
+
+
+def _probs(logp, old_logp, mask):
+    # p = exp(logp), p_old = exp(old_logp), both detached and 1 at padding (garbage there is never exponentiated)
+    valid_BT = mask > 0
+    return (torch.exp(torch.where(valid_BT, logp.detach(), 0.0)),
+            torch.exp(torch.where(valid_BT, old_logp.detach(), 0.0)))
+
+
+@register_loss("dppo_tv", ratio="token", loss="-A sg(min(r, c)) v log p, v: p - p_old within eps",
+               aggregation="token-mean", eps_low=0.15, eps_high=0.15, params=("eps_low", "eps_high", "trunc_c"),
+               defaults={"trunc_c": 20.0}, paper=_DPPO_PAPER + " (DPPO, total variation)")
+def dppo_tv_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, trunc_c):
+    """DPPO-TV: a token keeps its truncated-IS gradient unless its probability moved more than the band allows
+    in the direction the advantage pushes it. Returns (loss_BT, high_BT, low_BT)."""
+    p_BT, p_old_BT = _probs(logp, old_logp, mask)
+    # v = (p - p_old <= eps_high) if A > 0 else (p - p_old >= -eps_low)
+    keep_pos_BT = (p_BT - p_old_BT) <= eps_high
+    keep_neg_BT = (p_BT - p_old_BT) >= -eps_low if eps_low is not None else torch.ones_like(keep_pos_BT)
+    return _dppo_loss(logp, old_logp, advantages, mask, keep_pos_BT, keep_neg_BT, trunc_c)
+
+
+@register_loss("dppo_kl", ratio="token", loss="-A sg(min(r, c)) v log p, v: binary KL within eps",
+               aggregation="token-mean", eps_low=0.05, eps_high=0.05, params=("eps_low", "eps_high", "trunc_c"),
+               defaults={"trunc_c": 20.0}, paper=_DPPO_PAPER + " (DPPO, binary KL)")
+def dppo_kl_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, trunc_c):
+    """DPPO-KL: as DPPO-TV with the binary KL between Bernoulli(p_old) and Bernoulli(p) as the divergence.
+    Returns (loss_BT, high_BT, low_BT)."""
+    p_BT, p_old_BT = _probs(logp, old_logp, mask)
+    valid_BT = mask > 0
+    log_ratio_BT = torch.where(valid_BT, old_logp - logp.detach(), 0.0)
+    # b = p_old * (old_logp - logp) + (1 - p_old) * ln((1 - p_old + 1e-8) / (1 - p + 1e-8))
+    b_BT = p_old_BT * log_ratio_BT + (1.0 - p_old_BT) * torch.log((1.0 - p_old_BT + 1e-8) / (1.0 - p_BT + 1e-8))
+    # v = (b <= eps_high) or (p <= p_old) if A > 0 else (b <= eps_low) or (p >= p_old)
+    keep_pos_BT = (b_BT <= eps_high) | (p_BT <= p_old_BT)
+    keep_neg_BT = (b_BT <= eps_low) | (p_BT >= p_old_BT) if eps_low is not None else torch.ones_like(keep_pos_BT)
+    return _dppo_loss(logp, old_logp, advantages, mask, keep_pos_BT, keep_neg_BT, trunc_c)
+
+
 # ----------------------------------------------------------------------------- aggregation, KL
 
 
-def agg_loss(loss: Tensor, mask: Tensor, mode: str, units: float | None = None) -> Tensor:
+def agg_loss(loss: Tensor, mask: Tensor, mode: str, units: float | None = None, t_max: int | None = None
+             ) -> Tensor:
     """Reduce a per-token ``(B, T)`` or per-sequence ``(B,)`` loss to a scalar.
+
+    "seq-mean-token-sum-norm" (Dr. GRPO) needs ``t_max``, the rollout's
+    ``max_new_tokens``: ``sum(l * mask) / (B * t_max)``, ``B`` counting the
+    non-empty sequences (an empty one is left out, as from every sequence mean).
 
     ``mask`` is ``(B, T)``; for "seq-mean" it may also be ``(B,)`` (sequence
     lengths or validity). Empty sequences are left out of sequence means, and
@@ -277,6 +470,12 @@ def agg_loss(loss: Tensor, mask: Tensor, mode: str, units: float | None = None) 
         # token-mean: sum(l * mask) / sum(mask) over the whole minibatch
         return mean(loss, mask)
     len_B = mask.sum(-1)
+    if mode == "seq-mean-token-sum-norm":
+        if not isinstance(t_max, int) or isinstance(t_max, bool) or t_max < 1:
+            raise ValueError(f"{mode} needs t_max (max_new_tokens), a positive int; got {t_max!r}")
+        # sum(l * mask) / (B * T_max): each sequence's token sum / T_max, then the mean over sequences
+        seq_B = torch.where(mask > 0, loss * mask, 0.0).sum(-1) / t_max
+        return mean(seq_B, (len_B > 0).to(loss.dtype))
     # per sequence: sum_t(l * mask) / |y_i|
     seq_B = torch.where(mask > 0, loss * mask, 0.0).sum(-1) / torch.where(len_B > 0, len_B, 1.0)
     # seq-mean-token-mean: mean over non-empty sequences of their token means
@@ -303,14 +502,32 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
 # ----------------------------------------------------------------------------- entry point
 
 
-def _check(hp: dict, logp, old_logp, advantages, mask) -> None:
+def _positive(hp: dict, key: str, minimum: float = 0.0) -> None:
+    v = hp[key]
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (math.isfinite(v) and v > minimum):
+        raise ValueError(f"{key} must be a finite number > {minimum:g}, got {v!r}")
+
+
+def _check(spec: LossSpec, hp: dict, logp, old_logp, advantages, mask) -> None:
     eps_low, eps_high = hp["eps_low"], hp["eps_high"]
-    if eps_high is None or not (math.isfinite(eps_high) and eps_high >= 0):
-        raise ValueError(f"eps_high must be a finite float >= 0, got {eps_high!r}")
-    if eps_low is not None and not 0 <= eps_low < 1:
-        raise ValueError(f"eps_low must be None or in [0, 1), got {eps_low!r}")
+    if "eps_high" in spec.params:
+        if eps_high is None or not (math.isfinite(eps_high) and eps_high >= 0):
+            raise ValueError(f"eps_high must be a finite float >= 0, got {eps_high!r}")
+        if eps_low is not None and not 0 <= eps_low < 1:
+            raise ValueError(f"eps_low must be None or in [0, 1), got {eps_low!r}")
     if hp["dual_clip_c"] is not None and not hp["dual_clip_c"] > 1:
         raise ValueError(f"dual_clip_c must be None or > 1, got {hp['dual_clip_c']!r}")
+    for key in ("tau_pos", "tau_neg", "lam_pos", "lam_neg", "trunc_c"):
+        if key in spec.params:
+            _positive(hp, key)
+    for key in ("k_pos", "k_neg"):
+        if key in spec.params:
+            _positive(hp, key, minimum=-math.inf)
+    if "max_new_tokens" in spec.params:
+        t_max = hp.get("max_new_tokens")
+        if not isinstance(t_max, int) or isinstance(t_max, bool) or t_max < 1:
+            raise ValueError(f"{spec.name} needs max_new_tokens (the rollout's length cap, T_max), a positive int; "
+                             f"got {t_max!r}")
     if not hp["kl_coef"] >= 0:
         raise ValueError(f"kl_coef must be >= 0, got {hp['kl_coef']!r}")
     if hp["kl_estimator"] not in KL_ESTIMATORS:
@@ -329,22 +546,37 @@ def _check(hp: dict, logp, old_logp, advantages, mask) -> None:
 
 def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
                 rollout_logp: Tensor | None = None, correction: str = "none", correction_cap: float = 2.0,
-                units: float | None = None, **hparams) -> tuple[Tensor, dict[str, Tensor]]:
+                correction_min: float | None = None, correction_level: str = "unit",
+                opsm_threshold: float | None = None, units: float | None = None,
+                **hparams) -> tuple[Tensor, dict[str, Tensor]]:
     """Loss of algorithm ``name`` (a key of ``LOSSES``) and its detached 0-dim stats.
 
-    ``hparams``: ``eps_low``, ``eps_high``, ``dual_clip_c``, ``kl_coef``,
-    ``ref_logp``, ``kl_estimator``; missing ones take the spec's defaults.
+    ``hparams``: the keywords of ``HPARAMS`` the loss takes (its ``params``,
+    e.g. ``eps_low``, ``eps_high``, ``dual_clip_c``; ``tau_pos``, ``tau_neg``
+    for sapo; ``max_new_tokens`` for dr_grpo, required) and the KL ones
+    (``kl_coef``, ``ref_logp``, ``kl_estimator``); missing ones take the
+    loss's defaults. A keyword another loss takes may be passed as None; with
+    a value it is an error.
 
     ``correction`` (one of ``CORRECTIONS``) with ``rollout_logp`` (the
-    sampler's log-probs, (B, T)) weights the policy-gradient term per unit
-    (token, or sequence for gspo) by ``w = sg(exp(old_logp - rollout_logp))``:
-    tis by ``min(w, C)``, mis by 1 if ``1/C <= w <= C`` else 0, with ``C =
-    correction_cap`` (a finite float > 1). It then adds
-    ``mismatch/is_weight_mean`` (the raw ``w`` averaged over units, token units
-    mask-weighted, sequences: over non-empty ones) and
-    ``mismatch/corrected_frac`` (the same average of "truncated": ``w > C``
-    for tis, "masked": ``w < 1/C or w > C`` for mis). ``rollout_logp=None`` or
-    ``correction="none"``: no weight, no new stats, a bit-identical loss.
+    sampler's log-probs, (B, T)) weights the policy-gradient term per unit by
+    ``w = sg(exp(old_logp - rollout_logp))`` taken at ``correction_level``
+    ("unit": the loss's ratio unit, see ``UNIT_LEVELS``): tis by
+    ``clamp(w, C_min, C_max)``, mis by ``w`` if ``C_min <= w <= C_max`` else 0,
+    with ``C_max = correction_cap`` (a finite float > 1) and ``C_min =
+    correction_min`` (default: none for tis, ``1 / C_max`` for mis). It then
+    adds ``mismatch/is_weight_mean`` (the raw ``w`` averaged over its units,
+    tokens mask-weighted, sequences: over non-empty ones) and
+    ``mismatch/corrected_frac`` (the same average of truncated or masked).
+    ``rollout_logp=None`` or ``correction="none"``: no weight, no new stats, a
+    bit-identical loss.
+
+    ``opsm_threshold`` (off-policy sequence masking): the terms of a sequence
+    with ``A < 0`` and ``mean_t(rollout_logp - sg(logp)) > threshold`` are
+    zeroed (it stays in the denominator; ``old_logp`` stands in for a missing
+    ``rollout_logp``), and ``mismatch/opsm_frac`` is the fraction of
+    non-empty sequences dropped. With per-token advantages, the tokens with
+    ``A < 0`` of such a sequence.
 
     ``units``: ``agg_loss``'s divisor on W > 1 ranks; ``None`` on one process.
     """
@@ -354,45 +586,66 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
     if unknown:
         raise TypeError(f"unknown hparam(s) {unknown} for policy_loss; allowed: {', '.join(HPARAMS)}")
     spec = LOSSES[name]
-    hp = {"eps_low": spec.eps_low, "eps_high": spec.eps_high, "ref_logp": None,
-          **BASE_DEFAULTS, **hparams}
-    _check(hp, logp, old_logp, advantages, mask)
-    cap = check_correction(correction, correction_cap, rollout_logp, logp.shape)
+    foreign = sorted(k for k, v in hparams.items() if v is not None and k not in spec.params
+                     and k not in SHARED_HPARAMS)
+    if foreign:
+        raise ValueError(f"{name} does not take {', '.join(foreign)} (its parameters: "
+                         f"{', '.join(spec.params + SHARED_HPARAMS)})")
+    hp = {"eps_low": spec.eps_low, "eps_high": spec.eps_high, "ref_logp": None, "max_new_tokens": None,
+          **BASE_DEFAULTS, **dict(spec.defaults), **{k: v for k, v in hparams.items() if k in spec.params
+                                                    or k in SHARED_HPARAMS}}
+    _check(spec, hp, logp, old_logp, advantages, mask)
+    cap, floor = check_correction(correction, correction_cap, rollout_logp, logp.shape, correction_min,
+                                  correction_level)
+    if opsm_threshold is not None and (isinstance(opsm_threshold, bool) or not isinstance(
+            opsm_threshold, numbers.Real) or not math.isfinite(opsm_threshold)):
+        raise ValueError(f"opsm_threshold must be None or a finite float, got {opsm_threshold!r}")
 
     dtype = compute_dtype(logp.dtype)
     logp_BT = logp.to(dtype)  # (B, T), the only input that carries gradient
     old_logp_BT = old_logp.detach().to(dtype)  # (B, T)
     adv = advantages.detach().to(dtype)  # (B,) or (B, T)
     mask_BT = mask.to(dtype)  # (B, T)
-    eps_low, eps_high = hp["eps_low"], hp["eps_high"]
 
-    unit_loss, high_BT, low_BT = spec.fn(logp_BT, old_logp_BT, adv, mask_BT, eps_low=eps_low,
-                                         eps_high=eps_high, dual_clip_c=hp["dual_clip_c"])
-    corr_stats = {}
+    unit_loss, high_BT, low_BT = spec.fn(logp_BT, old_logp_BT, adv, mask_BT,
+                                         **{k: hp[k] for k in spec.params if k not in AGG_PARAMS})
+    extra_stats = {}
     if correction != "none" and rollout_logp is not None:
-        # w at the loss's ratio unit: per sequence for gspo, per token otherwise (gspo_token included)
-        unit = "sequence" if spec.ratio == "sequence" else "token"
-        w, unit_w = is_weights(old_logp_BT, rollout_logp.detach().to(dtype), mask_BT, unit)
-        # L_u <- min(w_u, C) L_u (tis) or [1/C <= w_u <= C] L_u (mis), before aggregation, KL untouched
-        unit_loss, corrected = apply_correction(unit_loss, w, correction, cap)
-        corr_stats = correction_stats(w, corrected, unit_w)
-    pg_loss = agg_loss(unit_loss, mask_BT, spec.aggregation, units)
+        level = UNIT_LEVELS[spec.ratio] if correction_level == "unit" else correction_level
+        w, unit_w = is_weights(old_logp_BT, rollout_logp.detach().to(dtype), mask_BT, level)
+        # L_u <- clamp(w_u, C_min, C_max) L_u (tis) or [C_min <= w_u <= C_max] w_u L_u (mis), KL untouched
+        unit_loss, corrected = apply_correction(unit_loss, w, correction, cap, floor, mask_BT)
+        extra_stats = correction_stats(w, corrected, unit_w)
+    if opsm_threshold is not None:
+        sampler_BT = old_logp_BT if rollout_logp is None else rollout_logp.detach().to(dtype)
+        off_B = off_policy_sequences(logp_BT, sampler_BT, mask_BT, float(opsm_threshold))
+        # drop the terms of an off-policy sequence with A < 0 (they stay in the denominator)
+        if unit_loss.dim() == 1:
+            drop = off_B & (adv < 0)
+            dropped_B = drop
+        else:
+            drop = off_B[:, None] & (_adv_BT(adv, mask_BT) < 0) & (mask_BT > 0)
+            dropped_B = drop.any(-1)
+        unit_loss = torch.where(drop, 0.0, unit_loss)
+        extra_stats["mismatch/opsm_frac"] = masked_mean(dropped_B.to(dtype), (mask_BT.sum(-1) > 0).to(dtype))
+    t_max = hp["max_new_tokens"]
+    pg_loss = agg_loss(unit_loss, mask_BT, spec.aggregation, units, t_max)
 
     kl_part = torch.zeros((), dtype=dtype, device=logp.device)
     if hp["kl_coef"] > 0:
         valid_BT = mask_BT > 0
         kl_BT = kl_penalty(torch.where(valid_BT, logp_BT, 0.0),
                            torch.where(valid_BT, hp["ref_logp"].to(dtype), 0.0), hp["kl_estimator"])
-        # the KL shares the algorithm's reduction; gspo's per-sequence loss has no tokens,
+        # the KL shares the algorithm's reduction; a per-sequence loss has no tokens,
         # so its KL is the seq-mean of per-sequence token means
         kl_mode = "seq-mean-token-mean" if spec.aggregation == "seq-mean" else spec.aggregation
         # loss += kl_coef * kl_agg
-        kl_part = hp["kl_coef"] * agg_loss(kl_BT, mask_BT, kl_mode, units)
+        kl_part = hp["kl_coef"] * agg_loss(kl_BT, mask_BT, kl_mode, units, t_max)
     loss = pg_loss + kl_part
 
     with torch.no_grad():
         stats = ratio_stats(logp_BT.detach(), old_logp_BT, mask_BT, high_BT, low_BT)
     stats["loss/policy"] = pg_loss.detach()
     stats["loss/kl"] = kl_part.detach()
-    stats.update(corr_stats)
+    stats.update(extra_stats)
     return loss, stats

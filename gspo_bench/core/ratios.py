@@ -18,7 +18,7 @@ import numbers
 
 import torch
 
-from gspo_bench.core.names import CORRECTIONS
+from gspo_bench.core.names import CORRECTION_LEVELS, CORRECTIONS
 
 Tensor = torch.Tensor
 
@@ -128,57 +128,100 @@ def mismatch_stats(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> dict
 # ----------------------------------------------------------------------------- mismatch corrections
 
 
-def check_correction(correction: str, cap, rollout_logp: Tensor | None, shape: torch.Size) -> float:
-    """Validate a correction request; returns the cap as a float."""
+def check_correction(correction: str, cap, rollout_logp: Tensor | None, shape: torch.Size, floor=None,
+                     level: str = "unit") -> tuple[float, float | None]:
+    """Validate a correction request; returns ``(C_max, C_min)``, ``C_min`` resolved (mis: ``1 / C_max`` when
+    not given; tis: None, no floor)."""
     if correction not in CORRECTIONS:
         raise ValueError(f"unknown correction {correction!r}; allowed: {CORRECTIONS}")
+    if level not in CORRECTION_LEVELS:
+        raise ValueError(f"unknown correction_level {level!r}; allowed: {CORRECTION_LEVELS}")
     if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not (math.isfinite(cap) and cap > 1.0):
         raise ValueError(f"correction_cap must be a finite float > 1, got {cap!r}")
+    if floor is not None and (isinstance(floor, bool) or not isinstance(floor, numbers.Real)
+                              or not (math.isfinite(floor) and 0.0 <= floor < cap)):
+        raise ValueError(f"correction_min must be None or a finite float in [0, correction_cap={cap}), got {floor!r}")
     if rollout_logp is not None and rollout_logp.shape != shape:
         raise ValueError(f"rollout_logp shape {tuple(rollout_logp.shape)} != logp shape {tuple(shape)}")
-    return float(cap)
+    if floor is None and correction == "mis":
+        floor = 1.0 / cap
+    return float(cap), None if floor is None else float(floor)
 
 
-def is_weights(old_logp_BT: Tensor, rollout_logp_BT: Tensor, mask_BT: Tensor, unit: str
+def is_weights(old_logp_BT: Tensor, rollout_logp_BT: Tensor, mask_BT: Tensor, level: str
                ) -> tuple[Tensor, Tensor]:
-    """The detached trainer/sampler importance weight at ``unit`` ("token" or "sequence").
+    """The detached trainer/sampler importance weight at ``level``: "token", "sequence" or "geometric".
 
-    Returns ``(w, unit_w)``: ``w`` is ``(B, T)`` for "token" (``w_t = rho_t``)
-    and ``(B,)`` for "sequence" (``w_i = exp(mean_t log rho_it)``); ``unit_w``
-    weights each unit in the statistics: the mask for tokens, 1 for each
-    non-empty sequence (0 for an empty one). Padding and empty rows get ``w = 1``.
+    Returns ``(w, unit_w)``: ``w`` is ``(B, T)`` for "token" (``w_t = rho_t``),
+    ``(B,)`` for "sequence" (``w_i = exp(sum_t log rho_it)``, the product over
+    the response) and "geometric" (``w_i = exp(mean_t log rho_it)``, length-normalised
+    like GSPO's ``s_i``); ``unit_w`` weights each unit in the statistics: the
+    mask for tokens, 1 for each non-empty sequence (0 for an empty one).
+    Padding and empty rows get ``w = 1``.
     """
-    if unit not in ("token", "sequence"):
-        raise ValueError(f"unit must be 'token' or 'sequence', got {unit!r}")
+    if level not in ("token", "sequence", "geometric"):
+        raise ValueError(f"level must be 'token', 'sequence' or 'geometric', got {level!r}")
     dtype = compute_dtype(torch.promote_types(old_logp_BT.dtype, rollout_logp_BT.dtype))
     mask_BT = mask_BT.to(dtype)
     # log rho = sg(old_logp) - sg(rollout_logp), zeroed at padding before anything exponentiates it
     log_rho_BT = torch.where(mask_BT > 0, old_logp_BT.detach().to(dtype) - rollout_logp_BT.detach().to(dtype), 0.0)
-    if unit == "token":
+    if level == "token":
         # w_t = rho_t = exp(log rho_t)
         return torch.exp(log_rho_BT), mask_BT
+    nonempty_B = (mask_BT.sum(-1) > 0).to(dtype)
+    if level == "sequence":
+        # w_i = exp(sum_t(log rho * mask)), the product of the token weights
+        return torch.exp((log_rho_BT * mask_BT).sum(-1)), nonempty_B
     # w_i = exp(sum_t(log rho * mask) / |y_i|), length-normalised like s_i
-    w_B = torch.exp(seq_logratio(log_rho_BT, mask_BT))
-    return w_B, (mask_BT.sum(-1) > 0).to(dtype)
+    return torch.exp(seq_logratio(log_rho_BT, mask_BT)), nonempty_B
 
 
-def apply_correction(unit_loss: Tensor, w: Tensor, mode: str, cap: float) -> tuple[Tensor, Tensor]:
-    """Weight a per-unit loss (same shape as ``w``) by ``tis`` or ``mis``; returns (loss, corrected).
+def apply_correction(unit_loss: Tensor, w: Tensor, mode: str, cap: float, floor: float | None = None,
+                     mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Weight a per-unit loss by ``tis`` or ``mis``; returns (loss, corrected), ``corrected`` shaped like ``w``.
 
-    ``corrected`` marks the units the correction changed: truncated (tis: ``w > C``)
-    or masked (mis: ``w`` outside ``[1/C, C]``, a NaN weight included). A masked
-    unit's term is 0 with no gradient, but it stays in the aggregation's denominator.
+    tis: ``L_u * clamp(w_u, C_min, C_max)`` (``floor`` None: no lower bound).
+    mis: ``L_u * w_u`` where ``C_min <= w_u <= C_max``, 0 elsewhere (a NaN weight
+    counts as outside); a masked unit's term is 0 with no gradient, but it stays
+    in the aggregation's denominator. ``corrected`` marks the units truncated or
+    masked. ``floor`` is required for mis (``check_correction`` resolves it).
+
+    ``w`` may be taken at another unit than the loss's: a per-sequence ``w``
+    ``(B,)`` on a per-token loss ``(B, T)`` weights every token of the sequence;
+    per-token weights ``(B, T)`` on a per-sequence loss ``(B,)`` (needs
+    ``mask``) weight the sequence's term by the token mean of their corrected
+    factors, as if the term were spread evenly over its tokens.
     """
     if mode not in ("tis", "mis"):
         raise ValueError(f"apply_correction needs 'tis' or 'mis', got {mode!r}")
     w = w.detach().to(unit_loss.dtype)
     if mode == "tis":
-        # tis: L_u <- min(w_u, C) * L_u
-        return torch.clamp(w, max=cap) * unit_loss, w > cap
-    # mis: the unit is dropped unless 1/C <= w_u <= C
-    dropped = ~((w >= 1.0 / cap) & (w <= cap))
-    # L_u <- 0 if dropped else L_u (where, not a product: a dropped inf term gives no NaN)
-    return torch.where(dropped, 0.0, unit_loss), dropped
+        # tis: factor = clamp(w, C_min, C_max)
+        factor = torch.clamp(w, min=floor, max=cap)
+        corrected = w > cap if floor is None else (w > cap) | (w < floor)
+        kept = None
+    else:
+        if floor is None:
+            raise ValueError("mis needs its lower bound (floor), e.g. 1 / cap")
+        # mis: the unit keeps its weight w when C_min <= w <= C_max, else it is dropped
+        kept = (w >= floor) & (w <= cap)
+        corrected = ~kept
+        factor = torch.where(kept, w, 0.0)
+    if w.dim() == 2 and unit_loss.dim() == 1:
+        if mask is None:
+            raise ValueError("per-token weights on a per-sequence loss need the mask")
+        # per-token factors on a sequence's term: their token mean over the response
+        factor = seq_logratio(torch.where(mask > 0, factor, 0.0), mask.to(factor.dtype))
+        kept = None if kept is None else factor != 0
+    elif w.dim() == 1 and unit_loss.dim() == 2:
+        # a per-sequence factor on every token of the sequence
+        factor, w = factor[:, None], w[:, None]
+        kept = None if kept is None else kept[:, None]
+    if kept is None:
+        # L_u <- factor_u * L_u
+        return factor * unit_loss, corrected
+    # L_u <- w_u * L_u if kept else 0 (where, not a product: a dropped inf term gives no NaN)
+    return torch.where(kept, factor * unit_loss, 0.0), corrected
 
 
 def correction_stats(w: Tensor, corrected: Tensor, unit_w: Tensor) -> dict[str, Tensor]:
@@ -187,3 +230,16 @@ def correction_stats(w: Tensor, corrected: Tensor, unit_w: Tensor) -> dict[str, 
         "mismatch/is_weight_mean": masked_mean(w.detach(), unit_w),
         "mismatch/corrected_frac": masked_mean(corrected.to(unit_w.dtype), unit_w),
     }
+
+
+def off_policy_sequences(logp_BT: Tensor, sampler_logp_BT: Tensor, mask_BT: Tensor, threshold: float) -> Tensor:
+    """Bool ``(B,)``: the non-empty sequences whose ``mean_t(sampler_logp - sg(logp))`` exceeds ``threshold``.
+
+    DeepSeek-V3.2's off-policy sequence masking (OPSM) drops those of them that have a negative advantage;
+    the mean estimates KL(sampler || current policy) on the tokens the sampler drew.
+    """
+    valid_BT = mask_BT > 0
+    # mean_t(roll_logp - sg(logp)) over the response
+    kl_B = seq_logratio(torch.where(valid_BT, sampler_logp_BT.detach() - logp_BT.detach(), 0.0),
+                        mask_BT.to(logp_BT.dtype))
+    return (kl_B > threshold) & valid_BT.any(-1)

@@ -133,6 +133,7 @@ class RolloutDataModule(L.LightningDataModule):
         sampler's precision differs (the mismatch is the point), or when the engine gives them for free
         (the fast engine and vLLM compute them anyway; ``generate`` would need every step's logits kept)."""
         return (self.s.old_logp_source == "rollout" or self.s.correction != "none" or self.s.dtype != "float32"
+                or self.s.opsm_threshold is not None
                 or self.s.staleness > 0 or self.engine_name() in ("fast", "compiled", "vllm"))
 
     # -- the engine --------------------------------------------------------------------------
@@ -260,8 +261,11 @@ class RolloutDataModule(L.LightningDataModule):
                 break
         gen = merge_generations(kept_gens, self.tokenizer.pad_token_id)
         scores, rewards = torch.cat(kept_scores), torch.cat(kept_rewards)
-        # A_i = (R_i - mean(R_group)) / (std(R_group) + 1e-6), population std
-        advantages = adv.group_zscore(rewards, G, scale=self.s.advantage_scale) if self.group_advantages else None
+        # A_i = (R_i - mean(R_group)) / (std(R_group) + 1e-6), population std, by default (baseline, scale: config)
+        advantages = None
+        if self.group_advantages:
+            advantages = adv.group_zscore(rewards, G, scale=self.s.advantage_scale, baseline=self.s.advantage_baseline,
+                                          all_sum=ddp.all_sum if self.world > 1 else None)
         gen_s = time.perf_counter() - t0
         lengths = gen.response_mask.sum(-1)
         # truncated: the response hit the cap without emitting eos (any of the ids the engine stops on)

@@ -67,7 +67,12 @@ def stabilisers(settings: Mapping | None) -> list[str]:
     loss = _get(settings, "resolved", "loss") or _get(settings, "loss") or {}
     found = []
     if ro.get("correction") not in (None, "none"):
-        found.append(f"{ro['correction'].upper()} correction (cap {_num(ro.get('correction_cap'))})")
+        level = ro.get("correction_level")
+        at = "" if level in (None, "unit") else f", {level} level"
+        floor = "" if ro.get("correction_min") is None else f", floor {_num(ro['correction_min'])}"
+        found.append(f"{ro['correction'].upper()} correction (cap {_num(ro.get('correction_cap'))}{floor}{at})")
+    if ro.get("opsm_threshold") is not None:
+        found.append(f"off-policy sequence masking (threshold {_num(ro['opsm_threshold'])})")
     replay = _get(settings, "moe", "routing_replay")
     if replay not in (None, "none"):
         found.append(f"routing replay {replay} (MoE models)")
@@ -83,6 +88,10 @@ def stabilisers(settings: Mapping | None) -> list[str]:
         found.append(f"overlong shaping (buffer {ro['overlong_buffer']} tokens)")
     if ro.get("advantage_scale") == "none":
         found.append("advantages without std scaling")
+    elif ro.get("advantage_scale") == "batch":
+        found.append("advantages scaled by the batch std")
+    if ro.get("advantage_baseline") == "leave_one_out":
+        found.append("leave-one-out baseline")
     if isinstance(loss.get("kl_coef"), (int, float)) and loss["kl_coef"] > 0:
         found.append(f"KL penalty {_num(loss['kl_coef'])} ({loss.get('kl_estimator', 'k3')})")
     if loss.get("dual_clip_c") is not None:
