@@ -10,6 +10,7 @@ from __future__ import annotations
 import lightning as L
 import torch
 
+from gspo_bench.core.losses import LOSSES
 from gspo_bench.core.ratios import mismatch_stats
 
 
@@ -78,7 +79,12 @@ class RatioSample(L.Callback):
         if len(token_t) > self.cap:  # real models: keep the file small, a uniform subsample tells the same story
             token_t = token_t[torch.randperm(len(token_t), generator=torch.Generator().manual_seed(0))[:self.cap]]
         hp = pl_module.hp
-        payload = {"algo": pl_module.name, "step": step, "eps_low": hp["eps_low"], "eps_high": hp["eps_high"],
+        # the band as offsets of the ratio r (none for a loss that bounds no ratio: SAPO's gate, DPPO's gap)
+        spec = LOSSES.get(pl_module.name)
+        eps_low, eps_high = hp.get("eps_low"), hp.get("eps_high")
+        if spec is not None:
+            eps_low, eps_high = spec.ratio_band(eps_low, eps_high)
+        payload = {"algo": pl_module.name, "step": step, "eps_low": eps_low, "eps_high": eps_high,
                    "token_log_ratio": [round(x, 6) for x in token_t.tolist()],
                    "seq_log_ratio": [round(x, 6) for x in seq_t.tolist()]}
         logger.experiment.log_dict(logger.run_id, payload, f"ratios/step_{step:04d}.json")

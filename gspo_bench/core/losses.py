@@ -106,6 +106,19 @@ class LossSpec:
     paper: str  # title + URL
     params: tuple[str, ...] = CLIP_PARAMS  # the keywords of HPARAMS the loss takes, beside SHARED_HPARAMS
     defaults: tuple[tuple[str, object], ...] = ()  # its own parameters' defaults (tau_pos, k_pos, trunc_c, ...)
+    band: str | None = "ratio"  # what eps_low / eps_high bound: the ratio, the log-ratio, a probability gap, or None
+
+    def ratio_band(self, eps_low: float | None, eps_high: float | None) -> tuple[float | None, float | None]:
+        """The trust band as offsets of the ratio r from 1 (what a ratio histogram draws): the offsets
+        themselves for a ratio band; exp of the bounds for a log-ratio band, (1 - e^-eps_low, e^eps_high - 1);
+        (None, None) when the loss bounds no ratio (a soft gate, a probability gap)."""
+        if self.band == "ratio":
+            return eps_low, eps_high
+        if self.band == "log-ratio":
+            # delta in [-eps_low, eps_high]  <=>  r in [exp(-eps_low), exp(eps_high)]
+            return (None if eps_low is None else 1 - math.exp(-eps_low),
+                    None if eps_high is None else math.exp(eps_high) - 1)
+        return None, None
 
     def defaults_text(self) -> str:
         """The defaults column of the README table and ``list``: the band (eps_low / eps_high), then its own."""
@@ -118,13 +131,14 @@ LOSSES: dict[str, LossSpec] = {}
 
 def register_loss(name: str, *, ratio: str, loss: str, aggregation: str, eps_low: float | None,
                   eps_high: float | None, paper: str, params: tuple[str, ...] = CLIP_PARAMS,
-                  defaults: dict | None = None) -> Callable[[Callable], Callable]:
+                  defaults: dict | None = None, band: str | None = "ratio") -> Callable[[Callable], Callable]:
     """Decorator: add the function below to ``LOSSES`` under ``name`` with its table facts.
 
     ``params``: the hyper-parameters it takes (keywords of ``HPARAMS``; the KL
     ones are every loss's), ``defaults`` the defaults of those beyond the band
     and the dual clip. ``dual_clip_c``, ``kl_coef`` and ``kl_estimator`` share
-    one default for every loss (``BASE_DEFAULTS``). A duplicate name is an error.
+    one default for every loss (``BASE_DEFAULTS``). ``band``: what its eps bound (``LossSpec.band``). A duplicate
+    name is an error.
     """
     if name in LOSSES:
         raise ValueError(f"loss {name!r} is already registered")
@@ -138,7 +152,7 @@ def register_loss(name: str, *, ratio: str, loss: str, aggregation: str, eps_low
 
     def add(fn: Callable) -> Callable:
         LOSSES[name] = LossSpec(name, fn, ratio, loss, aggregation, eps_low, eps_high, paper, tuple(params),
-                                tuple((defaults or {}).items()))
+                                tuple((defaults or {}).items()), band)
         return fn
 
     return add
@@ -275,6 +289,7 @@ def _by_sign(cond: Tensor, pos: float, neg: float, like: Tensor) -> Tensor:
 
 @register_loss("sapo", ratio="token", loss="-A (4 / tau) sigmoid(tau (r - 1))", aggregation="seq-mean-token-mean",
                eps_low=None, eps_high=None, params=("tau_pos", "tau_neg"), defaults={"tau_pos": 1.0, "tau_neg": 1.05},
+               band=None,
                paper="Soft Adaptive Policy Optimization, https://arxiv.org/abs/2511.20347")
 def sapo_loss(logp, old_logp, advantages, mask, *, tau_pos, tau_neg):
     """SAPO: a sigmoid gate on the token ratio instead of a hard clip. Returns (loss_BT, high_BT, low_BT).
@@ -299,6 +314,7 @@ def sapo_loss(logp, old_logp, advantages, mask, *, tau_pos, tau_neg):
 
 @register_loss("gmpo", ratio="sequence", loss="-A_i exp(mean_t sign(A_i) min(sign(A_i) delta, sign(A_i) "
                "clamp(delta)))", aggregation="seq-mean", eps_low=0.4, eps_high=0.4, params=("eps_low", "eps_high"),
+               band="log-ratio",
                paper="Geometric-Mean Policy Optimization, https://arxiv.org/abs/2507.20673")
 def gmpo_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high):
     """GMPO: the geometric mean of the clipped token ratios, clipped on the log-ratio ``[-eps_low, eps_high]``.
@@ -347,7 +363,7 @@ def luspo_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_clip
 
 @register_loss("vespo", ratio="sequence-product", loss="-sg(phi_i) A log p", aggregation="token-mean",
                eps_low=None, eps_high=None, params=("k_pos", "lam_pos", "k_neg", "lam_neg"),
-               defaults={"k_pos": 2.0, "lam_pos": 3.0, "k_neg": 3.0, "lam_neg": 2.0},
+               defaults={"k_pos": 2.0, "lam_pos": 3.0, "k_neg": 3.0, "lam_neg": 2.0}, band=None,
                paper="Variational Sequence-Level Soft Policy Optimization, https://arxiv.org/abs/2602.10693")
 def vespo_loss(logp, old_logp, advantages, mask, *, k_pos, lam_pos, k_neg, lam_neg):
     """VESPO: REINFORCE weighted by a gamma-shaped function of the sequence's product ratio, without gradient.
@@ -399,7 +415,7 @@ def _probs(logp, old_logp, mask):
 
 @register_loss("dppo_tv", ratio="token", loss="-A sg(min(r, c)) v log p, v: p - p_old within eps",
                aggregation="token-mean", eps_low=0.15, eps_high=0.15, params=("eps_low", "eps_high", "trunc_c"),
-               defaults={"trunc_c": 20.0}, paper=_DPPO_PAPER + " (DPPO, total variation)")
+               defaults={"trunc_c": 20.0}, band="probability", paper=_DPPO_PAPER + " (DPPO, total variation)")
 def dppo_tv_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, trunc_c):
     """DPPO-TV: a token keeps its truncated-IS gradient unless its probability moved more than the band allows
     in the direction the advantage pushes it. Returns (loss_BT, high_BT, low_BT)."""
@@ -412,7 +428,7 @@ def dppo_tv_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, trunc_c
 
 @register_loss("dppo_kl", ratio="token", loss="-A sg(min(r, c)) v log p, v: binary KL within eps",
                aggregation="token-mean", eps_low=0.05, eps_high=0.05, params=("eps_low", "eps_high", "trunc_c"),
-               defaults={"trunc_c": 20.0}, paper=_DPPO_PAPER + " (DPPO, binary KL)")
+               defaults={"trunc_c": 20.0}, band="probability", paper=_DPPO_PAPER + " (DPPO, binary KL)")
 def dppo_kl_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, trunc_c):
     """DPPO-KL: as DPPO-TV with the binary KL between Bernoulli(p_old) and Bernoulli(p) as the divergence.
     Returns (loss_BT, high_BT, low_BT)."""

@@ -169,8 +169,9 @@ def plot_ratios(payload: dict, path: Path, title: str) -> Path:
                 label=f"token r = exp(logp − old_logp)  ({len(r)} tokens, {inside_r:.1%} in band)")
         ax.hist(s[(s >= x0) & (s <= x1)], bins=bins, density=density, alpha=0.55, color="C3",
                 label=f"sequence s_i (GSPO)  ({len(s)} seqs, {inside_s:.1%} in band)")
-        ax.axvspan(band_lo if band_lo is not None else x0, band_hi if band_hi is not None else x1, color="C2",
-                   alpha=0.25, label=f"clip band [{_edge(1, eps_low, '−')}, {_edge(1, eps_high, '+')}]")
+        if band_lo is not None or band_hi is not None:  # a loss with no ratio band (a soft gate) draws none
+            ax.axvspan(band_lo if band_lo is not None else x0, band_hi if band_hi is not None else x1, color="C2",
+                       alpha=0.25, label=f"clip band [{_edge(1, eps_low, '−')}, {_edge(1, eps_high, '+')}]")
         for edge in (band_lo, band_hi):
             if edge is not None:
                 ax.axvline(edge, color="C2", linewidth=1.2)
