@@ -405,6 +405,7 @@ def run(cfg: RunConfig, log=print, keep_modules: bool = False, resume: bool = Fa
     with ``interrupts.Interrupted`` carrying the results so far."""
     quiet()
     uri = validate(cfg)
+    git_commit()  # the commit of the code this process loaded: asked now, not after a warm start's minutes
     cfg = ddp.fsdp_fallback(cfg, log)
     results: list[RunResult] = []
     try:
