@@ -5,7 +5,8 @@ run's model folder in Hugging Face format (the warm start's, or a ``--model``
 checkpoint), in ``rollout.dtype``. Before every rollout the weights it samples
 with are pushed into it in place (vLLM's ``reload_weights``; no disk), and
 its prefix cache is reset; a push is skipped when no weight changed since the
-last one (``torch`` counts in-place writes per tensor). The seconds spent are
+last one (``weights_version``: torch's write counters and each tensor's sum,
+since fused optimisers write without counting). The seconds spent are
 ``time/weight_sync``.
 
 Sampling: ``n = G`` completions per distinct prompt at the run's temperature,
@@ -103,9 +104,14 @@ def _repack_cpu_experts(model: torch.nn.Module) -> int:
 
 
 def weights_version(model: torch.nn.Module) -> tuple:
-    """Changes whenever any parameter or buffer of ``model`` is written in place (an optimiser step, a
-    cast's refresh, a checkpoint restore): the model's identity and torch's per-tensor write counters."""
-    return (id(model), sum(t._version for t in model.state_dict().values()))
+    """Changes whenever any parameter or buffer of ``model`` changes (an optimiser step, a cast's refresh, a
+    checkpoint restore): the model's identity, torch's per-tensor write counters, and each tensor's sum in
+    float64. The counters alone miss fused kernels: ``AdamW(fused=True)``, the trainer's, updates the weights
+    without counting the write, and a push skipped on the counters left vLLM sampling the first weights."""
+    state = model.state_dict()
+    # one read of the weights (no copy: the sum accumulates in float64), far cheaper than the push it may save
+    sums = torch.stack([t.detach().sum(dtype=torch.float64) for t in state.values()]).tolist() if state else []
+    return (id(model), sum(t._version for t in state.values()), tuple(sums))
 
 
 class VllmEngine:
