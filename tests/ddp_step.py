@@ -68,7 +68,7 @@ def main(out: str, *algos: str) -> None:
         "rollout": {"prompts_per_step": 4, "group_size": 4},
         "train": {"steps": 1, "minibatches": 8, "eval_prompts": 8, "eval_samples": 0, "progress": False,
                   "lr": 1e-3, "devices": world, "accelerator": "cpu"}})
-    task = load_task(cfg.task, seed, cfg.model, cfg.rollout.response_cap(), lambda *a: None)
+    task = load_task(cfg.task, seed, cfg.model, cfg.rollout.response_cap(), lambda *a: None, cfg.task_options)
     ws = warm_start(task, cfg.model, cfg.warmstart, seed, task.spec.max_new_tokens, progress=False,
                     log=lambda *a: None)
     from transformers import AutoTokenizer

@@ -339,3 +339,25 @@ def test_new_loss_and_rollout_fields_resolve():
     assert load_config("default").rollout.advantage_scale == AUTO
     batch = load_config("default", overrides={"rollout": {"advantage_scale": "batch"}})
     assert batch.resolve("dr_grpo", algorithms.get("dr_grpo").recipe, 8).rollout.advantage_scale == "batch"
+
+
+def test_set_task_field_is_the_task_options_section():
+    from gspo_bench.config import TaskOptions, load_config, parse_sets
+
+    over = parse_sets(["task=gsm8k", "task.path=/data/gsm8k", "task.chat=false", "task.params={name: socratic}"])
+    assert over == {"task": "gsm8k", "task_options": {"path": "/data/gsm8k", "chat": False,
+                                                      "params": {"name": "socratic"}}}
+    cfg = load_config("smoke", overrides=over)
+    assert cfg.task == "gsm8k" and cfg.task_options == TaskOptions("/data/gsm8k", {"name": "socratic"}, False)
+    with pytest.raises(ConfigError, match="task.chat=1 is not allowed"):
+        load_config("smoke", overrides={"task_options": {"chat": 1}})
+
+
+def test_task_options_left_at_null_stay_out_of_the_settings_digest():
+    from gspo_bench.config import load_config, to_dict
+    from gspo_bench.tracking.lifecycle import hashed_settings
+
+    flat = hashed_settings(to_dict(load_config("smoke")))
+    assert not any(k.startswith("task_options.") for k in flat)  # digests of older runs still match
+    flat = hashed_settings(to_dict(load_config("smoke", overrides={"task_options": {"chat": False}})))
+    assert flat["task_options.chat"] is False

@@ -57,7 +57,7 @@ def measure(out: str, steps: int) -> None:
                                                       "eval_every": 10_000, "eval_prompts": 2 * world,
                                                       "eval_samples": 0}})
     silent = lambda *a, **k: None  # noqa: E731
-    task = load_task(cfg.task, 0, cfg.model, cfg.rollout.response_cap(), silent)
+    task = load_task(cfg.task, 0, cfg.model, cfg.rollout.response_cap(), silent, cfg.task_options)
     ws = warm_start(task, cfg.model, cfg.warmstart, 0, task.spec.max_new_tokens, progress=False, log=silent)
     cls = algorithms.get("grpo")
     settings = cfg.resolve("grpo", cls.recipe, task.spec.max_new_tokens)

@@ -292,7 +292,7 @@ def run_bench(preset: str, config_files: tuple = (), overrides: dict | None = No
 
     cfg = cfg_for(None)
     quiet()
-    task = load_task(cfg.task, cfg.seeds[0], cfg.model, cfg.rollout.response_cap(), log)
+    task = load_task(cfg.task, cfg.seeds[0], cfg.model, cfg.rollout.response_cap(), log, cfg.task_options)
     ws = warm_start(task, cfg.model, cfg.warmstart, cfg.seeds[0], task.spec.max_new_tokens, progress=False, log=log)
     model = AutoModelForCausalLM.from_pretrained(ws.path, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(ws.path)

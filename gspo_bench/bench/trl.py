@@ -251,7 +251,7 @@ def compare(preset: str, config_files: tuple, overrides: dict, warmup: int, cycl
     trl = import_trl()
     cfg = load_config(preset, config_files, deep_merge(overrides, path_overrides("fast")))
     quiet()
-    task = load_task(cfg.task, cfg.seeds[0], cfg.model, cfg.rollout.response_cap(), log)
+    task = load_task(cfg.task, cfg.seeds[0], cfg.model, cfg.rollout.response_cap(), log, cfg.task_options)
     m = matched(cfg, algo, task.spec.max_new_tokens)
     ws = warm_start(task, cfg.model, cfg.warmstart, cfg.seeds[0], task.spec.max_new_tokens, progress=False, log=log)
     runs: dict[str, dict] = {}

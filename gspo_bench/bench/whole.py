@@ -43,7 +43,7 @@ def whole_benchmark(preset: str = "default", config_files: tuple = (), overrides
         cfg = load_config(preset, tuple(config_files), deep_merge(over, {"seeds": cfg.seeds[:1]}))
         seed = cfg.seeds[0]
         t0 = time.perf_counter()
-        task = load_task(cfg.task, seed, cfg.model, cfg.rollout.response_cap(), log)
+        task = load_task(cfg.task, seed, cfg.model, cfg.rollout.response_cap(), log, cfg.task_options)
         ws = warm_start(task, cfg.model, cfg.warmstart, seed, task.spec.max_new_tokens, progress=False, log=log)
         ws_s = time.perf_counter() - t0
         t1 = time.perf_counter()

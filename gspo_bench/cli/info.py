@@ -42,7 +42,13 @@ def list_command(args, console) -> int:
                            if v and k not in ("clip", "loss_defaults") and (k, v) != ("advantage_scale", "group")) or "-"
         t.add_row(s.name, cls.__name__, s.ratio, s.loss, s.aggregation, s.defaults_text(), recipe)
     console.print(t)
-    console.print("tasks:   " + ", ".join(f"{n} ({resolve_task_spec(n).description})" for n in builtin_tasks()))
+    def described(name: str) -> str:
+        try:
+            return f"{name} ({resolve_task_spec(name).description})"
+        except ImportError as e:  # its verifier's optional extra is not installed: listed, with how to get it
+            return f"{name} ({e})"
+
+    console.print("tasks:   " + ", ".join(described(n) for n in builtin_tasks()), soft_wrap=True)
     console.print("models:  " + ", ".join(f"{m.name} ({m.description})" for m in BUILTIN_MODELS.values())
                   + ", or any local path / hub id of a causal LM")
     console.print("presets (run --preset NAME; the stress scenarios are what `suite` runs):")

@@ -176,7 +176,7 @@ def warmstart_command(args, console) -> int:
         validate(load_config(args.preset, tuple(args.config), {**over, "model": {"name": m}}))
     quiet()
     rows = band(cfg.task, models, list(range(args.seeds)), cfg.warmstart, progress=not args.no_progress,
-                log=console.print)
+                log=console.print, options=cfg.task_options)
     table = Table(title=f"warm-start band: {cfg.task}, target {cfg.warmstart.target_pass1:.0%}")
     for col in ("model", "seed", "greedy pass@1", "steps", "seconds", "cached"):
         table.add_column(col)

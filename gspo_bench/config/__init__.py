@@ -15,11 +15,12 @@ config loads neither torch nor anything of the layers above.
 from gspo_bench.config.loading import (PRESET_DIR, deep_merge, flatten, load_config, load_yaml, parse_sets, presets,
                                        read_yaml, resolve_config_file, to_dict, yaml_file)
 from gspo_bench.config.sections import (AUTO, CollapseConfig, ConfigError, LossConfig, LossSettings, ModelConfig,
-                                        MoEConfig, Recipe, Resolved, RolloutConfig, RunConfig, TrackingConfig,
-                                        TrainConfig, WarmStartConfig)
+                                        MoEConfig, Recipe, Resolved, RolloutConfig, RunConfig, TaskOptions,
+                                        TrackingConfig, TrainConfig, WarmStartConfig)
 from gspo_bench.config.uris import DEFAULT_TRACKING_URI, resolve_tracking_uri
 
 __all__ = ["AUTO", "DEFAULT_TRACKING_URI", "PRESET_DIR", "CollapseConfig", "ConfigError", "LossConfig", "LossSettings",
-           "ModelConfig", "MoEConfig", "Recipe", "Resolved", "RolloutConfig", "RunConfig", "TrackingConfig", "TrainConfig",
+           "ModelConfig", "MoEConfig", "Recipe", "Resolved", "RolloutConfig", "RunConfig", "TaskOptions",
+           "TrackingConfig", "TrainConfig",
            "WarmStartConfig", "deep_merge", "flatten", "load_config", "load_yaml", "parse_sets", "presets", "read_yaml",
            "resolve_config_file", "resolve_tracking_uri", "to_dict", "yaml_file"]

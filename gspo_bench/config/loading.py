@@ -15,7 +15,8 @@ from typing import Any, Union
 import yaml
 
 from gspo_bench.config.sections import (CollapseConfig, ConfigError, LossConfig, ModelConfig, MoEConfig,
-                                        RolloutConfig, RunConfig, TrackingConfig, TrainConfig, WarmStartConfig, _choice)
+                                        RolloutConfig, RunConfig, TaskOptions, TrackingConfig, TrainConfig,
+                                        WarmStartConfig, _choice)
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
 
@@ -74,7 +75,8 @@ def _build(cls, data: dict, where: str):
 
 def _section_type(cls, name: str):
     hints = {"model": ModelConfig, "warmstart": WarmStartConfig, "rollout": RolloutConfig, "loss": LossConfig,
-             "train": TrainConfig, "collapse": CollapseConfig, "moe": MoEConfig, "tracking": TrackingConfig}
+             "train": TrainConfig, "collapse": CollapseConfig, "moe": MoEConfig, "tracking": TrackingConfig,
+             "task_options": TaskOptions}
     return hints.get(name) if cls is RunConfig else None
 
 
@@ -171,7 +173,8 @@ def parse_sets(items: list[str] | tuple[str, ...]) -> dict:
     """``--set KEY=VALUE`` items as the nested overrides ``load_config`` takes.
 
     KEY is ``section.field`` for a field of a RunConfig section (``rollout.temperature``, ``loss.eps_high``)
-    or a top-level field (``task``, ``seeds``, ``algos``). VALUE is read by ``load_yaml`` as one YAML value,
+    or a top-level field (``task``, ``seeds``, ``algos``); ``task.FIELD`` is ``task_options.FIELD``
+    (``task.path``, ``task.chat``). VALUE is read by ``load_yaml`` as one YAML value,
     so ``3e-4``, ``null``, ``true`` and ``[0, 1]`` are a float, None, a bool and a list; quote to force a
     string (``model.name="'123'"``). A later item for the same KEY wins. A missing ``=``, an unknown section
     or field, or a value whose type the field does not take is a ConfigError naming the key; the values
@@ -188,6 +191,8 @@ def parse_sets(items: list[str] | tuple[str, ...]) -> dict:
         if not eq or not key:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. rollout.temperature=0.7")
         head, _, name = key.partition(".")
+        if head == "task" and name:  # task.path, task.chat, ...: the task's options (the top-level task is its name)
+            head = "task_options"
         if head == "preset" and not name:
             raise ConfigError(f"--set {key_s}: choose the preset with --preset NAME")
         if head in sections:

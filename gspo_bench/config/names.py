@@ -6,3 +6,5 @@ REPLAY_MODES = ("none", "r2", "r3")
 """``moe.routing_replay`` (``rollout/routing.py``)."""
 ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
 """``rollout.dtype`` (``rollout/precision.py``)."""
+CHAT_MODES = ("auto", True, False)
+"""``task.chat`` and a task spec's ``chat`` (``tasks/prompts.py`` says what each does)."""

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from gspo_bench.config.names import ENGINES, REPLAY_MODES, ROLLOUT_DTYPES
+from gspo_bench.config.names import CHAT_MODES, ENGINES, REPLAY_MODES, ROLLOUT_DTYPES
 from gspo_bench.config.resolved import LossSettings, Recipe, Resolved
 from gspo_bench.core.names import (ADVANTAGE_BASELINES, ADVANTAGE_SCALES, CORRECTION_LEVELS, CORRECTIONS,
                                    KL_ESTIMATORS)
@@ -373,6 +373,32 @@ class MoEConfig:
 
 
 @dataclass
+class TaskOptions:
+    """Settings over the task spec's own (``--set task.FIELD=...`` is short for ``task_options.FIELD``);
+    null = the spec's value."""
+
+    path: Union[str, None] = None
+    """Where the task's data is (the spec's ``params.path``): a data file (kind file), a local directory, a
+    ``save_to_disk`` folder or a hub id in the local cache (kind hf)."""
+    params: Union[dict, None] = None
+    """More of the spec's ``params``, merged over them (e.g. ``{name: socratic, n_eval: 200}``)."""
+    chat: Union[bool, str, None] = None
+    """Prompts through the tokenizer's chat template: auto (when the tokenizer has one) | true (it must) |
+    false (raw text)."""
+    system: Union[str, None] = None
+    """System message put before each prompt when the chat template renders it."""
+
+    def __post_init__(self):
+        _check(self.chat is None or isinstance(self.chat, bool) or self.chat == CHAT_MODES[0],
+               f"task.chat={self.chat!r} is not allowed (allowed: auto, true, false)")
+        _check(self.path is None or (isinstance(self.path, str) and self.path.strip() != ""),
+               f"task.path={self.path!r} must be a non-empty path or hub id, or null")
+        _check(self.params is None or isinstance(self.params, dict),
+               f"task.params={self.params!r} must be a mapping of spec params, or null")
+        _check(self.system is None or isinstance(self.system, str), f"task.system={self.system!r} must be text")
+
+
+@dataclass
 class TrackingConfig:
     tracking_uri: Union[str, None] = None
     """MLflow URI; default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db in the working directory."""
@@ -411,6 +437,7 @@ class RunConfig:
     every one)."""
     task: str = "arith"
     """Built-in task name or a task spec YAML path."""
+    task_options: TaskOptions = field(default_factory=TaskOptions)
     seeds: list[int] = field(default_factory=lambda: [0])
     """One run per algorithm per seed."""
     model: ModelConfig = field(default_factory=ModelConfig)

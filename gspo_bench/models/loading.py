@@ -21,10 +21,15 @@ FALLBACK_CONTEXT = 4096  # a model that states no context length
 
 
 def hub_cache_dir() -> Path:
-    """The local Hugging Face hub cache: $HF_HUB_CACHE, else huggingface_hub's default (read at call time)."""
+    """The local Hugging Face hub cache, read at call time: $HF_HUB_CACHE, else $HF_HOME/hub, else
+    huggingface_hub's default."""
     from huggingface_hub import constants
 
-    return Path(os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE).expanduser()
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return Path(constants.HF_HUB_CACHE).expanduser()
 
 
 def check_model_dir(path: Path) -> None:

@@ -1,7 +1,9 @@
 """Tasks: data plus a pure ``verify(completion, answer) -> float``.
 
 ``task.py`` reads a task spec (YAML) and builds its train/eval splits;
-``generators.py`` makes or loads the data by ``kind``; ``verifiers.py`` holds
+``generators.py`` makes or loads the data by ``kind`` (``hub.py``: kind ``hf``,
+Hugging Face data sets read offline); ``prompts.py`` renders prompts raw or
+through the tokenizer's chat template; ``verifiers.py`` holds
 the pure reward functions; ``sandbox.py`` runs them under a time limit. Both
 registries take a new kind or verifier as one decorated function.
 

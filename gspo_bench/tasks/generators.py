@@ -33,7 +33,7 @@ def register_generator(*names: str):
     return deco
 
 
-def _check_sizes(kind: str, n_train: int, n_eval: int) -> None:
+def check_sizes(kind: str, n_train: int, n_eval: int) -> None:
     if n_eval < 1 or n_train < 0:
         raise ValueError(f"{kind} needs n_eval >= 1 and n_train >= 0, got n_eval={n_eval}, n_train={n_train}")
 
@@ -111,7 +111,7 @@ def generate_arith(
     """
     if not 1 <= min_digits <= max_digits:
         raise ValueError(f"arith needs 1 <= min_digits <= max_digits, got {min_digits}, {max_digits}")
-    _check_sizes("arith", n_train, n_eval)
+    check_sizes("arith", n_train, n_eval)
     lo = 0 if min_digits == 1 else 10 ** (min_digits - 1)
     hi = 10**max_digits - 1
     space = (hi - lo + 1) ** 2
@@ -211,7 +211,7 @@ def generate_countdown(
                          f"max_number={max_number}, min_target={min_target}, max_target={max_target}")
     if not ops or set(ops) - set(_OPS):
         raise ValueError(f"countdown ops={ops!r} must be a non-empty subset of '+-*/'")
-    _check_sizes("countdown", n_train, n_eval)
+    check_sizes("countdown", n_train, n_eval)
     rng = random.Random(seed)
 
     def draw():
@@ -334,7 +334,7 @@ def load_file(
             remove_columns=ds.column_names,
         )
 
-    _check_sizes("file", 0, n_eval)
+    check_sizes("file", 0, n_eval)
     train = load(path)
     if eval_path:
         return train, load(eval_path)

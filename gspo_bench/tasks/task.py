@@ -9,20 +9,26 @@ one entry to a registry.
 
 Every data set has the columns ``prompt``, ``answer`` (what the verifier
 compares against) and ``target`` (the supervised completion the warm start
-trains on).
+trains on). Given the model, ``load_task`` renders the prompts as the model
+will see them (raw, or through its chat template: ``prompts.py``) and drops
+the rows it cannot take (``fit_to_model``); every later reader of a prompt
+(warm start, rollouts, evaluation) reads that one rendering.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import datasets
 
+from gspo_bench.config import TaskOptions
 from gspo_bench.config.loading import yaml_file
+from gspo_bench.tasks.hub import load_hf, locate
 from gspo_bench.tasks.generators import (
     GENERATORS,
     check_data_file,
@@ -35,6 +41,7 @@ from gspo_bench.tasks.generators import (
     register_generator,
 )
 from gspo_bench.paths import builtin_dir
+from gspo_bench.tasks.prompts import render_prompts, rendering_key, uses_chat
 from gspo_bench.tasks.sandbox import DEFAULT_TIMEOUT, VerifierSandbox
 from gspo_bench.tasks.verifiers import (
     VERIFIER_REQUIRES,
@@ -76,10 +83,19 @@ class TaskSpec:
     max_prompt_tokens: int | None = None
     """Rows whose prompt is longer are dropped (``fit_to_model``); null = the model's context minus the
     response cap. The model's context bounds it either way."""
+    chat: Union[bool, str] = "auto"
+    """Prompts through the tokenizer's chat template: auto (when it has one) | true (it must) | false (raw);
+    ``prompts.py`` has the rules."""
+    system: str | None = None
+    """System message before each prompt when the chat template renders it."""
 
     def __post_init__(self):
         self.params = self.params or {}
         self.verifier_params = self.verifier_params or {}
+        if not (isinstance(self.chat, bool) or self.chat == "auto"):
+            raise ValueError(f"task {self.name!r}: chat={self.chat!r} is not allowed (allowed: auto, true, false)")
+        if self.system is not None and not isinstance(self.system, str):
+            raise ValueError(f"task {self.name!r}: system={self.system!r} must be text")
         m = self.max_prompt_tokens
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
             raise ValueError(f"task {self.name!r}: max_prompt_tokens={m!r} must be a positive int or null")
@@ -115,6 +131,9 @@ class Task:
     spec: TaskSpec
     train: datasets.Dataset
     eval: datasets.Dataset
+    prompt_format: str | None = None
+    """None: the prompts are the data's own text; else a digest of the chat template (and system message)
+    they were rendered with (``prompts.rendering_key``), which the warm-start cache key carries."""
 
     @property
     def name(self) -> str:
@@ -139,8 +158,9 @@ def builtin_tasks() -> dict[str, Path]:
     return {p.stem: p for p in sorted((builtin_dir("tasks")).glob("*.yaml"))}
 
 
-def resolve_task_spec(ref: str) -> TaskSpec:
-    """A built-in task name or a path to a spec YAML file."""
+def resolve_task_spec(ref: str, options: TaskOptions | None = None) -> TaskSpec:
+    """A built-in task name or a path to a spec YAML file, with ``options`` (``--set task.FIELD=...``) over
+    its own values."""
     known = builtin_tasks()
     if ref in known:
         path = known[ref]
@@ -165,14 +185,33 @@ def resolve_task_spec(ref: str) -> TaskSpec:
             if beside.exists():
                 params[key] = str(beside)
     try:
-        return TaskSpec(**raw)
+        spec = TaskSpec(**raw)
     except TypeError as e:
         raise ValueError(f"task spec {path}: {e}") from None
+    return with_options(spec, options) if options is not None else spec
+
+
+def with_options(spec: TaskSpec, options: TaskOptions) -> TaskSpec:
+    """The spec with the run's task options over its own values (a relative ``path`` is the caller's, from
+    the working directory); checked again like any spec."""
+    params = {**spec.params, **(options.params or {})}
+    if options.path is not None:
+        params["path"] = options.path
+    return dataclasses.replace(spec, params=params,
+                               chat=spec.chat if options.chat is None else options.chat,
+                               system=spec.system if options.system is None else options.system)
 
 
 def check_task_data(spec: TaskSpec) -> None:
     """A file task's data files, checked cheaply (``generators.check_data_file``) with the generator's own
-    defaults for the fields, so nothing here restates them; other kinds generate their data and pass."""
+    defaults for the fields, so nothing here restates them; a data-set task's data set found on this machine
+    (``hub.locate``, no data read); other kinds generate their data and pass."""
+    if GENERATORS[spec.kind] is load_hf:
+        try:
+            locate(spec.params["path"], spec.params.get("name"))
+        except ValueError as e:
+            raise ValueError(f"task {spec.name!r}: {e}") from None
+        return
     if GENERATORS[spec.kind] is not load_file:
         return
     args = inspect.signature(load_file).bind(0, **spec.params)
@@ -189,11 +228,27 @@ def check_task_data(spec: TaskSpec) -> None:
                 raise ValueError(f"task {spec.name!r}: {e}") from None
 
 
-def load_task(ref: str, seed: int, model=None, max_new_tokens: int | None = None, log=print) -> Task:
-    """The spec and its train / eval data; any failure to read the data is a one-line ValueError naming the
-    task (a missing, empty, malformed or non-UTF-8 file is the user's input, not a bug to show a traceback of).
-    With ``model`` (a ``ModelConfig``), the rows that model cannot take are dropped (``fit_to_model``)."""
-    spec = resolve_task_spec(ref)
+def check_chat(spec: TaskSpec, model) -> None:
+    """``chat: true`` asks for a chat template: the model's tokenizer (``model``, a ``ModelConfig``) must have
+    one, checked before any work; ``auto`` and ``false`` always work and need no tokenizer here."""
+    if spec.chat is not True:
+        return
+    from gspo_bench.models import tokenizer_and_context
+
+    tok, _ = tokenizer_and_context(model.name, model.trust_remote_code)
+    try:
+        uses_chat(True, tok)
+    except ValueError as e:
+        raise ValueError(f"task {spec.name!r}: {e} (model {model.name!r})") from None
+
+
+def load_task(ref: str, seed: int, model=None, max_new_tokens: int | None = None, log=print,
+              options: TaskOptions | None = None) -> Task:
+    """The spec (with ``options`` over it) and its train / eval data; any failure to read the data is a
+    one-line ValueError naming the task (a missing, empty, malformed or non-UTF-8 file is the user's input, not
+    a bug to show a traceback of). With ``model`` (a ``ModelConfig``), the prompts are rendered for that
+    model's tokenizer (``render_for``) and the rows it cannot take are dropped (``fit_to_model``)."""
+    spec = resolve_task_spec(ref, options)
     try:
         train, eval_ = GENERATORS[spec.kind](seed, **spec.params)
     except ValueError as e:  # the generator's own check: say which task it is about
@@ -211,7 +266,22 @@ def load_task(ref: str, seed: int, model=None, max_new_tokens: int | None = None
     from gspo_bench.models import tokenizer_and_context
 
     tok, context = tokenizer_and_context(model.name, model.trust_remote_code)
-    return fit_to_model(task, tok, context, max_new_tokens or spec.max_new_tokens, log)
+    return fit_to_model(render_for(task, tok), tok, context, max_new_tokens or spec.max_new_tokens, log)
+
+
+def render_for(task: Task, tok) -> Task:
+    """The task with its prompts as ``tok``'s model sees them (``prompts.render_prompts``: raw, or through the
+    chat template per ``spec.chat``); a bad ``chat`` / template is a one-line ValueError naming the task."""
+    try:
+        key = rendering_key(tok, task.spec.chat, task.spec.system)
+        if key is None:
+            return task
+        splits = [split.remove_columns("prompt").add_column(
+            "prompt", render_prompts(list(split["prompt"]), tok, task.spec.chat, task.spec.system))
+            for split in (task.train, task.eval)]
+    except ValueError as e:
+        raise ValueError(f"task {task.name!r}: {e}") from None
+    return Task(task.spec, *splits, prompt_format=key)
 
 
 def fit_to_model(task: Task, tok, context: int, max_new_tokens: int, log=print) -> Task:
@@ -262,4 +332,5 @@ def fit_to_model(task: Task, tok, context: int, max_new_tokens: int, log=print) 
     if not kept["train"] or not kept["eval"]:
         raise ValueError(f"task {task.name!r}: no {'train' if not kept['train'] else 'eval'} row fits the model "
                          f"(prompt <= {P} tokens, prompt + answer <= {context})")
-    return Task(task.spec, task.train.select(kept["train"]), task.eval.select(kept["eval"]))
+    return Task(task.spec, task.train.select(kept["train"]), task.eval.select(kept["eval"]),
+                task.prompt_format)

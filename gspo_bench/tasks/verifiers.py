@@ -279,7 +279,8 @@ def verify_math(completion: str, answer: str) -> float:
     """1.0 when ``math-verify`` finds the completion's answer equivalent to the reference.
 
     Needs the optional extra: ``pip install 'gspo-bench[math]'``. A GSM8K-style
-    reference is cut to what follows its last ``####`` first. Runs call it
+    reference is cut to what follows its last ``####`` first; a reference with no
+    ``$``, ``\\(``, ``\\[`` or ``\\boxed`` is wrapped in ``$...$``. Runs call it
     in the verifier worker (``sandbox.py``), whose time limit (1 s by
     default) holds even where math-verify's own SIGALRM timeout (5 s, main
     thread only) cannot, e.g. inside one huge ``9**9**9**9``.
@@ -291,6 +292,10 @@ def verify_math(completion: str, answer: str) -> float:
     on_main = threading.current_thread() is threading.main_thread()
     timeout = 5 if on_main else None
     ref = answer.rsplit("####", 1)[1].strip() if "####" in answer else answer
+    if not any(mark in ref for mark in ("$", "\\boxed", "\\(", "\\[")):
+        # a bare reference (MATH-500's answer column: "\left( 3, \frac{\pi}{2} \right)") is read as math: bare,
+        # math-verify would take that tuple for its first number, 3
+        ref = f"${ref}$"
     try:
         gold = parse(ref, parsing_timeout=timeout)
         pred = parse(completion, parsing_timeout=timeout)

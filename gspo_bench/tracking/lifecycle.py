@@ -35,10 +35,12 @@ NOT_HASHED = ("tracking.", "train.progress", "train.checkpoint_every", "resolved
 
 
 def hashed_settings(resolved: dict) -> dict:
-    """A run's resolved settings, flat (``train.lr``), without the ones in ``NOT_HASHED``."""
+    """A run's resolved settings, flat (``train.lr``), without the ones in ``NOT_HASHED``; a task option left
+    at null (the spec's own) stays out, so the digests of runs made before the options existed still match."""
     from gspo_bench.config import flatten
 
-    return {k: v for k, v in flatten(resolved).items() if not k.startswith(NOT_HASHED)}
+    return {k: v for k, v in flatten(resolved).items()
+            if not k.startswith(NOT_HASHED) and not (k.startswith("task_options.") and v is None)}
 
 
 def config_digest(resolved: dict) -> str:

@@ -42,7 +42,7 @@ from gspo_bench.tracking.redact import redact, redact_nested
 from gspo_bench.rollout.datamodule import RolloutDataModule
 from gspo_bench.rollout.engine import resolve_engine
 from gspo_bench.tasks import load_task, resolve_task_spec
-from gspo_bench.tasks.task import check_task_data
+from gspo_bench.tasks.task import check_chat, check_task_data
 from gspo_bench.tracking.provenance import git_commit, machine
 from gspo_bench.tracking.ui import NOTE_TAG, mark_experiment, run_description
 from gspo_bench.train.warmstart import WarmStart, warm_start
@@ -122,9 +122,11 @@ def validate(cfg: RunConfig) -> str:
             raise ConfigError(f"unknown algorithm {algo!r} (allowed: {', '.join(algorithms.names())})")
     ddp.check_processes(cfg)
     try:
-        check_task_data(resolve_task_spec(cfg.task))  # its data files, cheaply, before any warm start
+        spec = resolve_task_spec(cfg.task, cfg.task_options)
+        check_task_data(spec)  # its data files or data set, cheaply, before any warm start
         classify_model_ref(cfg.model.name)
-    except ValueError as e:
+        check_chat(spec, cfg.model)
+    except (ValueError, ImportError) as e:  # ImportError: the task's verifier needs an extra not installed
         raise ConfigError(str(e)) from None
     check_vllm(cfg)
     uri = tracking_uri(cfg)
@@ -411,7 +413,7 @@ def run(cfg: RunConfig, log=print, keep_modules: bool = False, resume: bool = Fa
     try:
         for seed in cfg.seeds:
             try:
-                task = load_task(cfg.task, seed, cfg.model, cfg.rollout.response_cap(), log)
+                task = load_task(cfg.task, seed, cfg.model, cfg.rollout.response_cap(), log, cfg.task_options)
             except ValueError as e:  # bad data: one line before any warm start or MLflow run
                 raise ConfigError(str(e)) from None
             try:

@@ -46,7 +46,7 @@ from filelock import FileLock
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gspo_bench import tables
-from gspo_bench.config import ModelConfig, WarmStartConfig
+from gspo_bench.config import ModelConfig, TaskOptions, WarmStartConfig
 from gspo_bench.rollout.engine import generate
 from gspo_bench.models import build_builtin, classify_model_ref, load_pretrained
 from gspo_bench.paths import cache_dir
@@ -67,13 +67,17 @@ class WarmStart:
 def cache_key(task: Task, model_cfg: ModelConfig, ws: WarmStartConfig, seed: int) -> str:
     payload = {
         "v": CACHE_VERSION,
-        # a field left at its default (null) stays out, so keys made before it existed still match
-        "task": {k: v for k, v in asdict(task.spec).items() if not (k == "max_prompt_tokens" and v is None)},
+        # a field left at its default (null) stays out, so keys made before it existed still match; chat and
+        # system count through what they did to the prompts (prompt_format, below), not as written
+        "task": {k: v for k, v in asdict(task.spec).items()
+                 if not (k == "max_prompt_tokens" and v is None) and k not in ("chat", "system")},
         "model": model_cfg.name,
         "dtype": model_cfg.dtype,
         "warmstart": asdict(ws),
         "seed": seed,
     }
+    if task.prompt_format is not None:  # prompts rendered through a chat template: its digest
+        payload["prompt_format"] = task.prompt_format
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
     slug = Path(model_cfg.name).name.replace("/", "_")
     return f"{task.name}-{slug}-s{seed}-{digest}"
@@ -247,14 +251,14 @@ class BandRow:
 
 
 def band(task_ref: str, models: list[str], seeds: list[int], ws: WarmStartConfig, progress: bool = False,
-         log=print) -> list[BandRow]:
+         log=print, options: TaskOptions | None = None) -> list[BandRow]:
     """Warm start (or load) every model x seed with the same config: where does greedy pass@1 land?"""
     from gspo_bench.tasks import load_task
 
     rows = []
     for model in models:
         for seed in seeds:
-            task = load_task(task_ref, seed, ModelConfig(name=model), log=log)
+            task = load_task(task_ref, seed, ModelConfig(name=model), log=log, options=options)
             w = warm_start(task, ModelConfig(name=model), ws, seed, task.spec.max_new_tokens, progress, log=log)
             rows.append(BandRow(model, seed, w.pass1, w.steps, w.seconds, w.cached))
     return rows

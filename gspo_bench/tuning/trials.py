@@ -101,7 +101,7 @@ def prepare(req: TuneRequest, cfg: RunConfig, uri: str, storage, log) -> Shared:
     client = mlflow.MlflowClient(uri)
     mark_experiment(client, exp_id)  # the UI opens it on runs and charts
     seed = cfg.seeds[0]
-    task = load_task(cfg.task, seed, cfg.model, cfg.rollout.response_cap(), log)
+    task = load_task(cfg.task, seed, cfg.model, cfg.rollout.response_cap(), log, cfg.task_options)
     ws = warm_start(task, cfg.model, cfg.warmstart, seed, task.spec.max_new_tokens, progress=cfg.train.progress,
                     log=log)
     if ws.cached:
