@@ -205,15 +205,24 @@ def test_run_all_algorithms_smoke_with_the_vllm_engine_finishes_and_logs_the_syn
     from gspo_bench import algorithms
 
     assert sorted(r.data.tags["algo"] for r in runs) == sorted(algorithms.names())
+    moved_then_pushed = 0
     for r in runs:
         assert r.info.status == "FINISHED" and r.data.params["rollout.engine"] == "vllm"
-        syncs = client.get_metric_history(r.info.run_id, "time/weight_sync")
-        assert [m.step for m in syncs] == [1, 2, 3]
-        # every rollout follows a step that moved the weights (the first, the warm start's): each one pushed
-        assert all(m.value > 0 for m in syncs), [m.value for m in syncs]
+
+        def history(key):
+            return [m.value for m in sorted(client.get_metric_history(r.info.run_id, key), key=lambda m: m.step)]
+
+        syncs, grads = history("time/weight_sync"), history("train/grad_norm")
+        assert len(syncs) == 3 and syncs[0] > 0  # the warm start's weights, pushed before the step-0 eval
+        # a later rollout pushes exactly when the step before it moved the weights (smoke rewards are often all
+        # 0, so a step may not move them; the trainer's fused AdamW writes without torch counting the write)
+        for k in (1, 2):
+            assert (syncs[k] > 0) == (grads[k - 1] > 0), (r.data.tags["algo"], syncs, grads)
+            moved_then_pushed += grads[k - 1] > 0
         # vLLM samples the weights the trainer holds: its log-probs equal the trainer's recompute at every step
-        gaps = client.get_metric_history(r.info.run_id, "mismatch/abs_diff_max")
-        assert [m.step for m in gaps] == [1, 2, 3] and max(m.value for m in gaps) < 1e-3, [m.value for m in gaps]
+        gaps = history("mismatch/abs_diff_max")
+        assert len(gaps) == 3 and max(gaps) < 1e-3, (r.data.tags["algo"], gaps)
+    assert moved_then_pushed > 0  # some step moved the weights, so the checks above had something to catch
 
 
 @pytest.mark.slow
