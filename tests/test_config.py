@@ -177,6 +177,25 @@ def test_config_error_is_a_value_error():
     assert issubclass(ConfigError, ValueError)
 
 
+@pytest.mark.parametrize("name, model", [("gpu-dense", "dense-0.5b"), ("gpu-moe", "moe-0.16b")])
+def test_gpu_presets(name, model):
+    cfg = load_config(name)
+    assert cfg.preset == name and cfg.model.name == model and cfg.task == "arith"
+    assert (cfg.rollout.engine, cfg.rollout.dtype, cfg.model.dtype) == ("vllm", "bfloat16", "float32")
+    assert cfg.train.precision == "bf16-mixed"  # bfloat16 autocast over float32 master weights
+    assert (cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens) == (64, 8, 256)
+    assert cfg.warmstart.enabled is False  # the tiny models' pass@1 band says nothing about these
+    # a CPU cut-size run overrides what it must
+    small = load_config(name, overrides=parse_sets(["train.precision=32-true", "rollout.prompts_per_step=2"]))
+    assert (small.train.precision, small.rollout.prompts_per_step) == ("32-true", 2)
+
+
+def test_train_precision_is_one_of_lightnings_names():
+    assert load_config("default").train.precision == "32-true"
+    with pytest.raises(ConfigError, match=r"train.precision='bf16' is not allowed \(allowed: 32-true, bf16-mixed"):
+        load_config("default", overrides={"train": {"precision": "bf16"}})
+
+
 def test_unknown_preset():
     with pytest.raises(ConfigError) as e:
         load_config("turbo")

@@ -143,6 +143,24 @@ def test_tiny_moe_architecture():
     assert count_parameters(model) > count_parameters(build_builtin("tiny-dense", 0)[0])
 
 
+def test_moe_016b_is_the_gpu_moe_presets_model_at_its_stated_size():
+    from transformers import AutoModelForCausalLM
+
+    from gspo_bench.models import BUILTIN_MODELS
+    from gspo_bench.rollout.vllm_engine import CPU_EXPERT_ALIGN
+
+    cfg = BUILTIN_MODELS["moe-0.16b"].make_config(char_tokenizer())
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.num_hidden_layers) == (32, 8, 12)
+    assert cfg.moe_intermediate_size % CPU_EXPERT_ALIGN == 0  # vLLM on CPU reloads its experts in place
+    with torch.device("meta"):  # the shapes without the memory
+        model = AutoModelForCausalLM.from_config(cfg)
+    assert isinstance(model, Qwen3MoeForCausalLM) and is_moe(model)
+    total = count_parameters(model)
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    assert 0.15e9 < total < 0.17e9  # "~0.16B params (0.05B active)", as its description says
+    assert 0.04e9 < total - experts * (1 - 8 / 32) < 0.06e9
+
+
 def test_build_builtin_unknown_name():
     with pytest.raises(KeyError):
         build_builtin("tiny-nope", 0)

@@ -47,6 +47,9 @@ def add_bench_parser(sub, csv, set_flag) -> None:
                    "(fast, compiled, hf, vllm) on each --model: tokens/s, completions/s, vLLM's start-up and "
                    "weight-sync seconds, and the full RL step with vllm against fast (--rl-steps 0: generation only)")
     b.add_argument("--append", action="store_true", help="append to --markdown instead of overwriting it")
+    b.add_argument("--presets", type=csv, metavar="P[,P...]", help="instead: run each preset (e.g. gpu-dense,gpu-moe) "
+                   "end to end at a cut size (bench/presets.py; --set over it), each in its own process: peak RSS, "
+                   "wall time, seconds per RL step; --markdown writes them with the command and commit")
 
 
 def bench_command(args, console) -> int:
@@ -67,6 +70,8 @@ def bench_command(args, console) -> int:
         return whole_command(args, console)
     if args.engines:
         return engines_command(args, console)
+    if args.presets:
+        return presets_command(args, console)
     args.preset = args.preset or "cpu-bench"
 
     try:
@@ -154,6 +159,47 @@ def whole_command(args, console) -> int:
         Path(args.markdown).write_text(bench_whole.markdown(res, res["command"], res["commit"]))
         console.print(f"wrote {args.markdown}")
     return 0 if all(s == "FINISHED" for s in res["statuses"]) else 1
+
+
+def presets_command(args, console) -> int:
+    """``bench --presets``: each preset run at the cut size in a process of its own, timed; exit 1 unless every
+    run FINISHED."""
+    import shlex
+    from pathlib import Path
+
+    from gspo_bench.bench import presets as bench_presets
+    from gspo_bench.config import presets
+    from gspo_bench.tracking.provenance import git_commit, machine
+
+    unknown = [p for p in args.presets if p not in presets()]
+    if unknown:
+        raise ConfigError(f"--presets: unknown {', '.join(unknown)} (presets: {', '.join(presets())})")
+    if args.config:
+        raise ConfigError("--presets runs each preset as it ships (with --set over the cut size); --config is not "
+                          "passed on")
+    sets = tuple(args.sets)
+    for name in args.presets:  # before any work: every preset with these settings must load
+        load_config(name, (), deep_merge(parse_sets(bench_presets.CUT_SIZE), parse_sets(sets)))
+    def log(line: str) -> None:
+        console.print(line, markup=False, soft_wrap=True)
+
+    results = [bench_presets.measure_preset(name, sets, log=log) for name in args.presets]
+    table = Table(title="presets at a cut size")
+    for col in bench_presets.COLUMNS:
+        table.add_column(col)
+    for row in bench_presets.rows(results):
+        table.add_row(*row)
+    console.print(table)
+    for r in results:
+        if not bench_presets.ok(r):
+            console.print(f"[bench] {r['preset']} did not finish; the end of its output:\n{r['log_tail']}",
+                          markup=False)
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(bench_presets.markdown(results, sets, "python -m gspo_bench "
+                                                              + shlex.join(args.argv), git_commit(), machine()))
+        console.print(f"wrote {args.markdown}")
+    return 0 if all(bench_presets.ok(r) for r in results) else 1
 
 
 def warmstart_command(args, console) -> int:

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from gspo_bench.config.names import CHAT_MODES, ENGINES, REPLAY_MODES, ROLLOUT_DTYPES
+from gspo_bench.config.names import CHAT_MODES, ENGINES, PRECISIONS, REPLAY_MODES, ROLLOUT_DTYPES
 from gspo_bench.config.resolved import LossSettings, Recipe, Resolved
 from gspo_bench.core.names import (ADVANTAGE_BASELINES, ADVANTAGE_SCALES, CORRECTION_LEVELS, CORRECTIONS,
                                    KL_ESTIMATORS)
@@ -290,7 +290,8 @@ class TrainConfig:
     accelerator: str = "auto"
     """Lightning accelerator: auto | cpu | gpu."""
     precision: str = "32-true"
-    """Lightning precision, e.g. 32-true or bf16-mixed."""
+    """Lightning precision of the training step: 32-true (float32) | bf16-mixed (bfloat16 autocast, float32 master
+    weights and AdamW states: the GPU presets) | 16-mixed | bf16-true | 16-true | 64-true."""
     progress: bool = True
     """Show a progress bar."""
     forward: str = "auto"
@@ -316,6 +317,7 @@ class TrainConfig:
         _check(self.eval_prompts > 0 and self.eval_samples >= 0, "train.eval_prompts must be > 0, eval_samples >= 0")
         _check(self.max_grad_norm >= 0, f"train.max_grad_norm={self.max_grad_norm} must be >= 0")
         _choice("train.forward", self.forward, ("auto", "packed", "hf"))
+        _choice("train.precision", self.precision, PRECISIONS)
         _choice("train.strategy", self.strategy, ("auto", "ddp", "fsdp"))
         for key, v in (("devices", self.devices), ("num_nodes", self.num_nodes)):
             _check(type(v) is int and v >= 1, f"train.{key}={v!r} must be an int >= 1")

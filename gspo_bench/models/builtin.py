@@ -87,6 +87,16 @@ def dense_05b_config(tok: PreTrainedTokenizerFast) -> Qwen3Config:
                        num_key_value_heads=8, head_dim=128, **_common(tok))
 
 
+def moe_016b_config(tok: PreTrainedTokenizerFast) -> Qwen3MoeConfig:
+    """Qwen3-MoE at the scale of a GPU preset (``gpu-moe``) that still builds on a CPU: hidden 512, 12 layers,
+    8 heads / 4 kv heads of 64, 32 experts of width 256 with top-8 routing (Qwen3-30B-A3B's 128 experts top-8,
+    scaled down): about 0.16B parameters, 0.05B active per token. The expert width is a multiple of 32, which
+    vLLM on CPU needs to reload experts in place (``rollout/vllm_engine.py``)."""
+    return Qwen3MoeConfig(hidden_size=512, num_hidden_layers=12, num_attention_heads=8,
+                          num_key_value_heads=4, head_dim=64, moe_intermediate_size=256, num_experts=32,
+                          num_experts_per_tok=8, norm_topk_prob=True, **_common(tok))
+
+
 @dataclass(frozen=True)
 class BuiltinModel:
     name: str
@@ -102,6 +112,8 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         BuiltinModel("small-dense", "Qwen3ForCausalLM, ~44M params, char tokenizer (timings)", small_dense_config),
         BuiltinModel("dense-0.5b", "Qwen3ForCausalLM with Qwen3-0.6B's trunk, ~0.44B params, char tokenizer",
                      dense_05b_config),
+        BuiltinModel("moe-0.16b", "Qwen3MoeForCausalLM, 12 layers, 32 experts top-8, ~0.16B params (0.05B active), "
+                     "char tokenizer", moe_016b_config),
     )
 }
 
