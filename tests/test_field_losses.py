@@ -415,8 +415,6 @@ def test_correction_none_and_default_tis_are_bit_identical_to_before(key):
 def test_the_ratio_band_a_histogram_draws_follows_what_the_loss_bounds():
     import math
 
-    from gspo_bench.core.losses import LOSSES
-
     assert LOSSES["grpo"].ratio_band(0.2, 0.28) == (0.2, 0.28)  # a band on r itself
     lo, hi = LOSSES["gmpo"].ratio_band(0.4, 0.4)  # a band on the log-ratio: r in [e^-0.4, e^0.4]
     assert lo == pytest.approx(1 - math.exp(-0.4)) and hi == pytest.approx(math.exp(0.4) - 1)

@@ -27,15 +27,6 @@ from gspo_bench.rollout import vllm_engine
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def vllm_ready():
-    reason = vllm_engine.missing_reason()
-    if reason:
-        if os.environ.get("GSPO_BENCH_CI"):
-            pytest.fail(f"CI installs vLLM, yet: {reason}")
-        pytest.skip(reason)
-
-
 def _run(tmp_path, preset: str, *sets: str, timeout: int = 900) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GSPO_BENCH_CACHE": str(tmp_path / "cache")}
     env.pop("MLFLOW_TRACKING_URI", None)

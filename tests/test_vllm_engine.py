@@ -32,15 +32,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [p for p in ("12+34=", "5+6=", "77+8=", "40+2=") for _ in range(4)]  # 4 groups of G = 4
 
 
-@pytest.fixture(scope="module")
-def vllm_ready():
-    reason = vllm_engine.missing_reason()
-    if reason:
-        if os.environ.get("GSPO_BENCH_CI"):
-            pytest.fail(f"CI installs vLLM, yet: {reason}")
-        pytest.skip(reason)
-
-
 @pytest.fixture
 def engine_for(vllm_ready, tmp_path):
     """``engine_for(name, dtype)``: a built-in model (sharpened: peaked distributions show a wrong weight),
