@@ -214,7 +214,7 @@ def fast_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, 
 VLLM_AUTO_MIN_PARAMS = 10_000_000
 """``engine: auto`` picks vLLM (when installed) for models of at least this many parameters, or any model on a
 GPU: below it the fast engine samples faster on a CPU. Measured on 2 cores (``bench --engines``,
-results/bench-engines.md): the fast engine 2.2x ahead on tiny-dense (1 M), vLLM 1.9x ahead on small-dense (44 M)
+results/bench-engines.md): the fast engine 2.4x ahead on tiny-dense (1 M), vLLM 2.1x ahead on small-dense (44 M)
 at the same batch, crossing at about 8 M."""
 
 
