@@ -130,27 +130,18 @@ def bench_engines_generation(model, tok, prompts, max_new_tokens: int, temperatu
 def run_engines_bench(preset: str, config_files: tuple, overrides: dict, engines: tuple[str, ...], algo: str,
                       warmup: int, repeats: int, rl_steps: int, log=print) -> EnginesResult:
     """The engines of ``engines`` on the preset's model and batch (see the module docstring)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from gspo_bench.bench.throughput import bench_rl_step, matmul_gflops, path_overrides
+    from gspo_bench.bench.throughput import bench_inputs, bench_rl_step, matmul_gflops, path_overrides
     from gspo_bench.config import deep_merge, load_config
     from gspo_bench.train.runner import quiet
     from gspo_bench.tracking.provenance import machine
-    from gspo_bench.tasks import load_task
-    from gspo_bench.train.warmstart import warm_start
 
     check_engines(engines)
     cfg = load_config(preset, tuple(config_files), overrides)
     quiet()
-    task = load_task(cfg.task, cfg.seeds[0], cfg.model, cfg.rollout.response_cap(), log, cfg.task_options)
-    ws = warm_start(task, cfg.model, cfg.warmstart, cfg.seeds[0], task.spec.max_new_tokens, progress=False, log=log)
-    model = AutoModelForCausalLM.from_pretrained(ws.path, dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(ws.path)
+    bench = bench_inputs(cfg, log)
+    task, ws, model, tok, max_new, prompts = (bench.task, bench.warm_start, bench.model, bench.tokenizer,
+                                              bench.max_new_tokens, bench.prompts)
     r = cfg.rollout
-    max_new = task.spec.max_new_tokens if r.max_new_tokens == "auto" else r.max_new_tokens
-    g = torch.Generator().manual_seed(0)
-    rows = task.train.select(torch.randint(len(task.train), (r.prompts_per_step,), generator=g).tolist())
-    prompts = [p for p in list(rows["prompt"]) for _ in range(r.group_size)]
     res = EnginesResult(machine(), cfg.model.name, sum(p.numel() for p in model.parameters()),
                         {"task": cfg.task, "prompts": r.prompts_per_step, "group_size": r.group_size,
                          "max_new_tokens": max_new, "temperature": r.temperature, "dtype": r.dtype, "algo": algo,

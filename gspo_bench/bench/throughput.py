@@ -277,6 +277,33 @@ def bench_scaling(model, tok, prompts, lengths, temperature, engine: str, warmup
     return rows
 
 
+@dataclass
+class BenchInputs:
+    """What every measurement starts from: the task, the warm start (or the random built-in), the model and
+    tokenizer loaded from it in float32, the length cap, and one step's prompts (``prompts_per_step`` rows drawn
+    with seed 0, each repeated ``group_size`` times)."""
+
+    task: object
+    warm_start: object
+    model: object
+    tokenizer: object
+    max_new_tokens: int
+    prompts: list
+
+
+def bench_inputs(cfg: RunConfig, log=print) -> BenchInputs:
+    task = load_task(cfg.task, cfg.seeds[0], cfg.model, cfg.rollout.response_cap(), log, cfg.task_options)
+    ws = warm_start(task, cfg.model, cfg.warmstart, cfg.seeds[0], task.spec.max_new_tokens, progress=False, log=log)
+    model = AutoModelForCausalLM.from_pretrained(ws.path, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(ws.path)
+    r = cfg.rollout
+    max_new = task.spec.max_new_tokens if r.max_new_tokens == "auto" else r.max_new_tokens
+    g = torch.Generator().manual_seed(0)
+    rows = task.train.select(torch.randint(len(task.train), (r.prompts_per_step,), generator=g).tolist())
+    prompts = [p for p in list(rows["prompt"]) for _ in range(r.group_size)]
+    return BenchInputs(task, ws, model, tok, max_new, prompts)
+
+
 def run_bench(preset: str, config_files: tuple = (), overrides: dict | None = None,
               opts: BenchOptions | None = None, log=print) -> BenchResult:
     """Everything above for one preset (``cpu-bench`` by default on the command line)."""
@@ -292,15 +319,10 @@ def run_bench(preset: str, config_files: tuple = (), overrides: dict | None = No
 
     cfg = cfg_for(None)
     quiet()
-    task = load_task(cfg.task, cfg.seeds[0], cfg.model, cfg.rollout.response_cap(), log, cfg.task_options)
-    ws = warm_start(task, cfg.model, cfg.warmstart, cfg.seeds[0], task.spec.max_new_tokens, progress=False, log=log)
-    model = AutoModelForCausalLM.from_pretrained(ws.path, dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(ws.path)
+    bench = bench_inputs(cfg, log)
+    task, ws, model, tok, max_new, prompts = (bench.task, bench.warm_start, bench.model, bench.tokenizer,
+                                              bench.max_new_tokens, bench.prompts)
     r = cfg.rollout
-    max_new = task.spec.max_new_tokens if r.max_new_tokens == "auto" else r.max_new_tokens
-    g = torch.Generator().manual_seed(0)
-    rows = task.train.select(torch.randint(len(task.train), (r.prompts_per_step,), generator=g).tolist())
-    prompts = [p for p in list(rows["prompt"]) for _ in range(r.group_size)]
     res = BenchResult(machine(), cfg.model.name, sum(p.numel() for p in model.parameters()),
                       active_matmul_params(model),
                       {"task": cfg.task, "prompts": r.prompts_per_step, "group_size": r.group_size,

@@ -52,6 +52,19 @@ def add_bench_parser(sub, csv, set_flag) -> None:
                    "wall time, seconds per RL step; --markdown writes them with the command and commit")
 
 
+def model_overrides(args, sets: dict, model: str | None) -> dict:
+    """The config overrides of one ``--model`` of a bench: ``--set``'s, under ``--model``, ``--task`` and
+    ``--max-new-tokens``, which win."""
+    over: dict = {}
+    if model:
+        over["model"] = {"name": model}
+    if args.task:
+        over["task"] = args.task
+    if args.max_new_tokens is not None:
+        over["rollout"] = {"max_new_tokens": args.max_new_tokens}
+    return deep_merge(sets, over)
+
+
 def bench_command(args, console) -> int:
     """``bench``: measure, print the tables, write JSON / Markdown / figure / profile as asked."""
     import json
@@ -84,14 +97,7 @@ def bench_command(args, console) -> int:
     sets = parse_sets(args.sets)  # before any work: a bad --set exits 2 at once
     results = []
     for model in args.model or [None]:
-        over: dict = {}
-        if model:
-            over["model"] = {"name": model}
-        if args.task:
-            over["task"] = args.task
-        if args.max_new_tokens is not None:
-            over["rollout"] = {"max_new_tokens": args.max_new_tokens}
-        over = deep_merge(sets, over)  # --model, --task and --max-new-tokens win over --set
+        over = model_overrides(args, sets, model)
         console.print(f"[bold]bench[/bold] preset={args.preset} model={model or '(preset)'} algo={args.algo}")
         res = run_bench(args.preset, tuple(args.config), over, opts, log=console.print).to_dict()
         for t in rich_tables(res):
@@ -256,14 +262,7 @@ def engines_command(args, console) -> int:
     sets = parse_sets(args.sets)
     results = []
     for model in args.model or [None]:
-        over: dict = {}
-        if model:
-            over["model"] = {"name": model}
-        if args.task:
-            over["task"] = args.task
-        if args.max_new_tokens is not None:
-            over["rollout"] = {"max_new_tokens": args.max_new_tokens}
-        over = deep_merge(sets, over)
+        over = model_overrides(args, sets, model)
         console.print(f"[bold]bench --engines[/bold] {','.join(engines)} model={model or '(preset)'}")
         res = run_engines_bench(args.preset or "cpu-bench", tuple(args.config), over, engines, args.algo,
                                 args.warmup, args.repeats, args.rl_steps, log=console.print).to_dict()
