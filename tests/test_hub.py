@@ -194,10 +194,11 @@ def test_answer_extractors():
     assert last_boxed("\\boxed{1} then \\boxed{\\frac{a}{b}}") == "\\frac{a}{b}" and last_boxed(" 5 ") == "5"
 
 
-def test_run_gsm8k_on_a_local_copy_finishes(tmp_path, capsys):
-    path = gsm8k_repo(tmp_path / "gsm8k")
+@pytest.mark.parametrize("name", ["gsm8k", "math500"])
+def test_run_on_a_local_copy_finishes(name, tmp_path, capsys):
+    path = gsm8k_repo(tmp_path / name) if name == "gsm8k" else math500_repo(tmp_path / name)
     db = tmp_path / "mlflow.db"
-    code = main(["run", "--task", "gsm8k", "--set", f"task.path={path}", "--preset", "smoke", "--algos", "grpo",
+    code = main(["run", "--task", name, "--set", f"task.path={path}", "--preset", "smoke", "--algos", "grpo",
                  "--steps", "1", "--no-warmstart", "--no-progress", "--tracking-uri", f"sqlite:///{db}",
                  "--set", "rollout.max_new_tokens=24", "--set", "train.eval_prompts=4",
                  "--set", "train.eval_samples=0"])
@@ -207,7 +208,7 @@ def test_run_gsm8k_on_a_local_copy_finishes(tmp_path, capsys):
 
     client = mlflow.MlflowClient(f"sqlite:///{db}")
     [run] = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
-    assert run.info.status == "FINISHED" and run.data.tags["task"] == "gsm8k"
+    assert run.info.status == "FINISHED" and run.data.tags["task"] == name
     assert run.data.params["task_options.path"] == str(path)
 
 
