@@ -31,7 +31,7 @@ def make_dm(task, policy, seed=0, eval_samples=0, **kw):
     model, tok = policy
     # a resolved rollout config (no auto left), on transformers' generate
     s = dict(prompts_per_step=2, group_size=3, max_new_tokens=4, temperature=1.0, engine="hf",
-             dynamic_sampling=False, overlong_buffer=None)
+             dynamic_sampling=False, overlong_buffer=None, advantage_scale="group")
     s.update(kw)
     dm = RolloutDataModule(task, tok, RolloutConfig(**s), steps=3, seed=seed, eval_prompts=8,
                            eval_samples=eval_samples)

@@ -53,15 +53,23 @@ def test_search_space_ranges_and_overrides_load(algo):
         trial = study.ask()
         over = cls.search_space(trial)
         study.tell(trial, 0.0)
-        lo, hi = over["loss"].get("eps_low"), over["loss"]["eps_high"]
         load_config("smoke", overrides={**over, "algos": [algo]})  # every sample is a valid config
+        # each sampled parameter lies in the algorithm's declared range, and only searched ones are sampled
+        ranges = cls.search_ranges()
+        assert set(over["loss"]) == set(cls.searched_by_default) & set(ranges), over
+        for name, value in over["loss"].items():
+            low, high, _ = ranges[name]
+            assert low <= value <= high, (name, value)
+        lo, hi = over["loss"].get("eps_low"), over["loss"].get("eps_high")
         if algo in ("ppo", "grpo", "dapo"):
             spec = LOSSES[algo]
             assert 0.5 * spec.eps_low <= lo <= hi <= 1.5 * spec.eps_high  # clip-higher: eps_high >= eps_low
         elif algo in ("gspo", "gspo_token"):
             assert 1e-5 <= lo <= 1e-2 and 1e-5 <= hi <= 1e-2
-        else:  # cispo: the lower bound stays off unless asked for
+        elif algo == "cispo":  # the lower bound stays off unless asked for
             assert lo is None and 0.5 <= hi <= 10
+        elif algo == "sapo":  # temperatures around the published 1.0 / 1.05
+            assert 0.25 <= over["loss"]["tau_pos"] <= 4 and 0.25 <= over["loss"]["tau_neg"] <= 4
     # fixed ranges (Optuna's importance refuses ranges that move between trials)
     assert len({str(t.distributions) for t in study.trials}) == 1
     if algo == "cispo":
