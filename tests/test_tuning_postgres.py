@@ -32,7 +32,8 @@ from tests.pg_server import pg_server  # noqa: F401  (a fixture)
 TINY = {"warmstart": {"enabled": False}, "rollout": {"prompts_per_step": 4, "group_size": 4},
         "train": {"steps": 2, "minibatches": 2, "eval_every": 1, "eval_prompts": 8, "eval_samples": 2, "lr": 1e-3}}
 STUDY = "shared-pg"
-SURVIVOR_TRIALS = 5  # enough that the survivor still starts trials once the dead one's heartbeat is stale
+SURVIVOR_TRIALS = 6  # enough that the survivor still starts trials once the dead one's heartbeat is stale
+SURVIVOR_STEPS = 5  # and long enough ones: with 5 trials of 2 steps it could finish within the 2 s grace period
 DOOMED_STEPS = 200  # its trial runs far longer than the test waits before the kill
 State = optuna.trial.TrialState
 
@@ -60,7 +61,7 @@ def _finished_by(log: str) -> list[int]:
 
 def _doomed_trial(tmp: Path, url: str, doomed: subprocess.Popen, survivor: subprocess.Popen):
     """The doomed worker's trial, once it is RUNNING with its MLflow run and a few RL steps in (only its
-    trials report past step 2)."""
+    trials report past step ``SURVIVOR_STEPS``)."""
     storage = None
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and doomed.poll() is None and survivor.poll() is None:
@@ -71,7 +72,7 @@ def _doomed_trial(tmp: Path, url: str, doomed: subprocess.Popen, survivor: subpr
             storage = optuna.storages.RDBStorage(url)
         study = optuna.load_study(study_name=STUDY, storage=storage)
         for t in study.get_trials(deepcopy=False, states=(State.RUNNING,)):
-            if RUN_ATTR in t.user_attrs and max(t.intermediate_values, default=0) >= 3:
+            if RUN_ATTR in t.user_attrs and max(t.intermediate_values, default=0) > SURVIVOR_STEPS:
                 return t
     return None
 
@@ -80,7 +81,7 @@ def _doomed_trial(tmp: Path, url: str, doomed: subprocess.Popen, survivor: subpr
 def test_two_workers_on_postgres_a_killed_one_is_retried_nothing_lost_best_written(pg_server, tmp_path):
     url, password = pg_server.url, pg_server.password
     doomed = _worker(tmp_path, url, "doomed", SURVIVOR_TRIALS, DOOMED_STEPS)
-    survivor = _worker(tmp_path, url, "survivor", SURVIVOR_TRIALS, TINY["train"]["steps"])
+    survivor = _worker(tmp_path, url, "survivor", SURVIVOR_TRIALS, SURVIVOR_STEPS)
     try:
         running = _doomed_trial(tmp_path, url, doomed, survivor)
         assert running is not None, _log(tmp_path, "doomed")[-3000:] + _log(tmp_path, "survivor")[-3000:]
