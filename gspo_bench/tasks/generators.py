@@ -301,6 +301,13 @@ def count_rows(file: Path, fmt: str) -> int | None:
     return rows
 
 
+def hold_out(train: datasets.Dataset, path: str, n_eval: int, seed: int) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """A seeded split of ``train`` into train and eval, ``n_eval`` rows held out (half of them at most)."""
+    check_split_rows(path, len(train))
+    split = train.train_test_split(test_size=min(n_eval, len(train) // 2), seed=seed)
+    return split["train"], split["test"]
+
+
 def check_split_rows(path: str, rows: int) -> None:
     """A file split into train and eval needs a row on each side."""
     if rows < 2:
@@ -338,9 +345,7 @@ def load_file(
     train = load(path)
     if eval_path:
         return train, load(eval_path)
-    check_split_rows(path, len(train))
-    split = train.train_test_split(test_size=min(n_eval, len(train) // 2), seed=seed)
-    return split["train"], split["test"]
+    return hold_out(train, path, n_eval, seed)
 
 
 load_jsonl = load_file  # the old name

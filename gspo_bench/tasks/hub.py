@@ -34,7 +34,7 @@ from pathlib import Path
 import datasets
 
 from gspo_bench.models import HUB_ID, hub_cache_dir
-from gspo_bench.tasks.generators import check_sizes, check_split_rows, register_generator
+from gspo_bench.tasks.generators import check_sizes, hold_out, register_generator
 
 
 def datasets_cache_dir() -> Path:
@@ -196,6 +196,4 @@ def load_hf(
     train = rows(split)
     if eval_split:
         return train, rows(eval_split)
-    check_split_rows(path, len(train))
-    held = train.train_test_split(test_size=min(n_eval, len(train) // 2), seed=seed)
-    return held["train"], held["test"]
+    return hold_out(train, path, n_eval, seed)
