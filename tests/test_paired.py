@@ -12,7 +12,7 @@ from gspo_bench.config import ConfigError
 from gspo_bench.reporting.leaderboard import auc
 from gspo_bench.reporting.frame import RunData
 from gspo_bench.reporting.paired_table import check_baseline, paired_groups, paired_rows
-from gspo_bench.reporting.paired import mde, paired_summary, pooled_sd
+from gspo_bench.reporting.paired import holm, mde, paired_summary, pooled_sd
 from test_leaderboard import EXP, build_store
 
 # t quantiles for 7 degrees of freedom, from a printed t table
@@ -83,6 +83,21 @@ def test_pooled_sd_is_root_mean_variance():
     assert pooled_sd([]) is None and pooled_sd([None]) is None
 
 
+def test_p_value_is_the_paired_t_test_by_hand():
+    # d = 1, 2, 3: mean 2, sd 1, t = 2 / (1 / sqrt 3) = 2 sqrt 3 on 2 df, where the t cdf is
+    # 1/2 + t / (2 sqrt(2 + t^2)); so p = 2 (1/2 - 2 sqrt 3 / (2 sqrt 14)) = 1 - sqrt(12 / 14)
+    assert paired_summary([1.0, 2.0, 3.0]).p == pytest.approx(1 - math.sqrt(12 / 14), rel=1e-9)
+    assert paired_summary([1.0]).p is None and paired_summary([]).p is None
+    assert paired_summary([0.5, 0.5]).p == 0.0 and paired_summary([0.0, 0.0]).p == 1.0  # no spread
+
+
+def test_holm_adjusts_over_the_family_by_hand():
+    # sorted 0.01, 0.03, 0.04 times 3, 2, 1: 0.03, 0.06, 0.04, then the running max: 0.03, 0.06, 0.06
+    assert holm([None, 0.01, 0.04, 0.03]) == pytest.approx([None, 0.03, 0.06, 0.06])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert holm([None]) == [None] and holm([]) == []
+
+
 # -- (e): pairing runs by seed -----------------------------------------------------------------------------------------
 STEPS = (0, 10, 20)
 
@@ -130,6 +145,19 @@ def test_pairs_by_seed_leaving_out_unpaired_and_unfinished(runs):
     area = [auc(list(zip(STEPS, GSPO[s]))) - auc(list(zip(STEPS, GRPO[s]))) for s in (0, 1, 2)]
     assert _stat(rows, "gspo", "auc_pass1")["mean_diff"] == pytest.approx(np.mean(area))
     assert area[0] == pytest.approx(0.575 - 0.5)  # by hand: (5 + 6.5) / 20 - (4.5 + 5.5) / 20
+
+
+def test_holm_p_is_over_the_group_algorithms_per_metric(runs):
+    rows = [r for r in paired_rows(runs, "grpo") if r["config"] == "default"]
+    for metric in ("final_pass1", "auc_pass1"):
+        family = [r for r in rows if r["metric"] == metric]
+        ps = {r["algo"]: r["p"] for r in family}
+        # gspo and cispo have 3 pairs (a p each), dapo one pair (no p): a family of two tests
+        assert ps["dapo"] is None and ps["gspo"] is not None and ps["cispo"] is not None
+        lo, hi = sorted((ps["gspo"], ps["cispo"]))
+        # Holm with k = 2: the smaller p doubled, the larger kept, each at least the one before
+        want = {a: min(1.0, 2 * lo) if p == lo else max(min(1.0, 2 * lo), hi) for a, p in ps.items() if p is not None}
+        assert {r["algo"]: r["p_holm"] for r in family if r["p"] is not None} == pytest.approx(want)
 
 
 def test_steps_to_target_drops_seeds_where_either_did_not_reach(runs):

@@ -16,11 +16,13 @@ symmetric without outliers; with this few seeds a bootstrap has too few
 distinct resamples, and a signed-rank test cannot reach 5 % below six pairs.
 
 "Significant" here means only that the 95 % interval excludes 0, for each
-(algorithm, metric) on its own. There is no multiple-comparison correction:
-with five algorithms and three metrics a group holds fifteen comparisons, and
-if no algorithm truly differed from the baseline the chance that at least one
-is marked would be up to 1 - 0.95^15, about 54 % (less, as the three metrics
-are correlated). Read the marks as a screen, not as findings.
+(algorithm, metric) on its own. With five algorithms and three metrics a
+group holds fifteen comparisons, and if no algorithm truly differed from the
+baseline the chance that at least one is marked would be up to
+1 - 0.95^15, about 54 % (less, as the three metrics are correlated). So the
+paired tables also give each comparison's p value adjusted by Holm's method
+over the group's algorithms, per metric (``holm``): a Holm p below 0.05 is a
+finding for the whole family, a mark alone is a screen.
 
 Pure functions (no MLflow), the one place the project pairs and tests: the
 leaderboard's paired table (``paired_table.py``), the split comparisons
@@ -50,6 +52,7 @@ class PairedStat:
     ci: tuple[float, float] | None  # the (1 - alpha) t interval of the mean difference
     significant: bool  # the interval excludes 0 (False without an interval)
     mde: float | None  # minimum detectable effect of this design (see ``mde``)
+    p: float | None = None  # two-sided p value of the paired t test (None without an interval)
 
 
 def _check_levels(alpha: float, power: float) -> None:
@@ -107,16 +110,36 @@ def paired_summary(diffs: list[float], alpha: float = 0.05, power: float = 0.8) 
     # sample sd  s_d = sqrt(sum_s (d_s - d_bar)^2 / (n - 1))
     sd = statistics.stdev(xs)
     if sd == 0:  # every pair differs by the same amount: the interval is that point
-        ci = (mean, mean)
+        ci, p = (mean, mean), (1.0 if mean == 0 else 0.0)
     else:
         # interval  d_bar -/+ t_{1-alpha/2, n-1} * s_d / sqrt(n): the one-sample t test of the differences
         with warnings.catch_warnings():  # differences equal up to rounding: scipy warns, the interval stands
             warnings.simplefilter("ignore", RuntimeWarning)
-            lo, hi = stats.ttest_1samp(xs, 0.0).confidence_interval(confidence_level=1 - alpha)
-        ci = (float(lo), float(hi))
+            test = stats.ttest_1samp(xs, 0.0)
+            lo, hi = test.confidence_interval(confidence_level=1 - alpha)
+        # p = 2 * P(T_{n-1} > |d_bar| / (s_d / sqrt(n)))
+        ci, p = (float(lo), float(hi)), float(test.pvalue)
     # significant  <=>  0 lies outside [lo, hi]
     significant = ci[0] > 0 or ci[1] < 0
-    return PairedStat(n, mean, sd, ci, significant, mde(sd, n, alpha, power))
+    return PairedStat(n, mean, sd, ci, significant, mde(sd, n, alpha, power), p)
+
+
+def holm(ps: list[float | None]) -> list[float | None]:
+    """Holm-adjusted p values of a family of tests (None stays None and is not counted in the family).
+
+    With k tests ordered p_(1) <= ... <= p_(k): p~_(i) = max_{j <= i} min(1, (k - j + 1) p_(j)). Rejecting
+    where p~ < alpha keeps the chance of any false rejection in the family at or below alpha, whatever the
+    dependence between the tests (statsmodels' ``multipletests(method="holm")``).
+    """
+    from statsmodels.stats.multitest import multipletests
+
+    idx = [i for i, p in enumerate(ps) if p is not None]
+    out: list[float | None] = [None] * len(ps)
+    if idx:
+        adjusted = multipletests([ps[i] for i in idx], method="holm")[1]
+        for i, q in zip(idx, adjusted):
+            out[i] = float(q)
+    return out
 
 
 def signed_sum_by_seed(terms: list[tuple[float, dict]]) -> tuple[list, list[float]]:

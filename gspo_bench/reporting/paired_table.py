@@ -5,7 +5,8 @@ than the baseline B (``--baseline``, default grpo), ``d_s = metric(A, s) -
 metric(B, s)`` over the seeds where both have a FINISHED run, for final
 pass@1, AUC and steps to +10 pts (there only the seeds where both reached the
 target; negative = A got there sooner). Mean, 95 % t interval, "significant"
-= the interval excludes 0 (no correction for the many comparisons), and the
+= the interval excludes 0 (each comparison on its own), the t test's p and
+Holm's adjustment of it over the group's algorithms per metric, and the
 MDE. Per group also the experiment's MDE for final pass@1: from the pooled sd
 sqrt(mean of the algorithms' variances of ``d_s``) and their common number of
 pairs (the smallest, when they differ). Several FINISHED runs of one
@@ -41,7 +42,7 @@ from gspo_bench.reporting.grouping import by_title, flat, split_values, with_by
 from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE, _plain, render, rich_table, run_summary
 from gspo_bench.reporting.frame import FINISHED, RunData
 from gspo_bench.reporting.paired import seed_key
-from gspo_bench.reporting.paired import mde, pair_by_seed, paired_summary, pooled_sd
+from gspo_bench.reporting.paired import holm, mde, pair_by_seed, paired_summary, pooled_sd
 
 ALPHA, POWER = 0.05, 0.8  # paired tables: 95 % intervals, MDE at 80 % power
 
@@ -109,8 +110,17 @@ def compare(mine: dict[str, dict], base: dict[str, dict], alpha: float = ALPHA, 
         rows.append({"metric": name, "label": label, "unit": unit, "scale": scale, "n": st.n, "common": len(common),
                      "seeds": ",".join(seeds), "mean_diff": st.mean, "sd_diff": st.sd,
                      "ci_low": st.ci[0] if st.ci else None, "ci_high": st.ci[1] if st.ci else None,
-                     "significant": st.significant, "mde": st.mde, "stat": st})
+                     "significant": st.significant, "p": st.p, "p_holm": None, "mde": st.mde, "stat": st})
     return rows
+
+
+def adjust_holm(rows: list[dict]) -> None:
+    """Set ``p_holm`` on ``rows`` (one group's): Holm's adjustment over the group's algorithms, per metric, so a
+    group of k algorithms compared with the baseline is one family of k tests per metric."""
+    for name, *_ in PAIRED_METRICS:
+        family = [r for r in rows if r["metric"] == name]
+        for r, q in zip(family, holm([r["p"] for r in family])):
+            r["p_holm"] = q
 
 
 def pooled_mde(rows: list[dict], alpha: float = ALPHA, power: float = POWER) -> tuple:
@@ -172,6 +182,7 @@ def paired_groups(runs: list[RunData], baseline: str = DEFAULT_BASELINE, alpha: 
             head = {"task": key[0], "model": key[1], "preset": key[2], "config": key[3], "algo": algo,
                     "baseline": baseline, **({"by": dict(zip(by, key[4:]))} if by else {})}
             rows += [{**head, **r} for r in compare(_seed_values(by_algo[algo]), base, alpha, power)]
+        adjust_holm(rows)
         g = PairedGroup(key, baseline, rows, by=by)
         if baseline not in by_algo:
             g.note = f"no FINISHED {baseline} run in this group"
@@ -199,9 +210,10 @@ def paired_rows(runs: list[RunData], baseline: str = DEFAULT_BASELINE, alpha: fl
 
 # -- rendering: paired differences -----------------------------------------------------------------------------------
 PAIRED_COLUMNS = ("task", "model", "preset", "config", "algo", "baseline", "metric", "pairs (n)", "mean diff",
-                  "95 % CI", "significant", "MDE")
+                  "95 % CI", "significant", "p", "Holm p", "MDE")
 PAIRED_CSV_FIELDS = ("task", "model", "preset", "config", "algo", "baseline", "metric", "n", "common", "seeds",
-                     "mean_diff", "sd_diff", "ci_low", "ci_high", "significant", "mde", "group_mde_final_pass1",
+                     "mean_diff", "sd_diff", "ci_low", "ci_high", "significant", "p", "p_holm", "mde",
+                     "group_mde_final_pass1",
                      "group_mde_pairs")
 
 
@@ -216,7 +228,13 @@ def _paired_cells(row: dict) -> list[str]:
     return [row["task"], row["model"], row["preset"], row["config"], *row.get("by", {}).values(), row["algo"],
             row["baseline"], f"{row['label']} ({row['unit']})", n, num(row["mean_diff"]),
             f"[{num(row['ci_low'])}, {num(row['ci_high'])}]" if has_ci else "-",
-            ("yes" if row["significant"] else "no") if has_ci else "-", num(row["mde"], "")]
+            ("yes" if row["significant"] else "no") if has_ci else "-", _p(row.get("p")), _p(row.get("p_holm")),
+            num(row["mde"], "")]
+
+
+def _p(x: float | None) -> str:
+    """A p value for a table: 3 significant digits, below 0.001 as '<0.001', '-' when there is none."""
+    return "-" if x is None else ("<0.001" if x < 0.001 else f"{x:.3g}")
 
 
 def mde_line(g: PairedGroup, with_title: bool = True) -> str:
@@ -234,7 +252,8 @@ def mde_line(g: PairedGroup, with_title: bool = True) -> str:
 
 def _paired_title(baseline: str) -> str:
     return (f"Paired differences vs {baseline}: per seed, algo - {baseline}; mean, 95 % t interval, "
-            "significant = interval excludes 0 (no multiple-comparison correction)")
+            "significant = interval excludes 0 (each comparison on its own); p = paired t test, Holm p = "
+            "adjusted by Holm's method over the group's algorithms per metric (below 0.05: decided for the family)")
 
 
 def render_paired(groups: list[PairedGroup], fmt: str = "md", baseline: str = DEFAULT_BASELINE,

@@ -167,8 +167,10 @@ def paired_section(paired: PairedGroup | None, baseline: str, note: str | None, 
         return md + [f"Skipped: {note or f'no FINISHED {baseline} run in this group'}.", ""], []
     md += [f"Per seed s, d_s = metric(algo, s) - metric({baseline}, s) over the seeds where both finished (same "
            "warm start and prompt order); steps to +10 pts only over the seeds where both reached it. Mean, 95 % "
-           "t interval; significant = the interval excludes 0, with no correction for the number of comparisons. "
-           "pass@1 differences in points (100 x pass@1).", ""]
+           "t interval; significant = the interval excludes 0, each comparison on its own; p = the paired t test; "
+           "Holm p = that p adjusted by Holm's method over the group's algorithms, per metric: below 0.05, the "
+           "difference is decided even counting every comparison of the table. pass@1 differences in points "
+           "(100 x pass@1).", ""]
     if paired.note:
         return md + [f"No pairs: {paired.note}.", ""], []
     md += [render_paired([paired], "md", baseline, with_title=False).rstrip("\n"), ""]
