@@ -4,23 +4,41 @@ Each ``plot_*`` takes the FINISHED runs of one leaderboard group (see
 ``leaderboard.RunData``) and writes one PNG. Curves are the mean over seeds
 with a min–max band when there is more than one seed; seeds are aligned on
 the steps they logged (a step only some seeds reached averages those).
+
+Up to ``OVERLAY_MAX`` algorithms share one axes. With more, the curve figures
+(eval, clip, MoE flip rate) become small multiples: a panel per algorithm on
+shared axes, each with the reference algorithm's mean curve (``--baseline``,
+grpo by default, else the first present) as a thin grey line. The paired
+differences are a forest plot: a row per algorithm, sorted by mean.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, MaxNLocator, PercentFormatter
 
 from gspo_bench.reporting.frame import RunData
+from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE
+from gspo_bench.reporting.paired_table import POWER
 
 CLIP_FLOOR = 1e-5  # clip/frac is drawn on a log axis: a step with no clipped token is drawn here
 ARTICLE_CLIP = {"gspo": 0.15, "grpo": 0.0013}  # GSPO article: ~15 % vs ~0.13 % of tokens clipped
 STYLES = ("-", "--", "-.", ":")
+# one colour per registry position (13 algorithms, none grey: grey is the reference curve's), then round again
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#1b1b7a", "#bcbd22",
+           "#17becf", "#a6761d", "#00796b", "#b5005b")
+OVERLAY_MAX = 4  # up to this many algorithms share one axes; more get a panel each
+REFERENCE_COLOR = "0.35"  # the reference algorithm's mean curve in every small-multiples panel
+REFERENCE_GID = "reference"  # its line's gid, so a reader (or a test) can find it
+UNDECIDED_COLOR = "0.45"  # forest plot: the labels of rows whose interval holds 0
 
 
 def _order() -> dict[str, int]:
@@ -38,18 +56,44 @@ def by_algo(runs: list[RunData]) -> dict[str, list[RunData]]:
     return out
 
 
-def styled(runs: list[RunData]):
-    """(style index, algo, runs): the index is the registry position, so an algorithm keeps its colour
-    in every figure whichever others are present."""
+def style_indices(algos: list[str]) -> dict[str, int]:
+    """Each algorithm's style index: its registry position, so it keeps its colour in every figure whichever
+    others are present; an unregistered one gets the next free index in alphabetical order."""
     order = _order()
-    extra = iter(range(len(order), 100))
-    return [(order[a] if a in order else next(extra), a, rs) for a, rs in by_algo(runs).items()]
+    extra = sorted({a for a in algos if a not in order})
+    return {a: order[a] if a in order else len(order) + extra.index(a) for a in algos}
+
+
+def styled(runs: list[RunData]):
+    """(style index, algo, runs), algorithms in ``by_algo`` order; the index is ``style_indices``'."""
+    groups = by_algo(runs)
+    index = style_indices(list(groups))
+    return [(index[a], a, rs) for a, rs in groups.items()]
 
 
 def _style(i: int) -> dict:
     # colour, dash and width all vary (later lines thinner, drawn on top), so algorithms whose curves
     # coincide (gspo and gspo_token often do) stay tellable
-    return {"color": f"C{i % 10}", "linestyle": STYLES[i % len(STYLES)], "linewidth": max(2.8 - 0.35 * i, 1.0)}
+    return {"color": PALETTE[i % len(PALETTE)], "linestyle": STYLES[i % len(STYLES)],
+            "linewidth": max(2.8 - 0.35 * i, 1.0)}
+
+
+def _solo(i: int) -> dict:
+    """The style of an algorithm alone in its panel: its colour, solid, one width."""
+    return {"color": PALETTE[i % len(PALETTE)], "linestyle": "-", "linewidth": 1.8}
+
+
+def reference_algo(algos: list[str], preferred: str = DEFAULT_BASELINE) -> str | None:
+    """The algorithm whose mean curve every small-multiples panel repeats: ``preferred`` when present, else
+    the first of ``algos``; None when there is none."""
+    return preferred if preferred in algos else (algos[0] if algos else None)
+
+
+def grid_shape(k: int) -> tuple[int, int]:
+    """(rows, columns) of ``k`` panels: 4 columns up to 8 panels, 5 beyond, fewer when ``k`` is smaller."""
+    cols = max(1, min(k, 4 if k <= 8 else 5))
+    # rows = ceil(k / cols)
+    return math.ceil(k / cols) if k else 1, cols
 
 
 def curve(runs: list[RunData], key: str, positive: bool = False):
@@ -68,15 +112,34 @@ def curve(runs: list[RunData], key: str, positive: bool = False):
             np.array([max(v) for v in vals]))
 
 
-def _draw(ax, runs: list[RunData], key: str, i: int, label: str, transform=None, marker: str | None = "o"):
+def _draw(ax, runs: list[RunData], key: str, i: int, label: str | None, transform=None, marker: str | None = "o",
+          solo: bool = False):
     c = curve(runs, key)
     if c is None:
         return False
     steps, mean, lo, hi = c if transform is None else (c[0], *map(transform, c[1:]))
-    ax.plot(steps, mean, label=label, marker=marker, markersize=3, **_style(i))
+    style = _solo(i) if solo else _style(i)
+    ax.plot(steps, mean, label=label, marker=marker, markersize=3, **style)
     if len(runs) > 1:
-        ax.fill_between(steps, lo, hi, color=_style(i)["color"], alpha=0.15, linewidth=0)
+        ax.fill_between(steps, lo, hi, color=style["color"], alpha=0.18 if solo else 0.15, linewidth=0)
     return True
+
+
+def _mark_collapses(ax, runs: list[RunData], i: int, fontsize: float = 7, labelled: bool = False) -> bool:
+    """X markers at each collapse event of ``runs``, on their mean pass@1 curve, the first one labelled for the
+    legend unless ``labelled`` (another already is); True when one was drawn."""
+    mean = curve(runs, "eval/pass1")
+    drawn = False
+    for r in runs:
+        for kind, step in r.collapse_steps():
+            # on the algorithm's mean curve, where the eye is; the label names the seed
+            y = float(np.interp(step, mean[0], mean[1])) if mean is not None else 0.0
+            ax.scatter([step], [y], marker="X", s=90 if fontsize >= 7 else 60, color=PALETTE[i % len(PALETTE)],
+                       edgecolors="black", zorder=5, label=None if labelled or drawn else "collapse event")
+            ax.annotate(f"{kind} (seed {r.seed})", (step, y), textcoords="offset points", xytext=(4, 6),
+                        fontsize=fontsize)
+            drawn = True
+    return drawn
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -85,55 +148,160 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
-def plot_eval(runs: list[RunData], path: Path, title: str) -> Path:
-    """(a) + (e): eval pass@1 and eval reward mean vs step; collapse events as X markers on pass@1."""
+def _grid(container, k: int) -> list:
+    """``k`` panels in ``grid_shape(k)`` on ``container`` (a figure or subfigure), x and y shared; the unused
+    cells of the last row are removed and the panels above them keep their x tick labels."""
+    rows, cols = grid_shape(k)
+    axes = list(np.atleast_1d(container.subplots(rows, cols, sharex=True, sharey=True, squeeze=False)).ravel())
+    for ax in axes[k:]:
+        ax.remove()
+    for j, ax in enumerate(axes[:k]):
+        if j + cols >= k:  # no panel below this one
+            ax.xaxis.set_tick_params(labelbottom=True)
+    return axes[:k]
+
+
+def _multiples(container, groups: list, key: str, ylabel: str, reference: str | None, transform=None,
+               marker: str | None = None, collapses: bool = False) -> tuple[list, bool]:
+    """Small multiples of ``key``: a panel per (style index, algo, runs) of ``groups`` (``styled``' list), titled
+    ``algo (n=K)`` in its colour, its mean curve and min–max band, and the ``reference`` algorithm's mean curve
+    as a thin grey line (gid ``REFERENCE_GID``) in every panel. Each panel's label is ``key|algo``.
+    Returns (the panels, whether a collapse marker was drawn)."""
+    axes = _grid(container, len(groups))
+    ref_runs = next((rs for _, a, rs in groups if a == reference), [])
+    ref = curve(ref_runs, key) if ref_runs else None
+    marked = False
+    for ax, (i, algo, rs) in zip(axes, groups):
+        ax.set_label(f"{key}|{algo}")
+        if ref is not None:
+            ref_mean = ref[1] if transform is None else transform(ref[1])
+            ax.plot(ref[0], ref_mean, color=REFERENCE_COLOR, linewidth=0.9, zorder=1.9, gid=REFERENCE_GID)
+        if not _draw(ax, rs, key, i, None, transform, marker, solo=True):
+            ax.text(0.5, 0.5, "not logged", transform=ax.transAxes, ha="center", va="center", color="grey",
+                    fontsize=8)
+        if collapses:
+            marked = _mark_collapses(ax, rs, i, fontsize=6) or marked
+        ax.set_title(f"{algo} (n={len(rs)})", color=PALETTE[i % len(PALETTE)], fontsize=9, fontweight="bold",
+                     pad=3)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    container.supxlabel("RL step", fontsize=9)
+    container.supylabel(ylabel, fontsize=9)
+    return axes, marked
+
+
+def _multiples_legend(fig: Figure, reference: str | None, marked: bool, seeds: bool, extra: tuple = ()) -> None:
+    """One legend under the panels: the reference line (labelled once for all panels), the band, collapse
+    markers when drawn, and ``extra`` handles."""
+    handles = []
+    if reference is not None:
+        handles.append(Line2D([], [], color=REFERENCE_COLOR, linewidth=0.9,
+                              label=f"{reference}: mean curve, repeated in every panel for reference"))
+    if seeds:
+        handles.append(Patch(color="0.5", alpha=0.3, label="band: min–max over seeds"))
+    if marked:
+        handles.append(Line2D([], [], marker="X", linestyle="", markersize=8, color="0.6", markeredgecolor="black",
+                              label="collapse event (kind, seed)"))
+    handles += list(extra)
+    if handles:
+        fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 3), fontsize=8)
+
+
+def eval_figure(runs: list[RunData], title: str, reference: str = DEFAULT_BASELINE) -> Figure:
+    """The figure ``plot_eval`` writes: one overlay axes pair up to ``OVERLAY_MAX`` algorithms, else two blocks
+    of small multiples, eval pass@1 on top, eval reward mean below."""
+    groups = styled(runs)
+    band = "mean over seeds, band = min–max" if any(len(v) > 1 for v in by_algo(runs).values()) else "one seed"
+    if len(groups) <= OVERLAY_MAX:
+        return _eval_overlay(groups, title, band)
+    ref = reference_algo([a for _, a, _ in groups], reference)
+    rows, cols = grid_shape(len(groups))
+    fig = Figure(figsize=(3.2 * cols, 2 * (2.1 * rows + 0.6) + 0.9), layout="constrained")
+    top, bottom = fig.subfigures(2, 1)
+    _, marked = _multiples(top, groups, "eval/pass1", "eval pass@1", ref, marker="o", collapses=True)
+    _multiples(bottom, groups, "eval/reward_mean", "eval reward mean", ref, marker="o")
+    top.suptitle("eval pass@1 (greedy, held out)", fontsize=10)
+    bottom.suptitle("eval reward mean (sampled)", fontsize=10)
+    _multiples_legend(fig, ref, marked, band != "one seed")
+    fig.suptitle(f"{title}: evaluation ({band}), a panel per algorithm")
+    return fig
+
+
+def _eval_overlay(groups: list, title: str, band: str) -> Figure:
     fig = Figure(figsize=(12, 4.4))
     ax_p, ax_r = fig.subplots(1, 2)
     marked = False
-    for i, algo, rs in styled(runs):
+    for i, algo, rs in groups:
         label = f"{algo} (n={len(rs)})"
         _draw(ax_p, rs, "eval/pass1", i, label)
         _draw(ax_r, rs, "eval/reward_mean", i, label)
-        mean = curve(rs, "eval/pass1")
-        for r in rs:
-            for kind, step in r.collapse_steps():
-                # on the algorithm's mean curve, where the eye is; the label names the seed
-                y = float(np.interp(step, mean[0], mean[1])) if mean is not None else 0.0
-                ax_p.scatter([step], [y], marker="X", s=90, color=_style(i)["color"], edgecolors="black",
-                             zorder=5, label=None if marked else "collapse event")
-                ax_p.annotate(f"{kind} (seed {r.seed})", (step, y), textcoords="offset points", xytext=(4, 6),
-                              fontsize=7)
-                marked = True
+        marked = _mark_collapses(ax_p, rs, i, labelled=marked) or marked
     for ax, name in ((ax_p, "eval pass@1 (greedy, held out)"), (ax_r, "eval reward mean (sampled)")):
         ax.set_xlabel("RL step")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
     ax_p.legend(fontsize=8, loc="best")
-    band = "mean over seeds, band = min–max" if any(len(v) > 1 for v in by_algo(runs).values()) else "one seed"
     fig.suptitle(f"{title}: evaluation ({band})")
-    return _save(fig, path)
+    return fig
 
 
-def plot_clip(runs: list[RunData], path: Path, title: str) -> Path:
-    """(b): clip/frac vs step on a log axis, zeros drawn at ``CLIP_FLOOR``; the article's two levels dotted."""
-    fig = Figure(figsize=(8, 4.6))
-    ax = fig.subplots()
-    for i, algo, rs in styled(runs):
-        _draw(ax, rs, "clip/frac", i, f"{algo} (n={len(rs)})", lambda a: np.maximum(a, CLIP_FLOOR), marker=None)
+def plot_eval(runs: list[RunData], path: Path, title: str, reference: str = DEFAULT_BASELINE) -> Path:
+    """(a) + (e): eval pass@1 and eval reward mean vs step; collapse events as X markers on pass@1
+    (``eval_figure``)."""
+    return _save(eval_figure(runs, title, reference), path)
+
+
+def _clip_floor(a: np.ndarray) -> np.ndarray:
+    return np.maximum(a, CLIP_FLOOR)
+
+
+def _clip_axis(ax, annotate: bool = True) -> None:
+    """The log clip/frac axis: the article's two levels dotted (named when ``annotate``), the floor line."""
     for algo, level in ARTICLE_CLIP.items():
         ax.axhline(level, color="grey", linestyle=":", linewidth=1)
-        ax.annotate(f"article: {algo} ≈ {100 * level:g} %", (0.01, level), xycoords=("axes fraction", "data"),
-                    xytext=(0, 3), textcoords="offset points", fontsize=7, color="grey")
+        if annotate:
+            ax.annotate(f"article: {algo} ≈ {100 * level:g} %", (0.01, level), xycoords=("axes fraction", "data"),
+                        xytext=(0, 3), textcoords="offset points", fontsize=7, color="grey")
     ax.axhline(CLIP_FLOOR, color="black", linewidth=0.6)
     ax.set_yscale("log")
     ax.set_ylim(CLIP_FLOOR / 2, 1.2)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{100 * y:g} %"))
+
+
+def clip_figure(runs: list[RunData], title: str, reference: str = DEFAULT_BASELINE) -> Figure:
+    """The figure ``plot_clip`` writes: one overlay axes up to ``OVERLAY_MAX`` algorithms, else small multiples
+    on a shared log axis, the article's two levels dotted in each panel."""
+    groups = styled(runs)
+    head = f"{title}: clipped-token fraction (log scale; 0 drawn at {CLIP_FLOOR:g})"
+    if len(groups) > OVERLAY_MAX:
+        ref = reference_algo([a for _, a, _ in groups], reference)
+        rows, cols = grid_shape(len(groups))
+        fig = Figure(figsize=(3.2 * cols, 2.2 * rows + 1.3), layout="constrained")
+        axes, _ = _multiples(fig, groups, "clip/frac", "clipped tokens (clip/frac)", ref, _clip_floor)
+        for ax in axes:  # the levels are named once, in the legend: a panel's text would cover its curves
+            _clip_axis(ax, annotate=False)
+        article = Line2D([], [], color="grey", linestyle=":", linewidth=1,
+                         label="the GSPO article's levels: gspo ≈ 15 % (upper), grpo ≈ 0.13 % (lower)")
+        _multiples_legend(fig, ref, False, any(len(rs) > 1 for _, _, rs in groups), (article,))
+        fig.suptitle(f"{head}, a panel per algorithm")
+        return fig
+    fig = Figure(figsize=(8, 4.6))
+    ax = fig.subplots()
+    for i, algo, rs in groups:
+        _draw(ax, rs, "clip/frac", i, f"{algo} (n={len(rs)})", _clip_floor, marker=None)
+    _clip_axis(ax)
     ax.set_xlabel("RL step")
     ax.set_ylabel("clipped tokens (clip/frac)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="lower right", ncols=2)
-    ax.set_title(f"{title}: clipped-token fraction (log scale; 0 drawn at {CLIP_FLOOR:g})")
-    return _save(fig, path)
+    ax.set_title(head)
+    return fig
+
+
+def plot_clip(runs: list[RunData], path: Path, title: str, reference: str = DEFAULT_BASELINE) -> Path:
+    """(b): clip/frac vs step on a log axis, zeros drawn at ``CLIP_FLOOR``; the article's two levels dotted
+    (``clip_figure``)."""
+    return _save(clip_figure(runs, title, reference), path)
 
 
 def plot_ratios(payload: dict, path: Path, title: str) -> Path:
@@ -194,55 +362,139 @@ def _edge(one: float, eps, sign: str) -> str:
     return "none" if eps is None else f"{one:g} {sign} {eps:g}"
 
 
-def plot_moe(runs: list[RunData], path: Path, title: str) -> Path:
-    """(d): MoE expert flip rate vs step per algorithm."""
+def plot_moe(runs: list[RunData], path: Path, title: str, reference: str = DEFAULT_BASELINE) -> Path:
+    """(d): MoE expert flip rate vs step per algorithm (small multiples beyond ``OVERLAY_MAX`` algorithms)."""
+    groups = styled(runs)
+    head = f"{title}: MoE routing changes per update (moe/expert_flip_rate)"
+    if len(groups) > OVERLAY_MAX:
+        ref = reference_algo([a for _, a, _ in groups], reference)
+        rows, cols = grid_shape(len(groups))
+        fig = Figure(figsize=(3.2 * cols, 2.2 * rows + 1.3), layout="constrained")
+        axes, _ = _multiples(fig, groups, "moe/expert_flip_rate", "expert flip rate", ref)
+        axes[0].yaxis.set_major_formatter(PercentFormatter(1.0))  # shared y: one formatter for all panels
+        _multiples_legend(fig, ref, False, any(len(rs) > 1 for _, _, rs in groups))
+        fig.suptitle(f"{head}, a panel per algorithm")
+        return _save(fig, path)
     fig = Figure(figsize=(8, 4.4))
     ax = fig.subplots()
-    for i, algo, rs in styled(runs):
+    for i, algo, rs in groups:
         _draw(ax, rs, "moe/expert_flip_rate", i, f"{algo} (n={len(rs)})", marker=None)
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.set_xlabel("RL step")
     ax.set_ylabel("expert flip rate")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(f"{title}: MoE routing changes per update (moe/expert_flip_rate)")
+    ax.set_title(head)
     return _save(fig, path)
+
+
+@dataclass(frozen=True)
+class ForestRow:
+    """One row of the forest plot: an algorithm's paired difference in final pass@1 to the baseline, in points."""
+
+    algo: str
+    n: int  # pairs
+    mean: float
+    lo: float | None  # the 95 % t interval; None with one pair
+    hi: float | None
+
+    @property
+    def decided(self) -> bool:
+        """The interval excludes 0 (the sign of the difference is decided at 95 %)."""
+        # decided  <=>  0 lies outside [lo, hi]
+        return self.lo is not None and (self.lo > 0 or self.hi < 0)
+
+    def value_text(self) -> str:
+        """``mean [lo, hi]`` in signed points (``mean (1 pair)`` without an interval), ``decided`` when it is."""
+        if self.lo is None:
+            return f"{self.mean:+.1f} (1 pair)"
+        return f"{self.mean:+.1f} [{self.lo:+.1f}, {self.hi:+.1f}]" + ("  decided" if self.decided else "")
+
+
+def forest_rows(group) -> list[ForestRow]:
+    """The forest plot's rows, top to bottom: each algorithm of ``group`` (a ``paired_table.PairedGroup``) with
+    a final pass@1 pair, largest mean difference first (ties: registry order, then name); values in points."""
+    order = _order()
+    rows = []
+    for r in group.rows:
+        if r["metric"] != "final_pass1" or r["n"] <= 0:
+            continue
+        # points = 100 x pass@1 units
+        lo, hi = (None, None) if r["ci_low"] is None else (100 * r["ci_low"], 100 * r["ci_high"])
+        rows.append(ForestRow(r["algo"], r["n"], 100 * r["mean_diff"], lo, hi))
+    return sorted(rows, key=lambda f: (-f.mean, order.get(f.algo, len(order)), f.algo))
+
+
+def _forest_xlim(rows: list[ForestRow], mde_pts: float | None) -> tuple[float, float]:
+    """x range holding every point and interval, 0 and ± the MDE, with 8 % padding each side."""
+    xs = [0.0] + [x for f in rows for x in (f.mean, f.lo, f.hi) if x is not None]
+    if mde_pts is not None:
+        xs += [-mde_pts, mde_pts]
+    lo, hi = min(xs), max(xs)
+    # pad = 8 % of the span (1 point when every value is 0)
+    pad = 0.08 * (hi - lo) or 1.0
+    return lo - pad, hi + pad
+
+
+def paired_figure(group, title: str) -> Figure:
+    """The forest plot ``plot_paired`` writes: a row per algorithm (``forest_rows``), largest mean on top, its
+    mean and 95 % t interval; decided rows (interval excludes 0) filled with a solid line, undecided ones
+    hollow with a faint line and grey label, a one-pair row hollow with no line; the zero line, ± the group's
+    MDE shaded; ``algo (n=K)`` on the left, ``mean [lo, hi]`` on the right."""
+    rows = forest_rows(group)
+    index = style_indices([f.algo for f in rows] + [group.baseline])
+    mde_pts = None if group.mde is None else 100 * group.mde
+    fig = Figure(figsize=(8.5, 0.36 * len(rows) + 2.3), layout="constrained")
+    ax = fig.subplots()
+    ax.set_label("forest")
+    handles = []
+    if mde_pts is not None:
+        ax.axvspan(-mde_pts, mde_pts, color="0.92", linewidth=0, zorder=0)
+        handles.append(Patch(color="0.92", label=f"± MDE {mde_pts:.1f} pts (n={group.mde_n} pairs, "
+                                                 f"{100 * POWER:g} % power)"))
+    ax.axvline(0, color="black", linewidth=1, zorder=1)
+    for y, f in enumerate(rows):
+        color = PALETTE[index[f.algo] % len(PALETTE)]
+        if f.lo is not None:
+            ax.plot([f.lo, f.hi], [y, y], color=color, linewidth=2.4 if f.decided else 1.4,
+                    alpha=1.0 if f.decided else 0.45, solid_capstyle="butt", zorder=2)
+        ax.plot([f.mean], [y], "o", markersize=7, color=color, markeredgewidth=1.5, zorder=3,
+                markerfacecolor=color if f.decided else "white")
+    ax.set_yticks(range(len(rows)), [f"{f.algo} (n={f.n})" for f in rows])
+    right = ax.secondary_yaxis("right")
+    right.set_yticks(range(len(rows)), [f.value_text() for f in rows])
+    for labels in (ax.get_yticklabels(), right.get_yticklabels()):
+        for lab, f in zip(labels, rows):
+            lab.set_color("black" if f.decided else UNDECIDED_COLOR)
+            lab.set_fontweight("bold" if f.decided else "normal")
+            lab.set_fontsize(8.5)
+    for lab in right.get_yticklabels():
+        lab.set_family("monospace")
+    right.tick_params(length=0)
+    ax.tick_params(axis="y", length=0)
+    # row 0 (the largest mean) on top
+    ax.set_ylim(max(len(rows), 1) - 0.5, -0.5)
+    ax.set_xlim(*_forest_xlim(rows, mde_pts))
+    ax.set_xlabel(f"final pass@1: algo − {group.baseline} (points)")
+    ax.grid(alpha=0.3, axis="x")
+    handles += [Line2D([], [], color="0.2", marker="o", linewidth=2.4, markersize=7,
+                       label="decided: 95 % interval excludes 0"),
+                Line2D([], [], color="0.2", marker="o", linewidth=1.4, alpha=0.45, markersize=7,
+                       markerfacecolor="white", label="undecided: interval holds 0"),
+                Line2D([], [], color="0.2", marker="o", linestyle="", markersize=7, markerfacecolor="white",
+                       label="one pair: no interval")]
+    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8)
+    fig.suptitle(f"{title}: final pass@1, paired difference vs {group.baseline}\nper seed; mean and 95 % t "
+                 "interval, sorted by mean (no multiple-comparison correction)", fontsize=10)
+    return fig
 
 
 def plot_paired(group, path: Path, title: str) -> Path:
-    """(f): per algorithm, the mean paired difference in final pass@1 to the baseline (points), its 95 % t
-    interval as an error bar (none with one pair), a zero line and, dotted, ± the group's MDE.
+    """(f): the forest plot of the mean paired differences in final pass@1 to the baseline (``paired_figure``).
 
     ``group`` is a ``paired_table.PairedGroup``; algorithms with no pair are left out.
     """
-    rows = [r for r in group.rows if r["metric"] == "final_pass1" and r["n"] > 0]
-    order = _order()
-    fig = Figure(figsize=(max(5.0, 1.3 * len(rows) + 2.5), 4.4))
-    ax = fig.subplots()
-    ax.axhline(0, color="black", linewidth=1)
-    if group.mde is not None:
-        for sign in (1, -1):
-            ax.axhline(sign * 100 * group.mde, color="grey", linestyle=":", linewidth=1,
-                       label=f"± MDE ({100 * group.mde:.1f} pts, n={group.mde_n}, 80 % power)" if sign > 0 else None)
-    for x, r in enumerate(rows):
-        i = order.get(r["algo"], len(order) + x)
-        mean = 100 * r["mean_diff"]
-        if r["ci_low"] is not None:
-            err = [[mean - 100 * r["ci_low"]], [100 * r["ci_high"] - mean]]
-            ax.errorbar([x], [mean], yerr=err, fmt="o", capsize=6, markersize=7, color=_style(i)["color"])
-        else:  # one pair: the difference alone, hollow
-            ax.plot([x], [mean], "o", markersize=7, markerfacecolor="white", color=_style(i)["color"])
-        if r["significant"]:
-            ax.annotate("*", (x, mean), textcoords="offset points", xytext=(8, 0), fontsize=14, va="center")
-    ax.set_xticks(range(len(rows)), [f"{r['algo']}\nn={r['n']}" for r in rows])
-    ax.set_xlim(-0.6, len(rows) - 0.4)
-    ax.set_ylabel(f"final pass@1: algo − {group.baseline} (points)")
-    ax.grid(alpha=0.3, axis="y")
-    if group.mde is not None:
-        ax.legend(fontsize=8, loc="best")
-    ax.set_title(f"{title}: final pass@1, paired difference vs {group.baseline}\n"
-                 "per seed; mean and 95 % t interval, * = interval excludes 0", fontsize=10)
-    return _save(fig, path)
+    return _save(paired_figure(group, title), path)
 
 
 # (g): the rows of the splits figure, in order: (metric, y label, log axis, percent axis)

@@ -5,12 +5,15 @@ Per leaderboard group (task, model, preset, config) of FINISHED runs:
 (a) eval pass@1 and eval reward mean vs step, with (e) collapse events marked;
 (b) clip/frac vs step on a log axis, and the measured GSPO/GRPO clip ratio
     next to the article's claim (~15 % vs ~0.13 %, about 100x);
+    (a), (b) and (d) with more than ``figures.OVERLAY_MAX`` algorithms: a
+    panel per algorithm, the baseline's mean curve grey in each;
 (c) token vs sequence ratio histograms for the last ``ratios/step_*.json``
     batch of a gspo run (gspo_token when there is none), clip band marked;
 (d) the MoE expert flip rate, for groups with ``moe=true`` runs;
 (f) the paired differences vs the baseline (``--baseline``, default grpo):
-    the leaderboard's paired table and MDE line for the group, and a figure
-    of each algorithm's mean final pass@1 difference with its 95 % interval;
+    the leaderboard's paired table and MDE line for the group, and a forest
+    plot of each algorithm's mean final pass@1 difference with its 95 %
+    interval, sorted by mean;
 (g) with ``by`` only, once per group after its splits' sections ("Splits
     compared", ``splits_<group>.png``): eval pass@1, mismatch/kl,
     moe/routing_mismatch and moe/expert_flip_rate (those logged) vs step, a
@@ -179,9 +182,10 @@ def paired_section(paired: PairedGroup | None, baseline: str, note: str | None, 
         return md + ["No figure: no algorithm has a seed paired with the baseline on final pass@1.", ""], []
     fig = figures.plot_paired(paired, out / f"paired_{name}.png", title)
     md += [f"![paired differences in final pass@1 vs {baseline}, {title}]({fig.name})", "",
-           "Mean paired difference in final pass@1 per algorithm, bar = 95 % t interval (a hollow marker: one "
-           "pair, no interval), * = the interval excludes 0"
-           + ("; dotted: ± the group's MDE, the difference this design detects with 80 % power." if paired.mde
+           "Forest plot: a row per algorithm, largest mean paired difference in final pass@1 on top; line = 95 % t "
+           "interval, filled marker and bold label = decided (the interval excludes 0), hollow = undecided, "
+           "hollow with no line = one pair (no interval); mean [low, high] in points on the right"
+           + ("; shaded: ± the group's MDE, the difference this design detects with 80 % power." if paired.mde
               is not None else "."), ""]
     return md, [fig]
 
@@ -196,13 +200,19 @@ def group_section(client, key: tuple, runs: list[RunData], rows: list[dict], out
     split = "".join(f", {n} `{v}`" for n, v in zip(by, vals))
     md = [f"## {title}", "", f"Preset `{preset}`, config `{config}`{split}; {len(runs)} finished runs "
           f"({', '.join(f'{a} ×{len(v)}' for a, v in figures.by_algo(runs).items())}).", ""]
-    figs = [figures.plot_eval(runs, out / f"eval_{name}.png", title),
-            figures.plot_clip(runs, out / f"clip_{name}.png", title)]
+    figs = [figures.plot_eval(runs, out / f"eval_{name}.png", title, baseline),
+            figures.plot_clip(runs, out / f"clip_{name}.png", title, baseline)]
+    many = len(figures.by_algo(runs)) > figures.OVERLAY_MAX
+    reference = figures.reference_algo(list(figures.by_algo(runs)), baseline)
+    panels = (f" More than {figures.OVERLAY_MAX} algorithms: a panel per algorithm on shared axes, {reference}'s "
+              "mean curve repeated in every panel as a thin grey line." if many else "")
     md += [f"### (a) Evaluation", "", f"![eval pass@1 and reward, {title}]({figs[0].name})", "",
            "Mean over seeds with a min–max band; X markers are collapse events, at the event's step on the "
-           "algorithm's mean pass@1 curve, labelled with kind and seed.", "",
+           "algorithm's mean pass@1 curve, labelled with kind and seed." + panels
+           + (" Eval pass@1 in the upper block of panels, eval reward mean in the lower." if many else ""), "",
            "### (b) Clipped-token fraction", "", f"![clip/frac, {title}]({figs[1].name})", "",
-           f"Log scale: steps with no clipped token are drawn at {figures.CLIP_FLOOR:g}. {clip_claim(rows)}", ""]
+           f"Log scale: steps with no clipped token are drawn at {figures.CLIP_FLOOR:g}; dotted: the article's "
+           f"levels.{panels} {clip_claim(rows)}", ""]
     md += ["### (c) Token vs sequence ratios", ""]
     payload = ratio_payload(client, runs)
     if payload is None:
@@ -218,10 +228,12 @@ def group_section(client, key: tuple, runs: list[RunData], rows: list[dict], out
     md += ["### (d) MoE expert flip rate", ""]
     moe = [r for r in runs if r.tags.get("moe") == "true"]
     if moe and any("moe/expert_flip_rate" in r.history for r in moe):
-        figs.append(figures.plot_moe(moe, out / f"moe_{name}.png", title))
+        figs.append(figures.plot_moe(moe, out / f"moe_{name}.png", title, baseline))
         md += [f"![expert flip rate, {title}]({figs[-1].name})", "",
                "Fraction of the old policy's (token, layer, top-k slot) expert choices that the updated policy "
-               "no longer makes, per RL step.", ""]
+               "no longer makes, per RL step."
+               + (" A panel per algorithm, the reference's mean curve in grey in each." if len(figures.by_algo(moe))
+                  > figures.OVERLAY_MAX else ""), ""]
     else:
         md += ["Skipped: no MoE run (tag `moe=true`) with `moe/expert_flip_rate` in this group.", ""]
     md += ["### (e) Collapse events", ""]
