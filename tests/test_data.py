@@ -367,6 +367,40 @@ def test_truncated_frac_counts_only_responses_without_eos(task, policy, monkeypa
     assert batch.stats["response/truncated_frac"] == pytest.approx(1 / 3)
 
 
+def test_length_means_split_by_correctness(task, policy, monkeypatch):
+    import gspo_bench.rollout.datamodule as data_mod
+
+    _, tok = policy
+    E, PAD = tok.eos_token_id, tok.pad_token_id
+
+    def fake_generate(engine, model, tokenizer, prompts, **kw):
+        # response lengths 3, 1, 2, 3
+        return hand_generation(tok, prompts,
+                               [[*ids(tok, "12"), E], [E, PAD, PAD], [*ids(tok, "1"), E, PAD], ids(tok, "123")],
+                               [[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]], None)
+
+    monkeypatch.setattr(data_mod, "generate", fake_generate)
+    dm = make_dm(task, policy, prompts_per_step=1, group_size=4, max_new_tokens=3)
+    # correct = score >= 1: the first two; partial credit (0.5) counts as wrong
+    dm.score = scripted([1.0, 1.0, 0.5, 0.0])
+    stats = dm.rollout(0).stats
+    assert stats["response/length_mean"] == pytest.approx(9 / 4)
+    # by hand: correct (3 + 1) / 2 = 2, wrong (2 + 3) / 2 = 2.5
+    assert stats["response/length_correct_mean"] == pytest.approx(2.0)
+    assert stats["response/length_wrong_mean"] == pytest.approx(2.5)
+    # a step with no correct response leaves that key out (no NaN logged); the wrong mean is the overall one
+    dm.score = scripted([0.0, 0.5, 0.0, 0.99])
+    stats = dm.rollout(1).stats
+    assert "response/length_correct_mean" not in stats
+    assert stats["response/length_wrong_mean"] == pytest.approx(9 / 4) == stats["response/length_mean"]
+    # and one with no wrong response leaves the other out
+    dm.score = scripted([1.0, 1.0, 1.0, 1.0])
+    stats = dm.rollout(2).stats
+    assert "response/length_wrong_mean" not in stats
+    assert stats["response/length_correct_mean"] == pytest.approx(9 / 4)
+    assert all(v == v for v in stats.values())
+
+
 def test_truncation_counts_every_eos_id_the_engine_stops_on(task, policy, monkeypatch):
     # a model whose generation config ends a response on two ids: "9" ends it as eos does
     import copy

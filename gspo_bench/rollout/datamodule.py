@@ -290,6 +290,13 @@ class RolloutDataModule(L.LightningDataModule):
             "verify/timeouts": float(self.timeouts),
         }
         self.timeouts = 0
+        # correct: the verifier's score (before shaping) fully verifies, as eval/pass1_sampled counts it
+        correct = scores.to(lengths.device) >= 1.0
+        # mean length over each class that has a response this step; an empty class logs no value (not NaN)
+        for key, part in (("response/length_correct_mean", correct), ("response/length_wrong_mean", ~correct)):
+            if bool(part.any()):
+                # L_class = sum_{i in class} L_i / |class|
+                stats[key] = float(lengths[part].float().mean())
         if self.vllm is not None:  # pushing the weights into vLLM: this rollout's, and an evaluation's before it
             stats["time/weight_sync"] = self.vllm.take_sync_time()
         if self.s.dynamic_sampling:
