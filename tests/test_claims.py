@@ -7,7 +7,7 @@ from mlflow_fakes import log_run, new_store, one_line
 
 from gspo_bench.cli.main import main
 from gspo_bench.reporting import claims as cl
-from gspo_bench.reporting.claim_specs import EXPERIMENTS, Part, Term, claims
+from gspo_bench.reporting.claim_specs import EXPERIMENTS, SUITE_COMMAND, Part, Term, claims
 from gspo_bench.reporting.frame import RunData
 from scipy.stats import t as student_t
 
@@ -92,7 +92,7 @@ def test_combine():
 
 def test_every_claim_names_known_experiments_and_terms():
     specs = claims(2.0)
-    assert len(specs) == 8 and len({c.key for c in specs}) == 8
+    assert len(specs) == 12 and len({c.key for c in specs}) == 12
     for c in specs:
         used = {t.experiment for p in c.parts for t in p.terms} | {cv.experiment for cv in c.curves}
         assert used <= set(c.experiments) <= set(EXPERIMENTS), c.key
@@ -108,7 +108,8 @@ def test_every_claim_names_known_experiments_and_terms():
             "algo": "dapo", "tuning": off})
         assert part.region == (0.0, math.inf) and part.decisive
     # every history a measure or a figure reads is loaded (the entropy reading of clip-higher included)
-    assert set(cl.needed_metrics(specs)) == {"eval/pass1", "clip/frac", "mismatch/kl", "policy/entropy"}
+    assert set(cl.needed_metrics(specs)) == {"eval/pass1", "clip/frac", "mismatch/kl", "policy/entropy",
+                                             "response/length_wrong_mean", "response/length_mean"}
 
 
 def test_claims_command_writes_the_page(tmp_path_factory, tmp_path, capsys):
@@ -140,3 +141,237 @@ def test_claims_command_bad_input(tmp_path_factory, capsys):
     assert "--margin must be > 0" in one_line(capsys)
     assert main(["claims", "--tracking-uri", "sqlite:////nonexistent/dir/m.db"]) == 2
     assert "no database file" in one_line(capsys)
+
+
+# -- the newer losses' claims (sapo, vespo-stale, dppo-stale, dr-grpo-length) ------------------------------------
+SIX = {"grpo", "ppo", "dapo", "gspo", "gspo_token", "cispo"}
+DFLT = {"preset": "default", "tuning": "default"}
+
+
+def _rd(algo: str, seed: int, final: float, hist: dict | None = None, **tags) -> RunData:
+    """A FINISHED run: eval/pass1 0.40 at step 0 and ``final`` at step 40, plus the histories ``hist``."""
+    return RunData(f"{algo}{seed}{tags}", "FINISHED", {"algo": algo, "seed": str(seed), **tags}, {}, {},
+                   {"eval/pass1": [(0, 0.40), (40, final)], **(hist or {})})
+
+
+def _claim(key: str, delta: float = 3.0):
+    return next(c for c in claims(delta) if c.key == key)
+
+
+def _t_ci(ds: list[float]) -> tuple[float, float]:
+    """The 95 % t interval of the paired differences ``ds``, by hand."""
+    n, mean = len(ds), sum(ds) / len(ds)
+    sd = math.sqrt(sum((d - mean) ** 2 for d in ds) / (n - 1))
+    half = student_t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    return mean - half, mean + half
+
+
+def test_new_claims_are_built_as_specified():
+    sapo, vespo, dppo, dr = (_claim(k, 2.0) for k in ("sapo", "vespo-stale", "dppo-stale", "dr-grpo-length"))
+    assert [(p.region, p.unit, p.decisive) for p in sapo.parts] == [
+        ((0.0, math.inf), "points", True), ((-2.0, math.inf), "points", True), ((-math.inf, 0.0), "log10", False)]
+    assert [(t.experiment, dict(t.where), t.measure, t.sign) for t in sapo.parts[0].terms] == [
+        ("arith-default", {"algo": "sapo", **DFLT}, "final", 1),
+        ("arith-default", {"algo": "grpo", **DFLT}, "final", -1)]
+    assert [(t.experiment, t.where, t.sign) for t in sapo.parts[1].terms] == [
+        ("suite-hot", (("algo", "sapo"),), 1), ("suite-hot", (("algo", "gspo"),), -1)]
+    assert {t.measure for t in sapo.parts[2].terms} == {"log10:clip/frac"}
+    assert [c.label for c in sapo.curves] == ["default grpo", "default sapo", "hot gspo", "hot sapo"]
+    # VESPO: a difference of differences (stale minus default) and a plain offpolicy difference, both decisive
+    did, off = vespo.parts
+    assert [(t.experiment, dict(t.where)["algo"], t.sign) for t in did.terms] == [
+        ("suite-stale", "vespo", 1), ("suite-stale", "grpo", -1), ("arith-default", "vespo", -1),
+        ("arith-default", "grpo", 1)]
+    assert [(t.experiment, dict(t.where)["algo"], t.sign) for t in off.terms] == [
+        ("suite-offpolicy", "vespo", 1), ("suite-offpolicy", "grpo", -1)]
+    assert did.region == off.region == (0.0, math.inf) and did.decisive and off.decisive
+    # DPPO: the same design for each divergence, four decisive parts
+    assert len(dppo.parts) == 4 and all(p.decisive and p.region == (0.0, math.inf) for p in dppo.parts)
+    assert [dict(p.terms[0].where)["algo"] for p in dppo.parts] == ["dppo_tv", "dppo_tv", "dppo_kl", "dppo_kl"]
+    assert [c.label for c in dppo.curves] == ["stale grpo", "stale dppo_tv", "stale dppo_kl"]
+    # Dr. GRPO: shorter wrong answers and pass@1 at least as good decide; the overall length is shown
+    assert dr.experiments == ("suite-long",) and dr.curve_metric == "response/length_wrong_mean"
+    assert [(p.terms[0].measure, p.region, p.unit, p.decisive) for p in dr.parts] == [
+        ("log10:response/length_wrong_mean", (-math.inf, 0.0), "log10", True),
+        ("final", (-2.0, math.inf), "points", True),
+        ("log10:response/length_mean", (-math.inf, 0.0), "log10", False)]
+    assert [dict(t.where)["algo"] for p in dr.parts for t in p.terms] == ["dr_grpo", "grpo"] * 3
+
+
+def test_every_experiment_names_the_commands_that_made_its_runs():
+    import re
+
+    for name, (what, cmds) in EXPERIMENTS.items():
+        assert isinstance(cmds, tuple) and cmds and all(isinstance(c, str) and c.startswith("python -m gspo_bench ")
+                                                        for c in cmds), name
+    # a suite experiment: the full suite first (its `all` = the six), then the newer losses' command; between
+    # them they name every algorithm a claim reads there, and each covers the experiment's scenario
+    used: dict[str, set] = {}
+    for c in claims():
+        for t in [t for p in c.parts for t in p.terms] + list(c.curves):
+            used.setdefault(t.experiment, set()).add(dict(t.where)["algo"])
+    for name in ("suite-hot", "suite-stale", "suite-offpolicy", "suite-long"):
+        cmds = EXPERIMENTS[name][1]
+        assert cmds[0] == SUITE_COMMAND and len(cmds) == 2, name
+        named = set()
+        for cmd in cmds:
+            assert name.removeprefix("suite-") in re.search(r"--scenarios (\S+)", cmd).group(1).split(","), cmd
+            algos = re.search(r"--algos (\S+)", cmd).group(1).split(",")
+            named |= SIX if algos == ["all"] else set(algos)
+        assert used[name] <= named, (name, used[name] - named)
+    assert {"sapo"} <= used["suite-hot"] and {"vespo", "dppo_tv", "dppo_kl"} <= used["suite-stale"]
+    assert "sapo" in EXPERIMENTS["suite-hot"][1][1] and "dr_grpo" in EXPERIMENTS["suite-long"][1][1]
+    assert len(EXPERIMENTS["dapo-ablation"][1]) == 2  # one command per part switched off
+
+
+def _long_runs(wrong_dr: dict, wrong_grpo: dict) -> dict[str, list[RunData]]:
+    """suite-long: grpo and dr_grpo on seeds 0-2 with the given wrong-answer length histories per seed."""
+    runs = []
+    for s, (g, d) in enumerate(((0.50, 0.51), (0.52, 0.53), (0.48, 0.50))):
+        runs.append(_rd("grpo", s, g, {"response/length_mean": [(1, 40.0)], **(
+            {"response/length_wrong_mean": wrong_grpo[s]} if s in wrong_grpo else {})}))
+        runs.append(_rd("dr_grpo", s, d, {"response/length_mean": [(1, 50.0)],
+                                          "response/length_wrong_mean": wrong_dr[s]}))
+    return {"suite-long": runs}
+
+
+GRPO_WRONG = {0: [(1, 40.0), (2, 50.0)], 1: [(1, 44.0), (2, 56.0)], 2: [(1, 38.0), (2, 42.0)]}  # means 45, 50, 40
+
+
+def test_dr_grpo_length_by_hand():
+    # dr_grpo's wrong answers shorter on every seed (means 30, 25, 20; seed 1 has no wrong answer at step 2,
+    # seed 2 none after step 1: a step without the key is no value, not a zero)
+    short = {0: [(1, 30.0), (2, 30.0)], 1: [(1, 25.0), (3, 25.0)], 2: [(1, 20.0)]}
+    res = cl.evaluate((_claim("dr-grpo-length"),), _long_runs(short, GRPO_WRONG))[0]
+    wrong, final, length = res.parts
+    ds = [math.log10(30 / 45), math.log10(25 / 50), math.log10(20 / 40)]
+    assert wrong.seeds == ["0", "1", "2"]
+    assert wrong.stat.mean == pytest.approx(sum(ds) / 3)
+    assert wrong.stat.ci == pytest.approx(_t_ci(ds))
+    assert wrong.stat.ci[1] < 0 and wrong.verdict == cl.REPRODUCED  # about [-0.44, -0.08]: 0.36x to 0.83x
+    # final pass@1 in points: 1, 1, 2 -> interval about [-0.1, +2.8], inside "at least as well" (> -3)
+    assert final.stat.mean == pytest.approx(4 / 3) and final.stat.ci == pytest.approx(_t_ci([1.0, 1.0, 2.0]))
+    assert final.verdict == cl.REPRODUCED
+    # all responses: dr_grpo 50 vs 40 tokens on every seed, log10 1.25 > 0: refuted, but it is not decisive
+    assert length.stat.mean == pytest.approx(math.log10(1.25)) and length.verdict == cl.REFUTED
+    assert res.verdict == cl.REPRODUCED
+    # dr_grpo's wrong answers about twice as long on every seed (means 90, 110, 80): the claim is refuted
+    longer = {0: [(1, 90.0)], 1: [(1, 100.0), (2, 120.0)], 2: [(1, 80.0)]}
+    res = cl.evaluate((_claim("dr-grpo-length"),), _long_runs(longer, GRPO_WRONG))[0]
+    ds = [math.log10(90 / 45), math.log10(110 / 50), math.log10(80 / 40)]
+    assert res.parts[0].stat.ci == pytest.approx(_t_ci(ds)) and res.parts[0].stat.ci[0] > 0
+    assert res.parts[0].verdict == cl.REFUTED and res.verdict == cl.REFUTED
+    # grpo runs made before the metric existed: that part is not run, naming why; half measured is not decided
+    res = cl.evaluate((_claim("dr-grpo-length"),), _long_runs(short, {}))[0]
+    assert res.parts[0].verdict == cl.NOT_RUN and res.parts[0].missing == (
+        "no seed has every term measured (no run has log10:response/length_wrong_mean of algo=grpo in suite-long)")
+    assert res.parts[1].verdict == cl.REPRODUCED and res.verdict == cl.UNDECIDED
+
+
+def test_sapo_by_hand():
+    runs = {"arith-default": [], "suite-hot": []}
+    for s, (g, p) in enumerate(((0.55, 0.60), (0.57, 0.61), (0.56, 0.62))):
+        runs["arith-default"] += [_rd("grpo", s, g, {"clip/frac": [(1, 0.01), (2, 0.01)]}, **DFLT),
+                                  _rd("sapo", s, p, {"clip/frac": [(1, 0.002), (2, 0.0)]}, **DFLT),
+                                  _rd("sapo", s, 0.1, tuning="other")]  # another tuning: never picked
+    for s, (g, p) in enumerate(((0.50, 0.49), (0.52, 0.50), (0.54, 0.55))):
+        runs["suite-hot"] += [_rd("gspo", s, g), _rd("sapo", s, p), _rd("grpo", s, 0.02)]
+    res = cl.evaluate((_claim("sapo"),), runs)[0]
+    default, hot, clip = res.parts
+    # default: 5, 4, 6 points -> [+2.5, +7.5], above 0
+    assert default.stat.mean == pytest.approx(5.0) and default.stat.ci == pytest.approx(_t_ci([5.0, 4.0, 6.0]))
+    assert default.verdict == cl.REPRODUCED
+    # hot: -1, -2, +1 points -> about [-4.5, +3.1], straddling -3: not decided, and so is the claim
+    assert hot.stat.ci == pytest.approx(_t_ci([-1.0, -2.0, 1.0])) and hot.stat.ci[0] < -3 < hot.stat.ci[1]
+    assert hot.verdict == cl.UNDECIDED and res.verdict == cl.UNDECIDED
+    # clip/frac: sapo's mean 0.001 vs grpo's 0.01 on every seed: log10 ratio -1
+    assert clip.stat.mean == pytest.approx(-1.0) and clip.verdict == cl.REPRODUCED and not clip.part.decisive
+    # a wider margin takes the hot interval inside "at least as well": the claim is reproduced
+    assert cl.evaluate((_claim("sapo", delta=5.0),), runs)[0].verdict == cl.REPRODUCED
+
+
+def test_vespo_and_dppo_under_staleness_by_hand():
+    finals = {  # algo: (stale, default, offpolicy) final pass@1 per seed 0, 1, 2
+        "grpo": ((0.40, 0.42, 0.44), (0.55, 0.56, 0.57), (0.50, 0.50, 0.50)),
+        "vespo": ((0.50, 0.50, 0.53), (0.56, 0.57, 0.57), (0.53, 0.54, 0.52)),
+        "dppo_tv": ((0.45, 0.47, 0.49), (0.55, 0.56, 0.57), (0.52, 0.52, 0.52)),
+        "dppo_kl": ((0.30, 0.31, 0.33), (0.56, 0.56, 0.58), (0.51, 0.51, 0.51)),
+    }
+    runs = {"suite-stale": [], "arith-default": [], "suite-offpolicy": []}
+    for algo, (stale, dflt, off) in finals.items():
+        for s in range(3):
+            runs["suite-stale"].append(_rd(algo, s, stale[s]))
+            runs["arith-default"].append(_rd(algo, s, dflt[s], **DFLT))
+            runs["suite-offpolicy"].append(_rd(algo, s, off[s]))
+    vespo, dppo = cl.evaluate((_claim("vespo-stale"), _claim("dppo-stale")), runs)
+    # vespo: (50 - 40) - (56 - 55) = 9, (50 - 42) - (57 - 56) = 7, (53 - 44) - (57 - 57) = 9
+    assert vespo.parts[0].stat.mean == pytest.approx(25 / 3)
+    assert vespo.parts[0].stat.ci == pytest.approx(_t_ci([9.0, 7.0, 9.0]))
+    # offpolicy: 3, 4, 2 -> [+0.5, +5.5]
+    assert vespo.parts[1].stat.ci == pytest.approx(_t_ci([3.0, 4.0, 2.0]))
+    assert [p.verdict for p in vespo.parts] == [cl.REPRODUCED] * 2 and vespo.verdict == cl.REPRODUCED
+    # dppo_tv: +5 on every seed under staleness, +2 offpolicy; dppo_kl: (30 - 40) - (56 - 55) = -11, -11, -12
+    # under staleness (refuted), +1 offpolicy
+    tv_did, tv_off, kl_did, kl_off = dppo.parts
+    assert tv_did.stat.mean == pytest.approx(5.0) and tv_off.stat.mean == pytest.approx(2.0)
+    assert kl_did.stat.mean == pytest.approx(-34 / 3) and kl_did.stat.ci[1] < 0
+    assert kl_off.stat.mean == pytest.approx(1.0)
+    assert [p.verdict for p in dppo.parts] == [cl.REPRODUCED, cl.REPRODUCED, cl.REFUTED, cl.REPRODUCED]
+    assert dppo.verdict == cl.REFUTED  # one decisive part refuted refutes the claim
+    # without the default's dppo runs the differences of differences are not run; offpolicy alone decides nothing
+    runs["arith-default"] = [r for r in runs["arith-default"] if not r.tags["algo"].startswith("dppo")]
+    dppo = cl.evaluate((_claim("dppo-stale"),), runs)[0]
+    assert [p.verdict for p in dppo.parts] == [cl.NOT_RUN, cl.REPRODUCED, cl.NOT_RUN, cl.REPRODUCED]
+    assert "no FINISHED run of arith-default with algo=dppo_tv" in dppo.parts[0].missing
+    assert dppo.verdict == cl.UNDECIDED
+
+
+def test_page_names_every_command_and_new_claims_not_run():
+    results = cl.evaluate(claims(), {})
+    meta = {"command": "python -m gspo_bench claims", "commit": "abc", "machine": "m", "margin": 3.0,
+            "missing": {e: f"experiment {e!r} not found" for e in EXPERIMENTS}}
+    page = cl.markdown(results, meta, {})
+    assert all(r.verdict == cl.NOT_RUN for r in results)
+    sections = page.split("\n## ")[1:]
+    assert len(sections) == 12
+    sapo = next(s for s in sections if s.startswith("9. SAPO's soft gate"))
+    assert "**Verdict: not run.**" in sapo and "arXiv 2511.20347" in sapo
+    # the hot scenario was made by two commands: each is its own item under the experiment
+    assert f"  - `{SUITE_COMMAND}`\n  - `python -m gspo_bench suite --scenarios hot --algos grpo,gspo,sapo " \
+           "--seeds 3`" in sapo
+    dr = next(s for s in sections if s.startswith("12. Dropping GRPO's std"))
+    assert "arXiv 2503.20783" in dr and "  - `python -m gspo_bench suite --scenarios long --algos grpo,dr_grpo " \
+        "--seeds 3`" in dr
+    assert "  - `python -m gspo_bench run --algos all --seed 0,1,2,3,4,5,6,7 --experiment arith-default`" in sapo
+    for key in ("vespo-stale", "dppo-stale"):
+        text = next(s for s in sections if _claim(key).text in s.split("\n")[0])
+        assert "  - `python -m gspo_bench suite --scenarios stale,offpolicy --algos grpo,vespo,dppo_tv,dppo_kl " \
+               "--seeds 3`" in text and "not run" in text
+
+
+def test_claims_command_with_only_some_new_experiments(tmp_path_factory, tmp_path, capsys):
+    uri, client, ids = new_store(tmp_path_factory, "claims-new", "arith-default", "suite-long")
+    # suite-long: dr_grpo's wrong answers 20 tokens vs grpo's 40, pass@1 +1 point; no sapo run anywhere
+    for s in range(3):
+        for algo, wrong, fin in (("grpo", 40.0, 0.50), ("dr_grpo", 20.0 + s, 0.51)):
+            metrics = [("response/length_wrong_mean", st, wrong) for st in (1, 2, 3)]
+            metrics += [("response/length_mean", st, wrong - 5) for st in (1, 2, 3)]
+            log_run(client, ids["suite-long"], algo=algo, seed=s, evals=[(0, 0.40), (40, fin + s / 100)],
+                    tags={"preset": "long"}, metrics=metrics)
+        log_run(client, ids["arith-default"], algo="grpo", seed=s, evals=[(0, 0.40), (40, 0.55)],
+                tags={"tuning": "default"})
+    out = tmp_path / "claims.md"
+    assert main(["claims", "--tracking-uri", uri, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "wrong answers stop growing longer. -> reproduced" in printed
+    assert "SAPO's soft gate keeps more learning signal than hard clipping, and is at least as stable as GSPO. " \
+           "-> not run" in printed
+    page = out.read_text()
+    row = next(line for line in page.splitlines() if line.startswith("| long: log10 wrong-answer length ratio"))
+    ds = [math.log10((20 + s) / 40) for s in range(3)]
+    lo, hi = _t_ci(ds)
+    assert f"[{lo:+.2f}, {hi:+.2f}]" in row and row.endswith("| reproduced |")
+    assert "no FINISHED run of arith-default with algo=sapo" in page
+    figs = out.parent / "claims"
+    assert (figs / "claim-dr-grpo-length.png").stat().st_size > 1000
+    assert not (figs / "claim-sapo.png").exists() and not (figs / "claim-vespo-stale.png").exists()

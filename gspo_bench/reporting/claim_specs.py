@@ -1,5 +1,6 @@
 """The claims of the sources (the GSPO paper and the Qwen team's article on it, the MiniMax-M1 paper for
-CISPO, TRL's pull request adding GSPO-token, the R3 paper) and the miniature experiment that checks each one.
+CISPO, TRL's pull request adding GSPO-token, the R3 paper, the DAPO paper, and the papers of SAPO, VESPO, DPPO
+and Dr. GRPO) and the miniature experiment that checks each one.
 
 A claim is split into *parts*. A part is a per-seed paired difference
 
@@ -27,38 +28,49 @@ from dataclasses import dataclass
 INF = math.inf
 DEFAULT_MARGIN = 3.0  # points of greedy pass@1; RL lifts it by 16-36 points on the default task
 
+# the full suite, run when ``--algos all`` meant the six (grpo, ppo, dapo, gspo, gspo_token, cispo)
 SUITE_COMMAND = "python -m gspo_bench suite --scenarios stale,hot,offpolicy,moe-bf16,long --algos all --seeds 3"
-# experiment -> (what it is, the commands that made it)
-EXPERIMENTS: dict[str, tuple[str, str]] = {
+# the newer losses' cells, added to the same experiments (a suite skips the cells it already holds)
+HOT_COMMAND = "python -m gspo_bench suite --scenarios hot --algos grpo,gspo,sapo --seeds 3"
+STALE_COMMAND = "python -m gspo_bench suite --scenarios stale,offpolicy --algos grpo,vespo,dppo_tv,dppo_kl --seeds 3"
+LONG_COMMAND = "python -m gspo_bench suite --scenarios long --algos grpo,dr_grpo --seeds 3"
+_SIX = "the six algorithms of the full suite (grpo, ppo, dapo, gspo, gspo_token, cispo)"
+# experiment -> (what it is, the commands that made its runs, in order)
+EXPERIMENTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "arith-default": (
         "the default preset: tiny-dense (Qwen3, 4 layers) on arith, warm start to 40-43 %, 64 prompts x 8 "
         "samples, 40 RL steps, 4 minibatches, lr 2e-4; every algorithm from the same warm start per seed",
-        "python -m gspo_bench run --algos all --seed 0,1,2,3,4,5,6,7 --experiment arith-default"),
+        ("python -m gspo_bench run --algos all --seed 0,1,2,3,4,5,6,7 --experiment arith-default",)),
     "moe-stabilisers": (
         "tiny-moe (Qwen3-MoE, 8 experts, top-2) on arith, default preset, sampler in bfloat16 and training in "
         "float32, under Routing Replay none / r3 / r2 and TIS (cap 2)",
-        "python -m gspo_bench run --algos grpo,gspo,cispo --model tiny-moe --seed 0,1,2 --experiment "
-        "moe-stabilisers --set rollout.dtype=bfloat16 --set moe.routing_replay=R --set rollout.correction=C  "
-        "# (R, C) = (none, none), (r3, none), (r2, none), (none, tis)"),
+        ("python -m gspo_bench run --algos grpo,gspo,cispo --model tiny-moe --seed 0,1,2 --experiment "
+         "moe-stabilisers --set rollout.dtype=bfloat16 --set moe.routing_replay=R --set rollout.correction=C  "
+         "# (R, C) = (none, none), (r3, none), (r2, none), (none, tis)",)),
     "dapo-ablation": (
         "DAPO on the default preset with one of its parts switched off, from the same warm starts as "
         "arith-default: dynamic sampling off (`rollout.dynamic_sampling=false`, tuning tag no-dynamic-sampling) "
         "or clip-higher off (eps_high 0.2 = eps_low, tuning tag no-clip-higher)",
-        "python -m gspo_bench run --algos dapo --seed 0,1,2,3,4,5,6,7 --experiment dapo-ablation "
-        "--set rollout.dynamic_sampling=false --set tuning=no-dynamic-sampling; python -m gspo_bench run --algos "
-        "dapo --seed 0,1,2,3,4,5,6,7 --experiment dapo-ablation --eps-high 0.2 --set tuning=no-clip-higher"),
+        ("python -m gspo_bench run --algos dapo --seed 0,1,2,3,4,5,6,7 --experiment dapo-ablation "
+         "--set rollout.dynamic_sampling=false --set tuning=no-dynamic-sampling",
+         "python -m gspo_bench run --algos dapo --seed 0,1,2,3,4,5,6,7 --experiment dapo-ablation --eps-high 0.2 "
+         "--set tuning=no-clip-higher")),
     "suite-offpolicy": (
-        "the `offpolicy` scenario: the default with 16 minibatches (16 optimiser steps per rollout)",
-        SUITE_COMMAND),
+        "the `offpolicy` scenario: the default with 16 minibatches (16 optimiser steps per rollout); "
+        f"{_SIX} by the first command, vespo, dppo_tv and dppo_kl by the second",
+        (SUITE_COMMAND, STALE_COMMAND)),
     "suite-long": (
-        "the `long` scenario: arith_scratchpad, responses of 37-54 tokens (column-by-column working)",
-        SUITE_COMMAND),
+        "the `long` scenario: arith_scratchpad, responses of 37-54 tokens (column-by-column working); "
+        f"{_SIX} by the first command, dr_grpo by the second",
+        (SUITE_COMMAND, LONG_COMMAND)),
     "suite-stale": (
-        "the `stale` scenario: rollouts from the policy of 2 steps ago, ratios against the sampler's log-probs",
-        SUITE_COMMAND),
+        "the `stale` scenario: rollouts from the policy of 2 steps ago, ratios against the sampler's log-probs; "
+        f"{_SIX} by the first command, vespo, dppo_tv and dppo_kl by the second",
+        (SUITE_COMMAND, STALE_COMMAND)),
     "suite-hot": (
-        "the `hot` scenario: learning rate 1.5e-3, 7.5x the default",
-        SUITE_COMMAND),
+        f"the `hot` scenario: learning rate 1.5e-3, 7.5x the default; {_SIX} by the first command, sapo by the "
+        "second",
+        (SUITE_COMMAND, HOT_COMMAND)),
 }
 
 
@@ -237,4 +249,74 @@ def claims(delta: float = DEFAULT_MARGIN) -> tuple[Claim, ...]:
               (Curve("dapo", d, _w("dapo", **dflt)),
                Curve("dapo, no dynamic sampling", "dapo-ablation", _w("dapo", tuning="no-dynamic-sampling")),
                Curve("dapo, no clip-higher", "dapo-ablation", _w("dapo", tuning="no-clip-higher")))),
+        Claim("sapo", "SAPO's soft gate keeps more learning signal than hard clipping, and is at least as stable "
+              "as GSPO.",
+              "SAPO paper (Gao et al. 2025, Soft Adaptive Policy Optimization, Qwen team, arXiv 2511.20347): a "
+              "smooth, temperature-controlled gate in place of the hard clip damps off-policy tokens instead of "
+              "zeroing their gradient, and trains more stably than GSPO and GRPO",
+              "sapo vs grpo on the default task (final greedy pass@1; 'more learning signal' is read as: sapo "
+              "ends ahead), and sapo vs gspo under the `hot` learning rate, where the full suite saw grpo "
+              "collapse and gspo hold ('at least as stable': no worse than the margin). The mean `clip/frac` "
+              "(log10 ratio) is the "
+              "mechanism reading: for sapo it counts the tokens whose gate damps the gradient by more than half, "
+              "for grpo the tokens clipped.",
+              (d, "suite-hot"),
+              (Part("default: final pass@1, sapo - grpo", _diff(d, _w("sapo", **dflt), _w("grpo", **dflt)),
+                    greater),
+               Part("hot: final pass@1, sapo - gspo", _diff("suite-hot", _w("sapo"), _w("gspo")), at_least),
+               Part("default: log10 clip-fraction ratio sapo / grpo",
+                    _diff(d, _w("sapo", **dflt), _w("grpo", **dflt), "log10:clip/frac"), (-INF, 0.0), "log10",
+                    decisive=False)),
+              (Curve("default grpo", d, _w("grpo", **dflt)), Curve("default sapo", d, _w("sapo", **dflt)),
+               Curve("hot gspo", "suite-hot", _w("gspo")), Curve("hot sapo", "suite-hot", _w("sapo")))),
+        Claim("vespo-stale", "VESPO holds up where off-policy staleness grows.",
+              "VESPO paper (Variational Sequence-Level Soft Policy Optimization, arXiv 2602.10693): a smooth "
+              "weight of the sequence's importance ratio in place of clipping keeps training stable as the "
+              "rollouts go off policy",
+              "vespo's lead over grpo under `stale` rollouts (from the policy of 2 steps ago) minus its lead in "
+              "the default (tiny-dense, same warm starts), and vespo - grpo under `offpolicy` (16 optimiser "
+              "steps per rollout); final greedy pass@1.",
+              ("suite-stale", d, "suite-offpolicy"),
+              (Part("stale vs default: (vespo - grpo) - (vespo - grpo)",
+                    _did("suite-stale", d, _w("vespo"), _w("grpo"), _w("vespo", **dflt), _w("grpo", **dflt)),
+                    greater),
+               Part("offpolicy: final pass@1, vespo - grpo", _diff("suite-offpolicy", _w("vespo"), _w("grpo")),
+                    greater)),
+              (Curve("stale grpo", "suite-stale", _w("grpo")), Curve("stale vespo", "suite-stale", _w("vespo")),
+               Curve("offpolicy grpo", "suite-offpolicy", _w("grpo")),
+               Curve("offpolicy vespo", "suite-offpolicy", _w("vespo")))),
+        Claim("dppo-stale", "DPPO's divergence-based trust region holds up where off-policy staleness grows.",
+              "DPPO paper (Rethinking the Trust Region in LLM Reinforcement Learning, arXiv 2602.04879): a trust "
+              "region on how far the token's probability moved (total variation or binary KL) in place of "
+              "PPO's ratio clip keeps training stable off policy",
+              "as for VESPO, for both divergences (dppo_tv, dppo_kl): each one's lead over grpo under `stale` "
+              "minus its lead in the default, and each one - grpo under `offpolicy`; final greedy pass@1.",
+              ("suite-stale", d, "suite-offpolicy"),
+              tuple(p for a in ("dppo_tv", "dppo_kl") for p in (
+                  Part(f"stale vs default: ({a} - grpo) - ({a} - grpo)",
+                       _did("suite-stale", d, _w(a), _w("grpo"), _w(a, **dflt), _w("grpo", **dflt)), greater),
+                  Part(f"offpolicy: final pass@1, {a} - grpo", _diff("suite-offpolicy", _w(a), _w("grpo")),
+                       greater))),
+              (Curve("stale grpo", "suite-stale", _w("grpo")), Curve("stale dppo_tv", "suite-stale", _w("dppo_tv")),
+               Curve("stale dppo_kl", "suite-stale", _w("dppo_kl")))),
+        Claim("dr-grpo-length", "Dropping GRPO's std and length normalisation (Dr. GRPO) removes its length bias: "
+              "wrong answers stop growing longer.",
+              "Understanding R1-Zero-Like Training: A Critical Perspective (Liu et al. 2025, arXiv 2503.20783): "
+              "GRPO's per-response length normalisation penalises long wrong answers less, so they grow; Dr. "
+              "GRPO drops it and the std scaling, keeping accuracy while wrong answers stay short",
+              "dr_grpo vs grpo on `long` (37-54-token scratchpads, where length has room to move): the mean "
+              "over steps of the mean length of the wrong responses (`response/length_wrong_mean`, log10 "
+              "ratio; 'stop growing longer' is read as: shorter under dr_grpo), the final greedy pass@1 (no "
+              "worse than the margin), and the mean length of all responses as a mechanism reading.",
+              ("suite-long",),
+              (Part("long: log10 wrong-answer length ratio dr_grpo / grpo",
+                    _diff("suite-long", _w("dr_grpo"), _w("grpo"), "log10:response/length_wrong_mean"),
+                    (-INF, 0.0), "log10"),
+               Part("long: final pass@1, dr_grpo - grpo", _diff("suite-long", _w("dr_grpo"), _w("grpo")),
+                    at_least),
+               Part("long: log10 response-length ratio dr_grpo / grpo",
+                    _diff("suite-long", _w("dr_grpo"), _w("grpo"), "log10:response/length_mean"), (-INF, 0.0),
+                    "log10", decisive=False)),
+              (Curve("long grpo", "suite-long", _w("grpo")), Curve("long dr_grpo", "suite-long", _w("dr_grpo"))),
+              "response/length_wrong_mean"),
     )

@@ -116,11 +116,16 @@ def evaluate_part(part: Part, runs: dict[str, list[RunData]]) -> PartResult:
                    else f"no FINISHED run of {t.experiment} with {', '.join(f'{k}={v}' for k, v in t.where)}")
             return PartResult(part, paired_summary([]), [], NOT_RUN, why)
         picks.append((t, chosen))
+    values = [(t.sign, {s: measure(r, t.measure) for s, r in chosen.items()}) for t, chosen in picks]
     # d_s = sum_i sign_i * measure_i(run_i at seed s), over the seeds where every term is measured
-    used, diffs = signed_sum_by_seed([(t.sign, {s: measure(r, t.measure) for s, r in chosen.items()})
-                                      for t, chosen in picks])
+    used, diffs = signed_sum_by_seed(values)
     if not diffs:
-        return PartResult(part, paired_summary([]), [], NOT_RUN, "no seed has every term measured")
+        # a term none of whose runs has its measure (say a metric its runs predate) is named
+        bare = [f"{t.measure} of {', '.join(f'{k}={v}' for k, v in t.where)} in {t.experiment}"
+                for (t, _), (_, got) in zip(picks, values)
+                if all(v is None or not math.isfinite(v) for v in got.values())]
+        why = "no seed has every term measured" + (f" (no run has {'; '.join(bare)})" if bare else "")
+        return PartResult(part, paired_summary([]), [], NOT_RUN, why)
     stat = paired_summary(diffs)
     return PartResult(part, stat, used, verdict(stat.ci, part.region))
 
@@ -240,9 +245,10 @@ def markdown(results: list[ClaimResult], meta: dict, figures: dict[str, str]) ->
         out += ["", f"## {i}. {c.text}", "", f"**Verdict: {r.verdict}{seeds_and_mde(r)}.**", "",
                 f"Source: {c.source}.", "", f"Experiment: {c.design}", ""]
         for e in c.experiments:
-            what, cmd = EXPERIMENTS[e]
+            what, cmds = EXPERIMENTS[e]
+            # every command that made the experiment's runs, one sub-item each
             out += [f"- `{e}`: {what}." + (f" **Missing**: {meta['missing'][e]}" if e in meta["missing"] else ""),
-                    f"  `{cmd}`"]
+                    *(f"  - `{cmd}`" for cmd in cmds)]
         out += ["", *tables.markdown(("part", "unit", "seeds", "mean d", "95 % CI", "MDE", "claimed", "verdict"),
                                      map(part_row, r.parts)).rstrip("\n").split("\n")]
         if c.key in figures:
