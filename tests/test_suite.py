@@ -87,6 +87,25 @@ def test_cost_model_grows_with_the_work_and_the_default_scenarios_are_named():
     assert cell_seconds(small, "ppo") > cell_seconds(small, "grpo")
 
 
+def test_warm_start_key_is_the_runs_own_and_a_dry_run_with_warm_starts_plans(tmp_path, monkeypatch, capsys):
+    from gspo_bench.suite.cost import warmstart_key
+    from gspo_bench.tasks import load_task
+    from gspo_bench.train.warmstart import cache_key
+
+    monkeypatch.chdir(tmp_path)
+    cfg = scenario_config("stale", SuiteRequest(), ["grpo"])
+    assert cfg.warmstart.enabled
+    # the key the run itself uses: the task loaded and rendered for the model's tokenizer
+    task = load_task(cfg.task, 0, model=cfg.model, options=cfg.task_options, log=lambda *_: None)
+    assert warmstart_key(cfg, 0) == cache_key(task, cfg.model, cfg.warmstart, 0)
+    argv = ["suite", "--scenarios", "stale,hot", "--algos", "grpo,sapo", "--seeds", "2", "--dry-run",
+            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--out", str(tmp_path / "out")]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "8 cells: 0 already done, 8 to run" in text and "warm start" in text
+    assert not (tmp_path / "mlflow.db").exists()
+
+
 # -- the command, end to end -------------------------------------------------------------------------------------
 def _argv(root: Path, task: str, *extra: str, progress: bool = False) -> list[str]:
     sets = ["warmstart.enabled=false", "rollout.prompts_per_step=4", "rollout.group_size=4", "train.steps=2",

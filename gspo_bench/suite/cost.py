@@ -49,10 +49,16 @@ def cell_seconds(cfg: RunConfig, algo: str) -> float:
 
 def warmstart_key(cfg: RunConfig, seed: int) -> str | None:
     """The warm-start cache key of a scenario's seed; None when that checkpoint is cached already."""
+    from gspo_bench.models import tokenizer_and_context
     from gspo_bench.paths import cache_dir
     from gspo_bench.tasks import resolve_task_spec
+    from gspo_bench.tasks.prompts import rendering_key
     from gspo_bench.train.warmstart import cache_key
 
-    spec = resolve_task_spec(cfg.task)  # cache_key reads the task's name and spec only
-    key = cache_key(SimpleNamespace(name=spec.name, spec=spec), cfg.model, cfg.warmstart, seed)
+    spec = resolve_task_spec(cfg.task, cfg.task_options)
+    # cache_key reads the task's name, its spec and how its prompts were rendered for the model (raw, or
+    # through the chat template), so the tokenizer decides; the data themselves are not loaded
+    tok, _ = tokenizer_and_context(cfg.model.name, cfg.model.trust_remote_code)
+    shape = SimpleNamespace(name=spec.name, spec=spec, prompt_format=rendering_key(tok, spec.chat, spec.system))
+    key = cache_key(shape, cfg.model, cfg.warmstart, seed)
     return None if (cache_dir() / "warmstart" / key / "warmstart.json").is_file() else key
