@@ -123,6 +123,11 @@ def test_forest_rows_by_hand():
     assert gspo.value_text() == "+2.0 [+1.0, +3.0]  decided"
     assert rows[5].value_text() == "+1.0 (1 pair)" and rows[5].lo is None
     assert rows[0].value_text() == "+5.0 [-1.0, +11.0]"
+    # a row that carries its Holm-adjusted p shows it before the mark
+    holm = figures.forest_rows(PairedGroup(KEY, "grpo", [{**row("gspo", 3, 0.02, (0.01, 0.03)), "p_holm": 0.0123},
+                                                         {**row("dapo", 3, 0.01, (-0.01, 0.03)), "p_holm": 0.0004}]))
+    assert [f.value_text() for f in holm] == ["+2.0 [+1.0, +3.0]  Holm p 0.012  decided",
+                                              "+1.0 [-1.0, +3.0]  Holm p <0.001"]
 
 
 # -- (f) the forest plot ---------------------------------------------------------------------------------------------
@@ -139,8 +144,10 @@ def test_forest_plot_rows_sorted_decided_filled(group):
     assert _top_to_bottom(ax, ax.get_yticklabels()) == [f"{a} (n={n[a]})" for a in FOREST_ORDER]
     (right,) = ax.child_axes
     values = _top_to_bottom(ax, right.get_yticklabels())
-    assert values[0] == "+8.0 [+5.5, +10.5]  decided" and values[3] == "+3.0 (1 pair)"
-    assert values[4] == "+2.0 [-0.5, +4.5]" and values[-1] == "-6.0 [-8.5, -3.5]  decided"
+    # the rows come from paired_groups, so each with an interval carries its Holm p (tested in test_paired.py)
+    assert re.fullmatch(r"\+8\.0 \[\+5\.5, \+10\.5\]  Holm p 0\.\d{3}  decided", values[0])
+    assert values[3] == "+3.0 (1 pair)" and re.fullmatch(r"\+2\.0 \[-0\.5, \+4\.5\]  Holm p [01]\.\d{3}", values[4])
+    assert re.fullmatch(r"-6\.0 \[-8\.5, -3\.5\]  Holm p \S+  decided", values[-1])
     assert [v.endswith("decided") for v in values] == [a in DECIDED for a in FOREST_ORDER]
     # per row y: the marker (filled iff decided) and the interval line (none for the one-pair row)
     markers = {int(ln.get_ydata()[0]): ln for ln in ax.get_lines() if ln.get_marker() == "o"}

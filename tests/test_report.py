@@ -103,7 +103,7 @@ def test_paired_section_per_group(made, tmp_path):
     md = (out / "report.md").read_text()
     default = md[md.index("## arith / tiny-dense\n"):md.index("## arith / tiny-dense / tuned")]
     assert "### (f) Paired differences vs grpo" in default
-    assert "| gspo | grpo | final pass@1 (points) | 2 | +5.5 | [-51.7, +62.7] | no | 73.5 |" in default
+    assert "| gspo | grpo | final pass@1 (points) | 2 | +5.5 | [-51.7, +62.7] | no | 0.437 | 0.437 | 73.5 |" in default
     assert "MDE (final pass@1, 2 seeds, 95 % / 80 % power): 73.5 points" in default
     assert "](paired_arith_tiny-dense.png)" in default
     tuned = md[md.index("## arith / tiny-dense / tuned"):]

@@ -397,6 +397,7 @@ class ForestRow:
     mean: float
     lo: float | None  # the 95 % t interval; None with one pair
     hi: float | None
+    p_holm: float | None = None  # the paired t test's p, Holm-adjusted over the group's algorithms
 
     @property
     def decided(self) -> bool:
@@ -405,10 +406,12 @@ class ForestRow:
         return self.lo is not None and (self.lo > 0 or self.hi < 0)
 
     def value_text(self) -> str:
-        """``mean [lo, hi]`` in signed points (``mean (1 pair)`` without an interval), ``decided`` when it is."""
+        """``mean [lo, hi]`` in signed points (``mean (1 pair)`` without an interval), then the Holm p when there
+        is one, then ``decided`` when the interval excludes 0."""
         if self.lo is None:
             return f"{self.mean:+.1f} (1 pair)"
-        return f"{self.mean:+.1f} [{self.lo:+.1f}, {self.hi:+.1f}]" + ("  decided" if self.decided else "")
+        holm = "" if self.p_holm is None else f"  Holm p {'<0.001' if self.p_holm < 0.001 else f'{self.p_holm:.3f}'}"
+        return f"{self.mean:+.1f} [{self.lo:+.1f}, {self.hi:+.1f}]{holm}" + ("  decided" if self.decided else "")
 
 
 def forest_rows(group) -> list[ForestRow]:
@@ -421,7 +424,7 @@ def forest_rows(group) -> list[ForestRow]:
             continue
         # points = 100 x pass@1 units
         lo, hi = (None, None) if r["ci_low"] is None else (100 * r["ci_low"], 100 * r["ci_high"])
-        rows.append(ForestRow(r["algo"], r["n"], 100 * r["mean_diff"], lo, hi))
+        rows.append(ForestRow(r["algo"], r["n"], 100 * r["mean_diff"], lo, hi, r.get("p_holm")))
     return sorted(rows, key=lambda f: (-f.mean, order.get(f.algo, len(order)), f.algo))
 
 
@@ -485,7 +488,8 @@ def paired_figure(group, title: str) -> Figure:
                        label="one pair: no interval")]
     fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8)
     fig.suptitle(f"{title}: final pass@1, paired difference vs {group.baseline}\nper seed; mean and 95 % t "
-                 "interval, sorted by mean (no multiple-comparison correction)", fontsize=10)
+                 "interval, sorted by mean; decided = interval excludes 0, each on its own; Holm p: adjusted over the "
+                 "group's algorithms", fontsize=10)
     return fig
 
 
