@@ -7,7 +7,7 @@ from mlflow_fakes import log_run, new_store, one_line
 
 from gspo_bench.cli.main import main
 from gspo_bench.reporting import claims as cl
-from gspo_bench.reporting.claim_specs import EXPERIMENTS, SUITE_COMMAND, Part, Term, claims
+from gspo_bench.reporting.claim_specs import EXPERIMENTS, SUITE_ALGOS, Part, Term, claims
 from gspo_bench.reporting.frame import RunData
 from scipy.stats import t as student_t
 
@@ -204,23 +204,19 @@ def test_every_experiment_names_the_commands_that_made_its_runs():
     for name, (what, cmds) in EXPERIMENTS.items():
         assert isinstance(cmds, tuple) and cmds and all(isinstance(c, str) and c.startswith("python -m gspo_bench ")
                                                         for c in cmds), name
-    # a suite experiment: the full suite first (its `all` = the six), then the newer losses' command; between
-    # them they name every algorithm a claim reads there, and each covers the experiment's scenario
+    # a suite experiment: one suite command over its scenario, naming every algorithm a claim reads there
     used: dict[str, set] = {}
     for c in claims():
         for t in [t for p in c.parts for t in p.terms] + list(c.curves):
             used.setdefault(t.experiment, set()).add(dict(t.where)["algo"])
     for name in ("suite-hot", "suite-stale", "suite-offpolicy", "suite-long"):
         cmds = EXPERIMENTS[name][1]
-        assert cmds[0] == SUITE_COMMAND and len(cmds) == 2, name
-        named = set()
-        for cmd in cmds:
-            assert name.removeprefix("suite-") in re.search(r"--scenarios (\S+)", cmd).group(1).split(","), cmd
-            algos = re.search(r"--algos (\S+)", cmd).group(1).split(",")
-            named |= SIX if algos == ["all"] else set(algos)
-        assert used[name] <= named, (name, used[name] - named)
+        (cmd,) = cmds
+        assert re.search(r"--scenarios (\S+)", cmd).group(1) == name.removeprefix("suite-"), cmd
+        named = set(re.search(r"--algos (\S+)", cmd).group(1).split(","))
+        assert named == set(SUITE_ALGOS[name.removeprefix("suite-")].split(","))
+        assert used[name] == named, (name, used[name] ^ named)  # every cell run is read, every cell read is run
     assert {"sapo"} <= used["suite-hot"] and {"vespo", "dppo_tv", "dppo_kl"} <= used["suite-stale"]
-    assert "sapo" in EXPERIMENTS["suite-hot"][1][1] and "dr_grpo" in EXPERIMENTS["suite-long"][1][1]
     assert len(EXPERIMENTS["dapo-ablation"][1]) == 2  # one command per part switched off
 
 
@@ -336,17 +332,17 @@ def test_page_names_every_command_and_new_claims_not_run():
     assert len(sections) == 12
     sapo = next(s for s in sections if s.startswith("9. SAPO's soft gate"))
     assert "**Verdict: not run.**" in sapo and "arXiv 2511.20347" in sapo
-    # the hot scenario was made by two commands: each is its own item under the experiment
-    assert f"  - `{SUITE_COMMAND}`\n  - `python -m gspo_bench suite --scenarios hot --algos grpo,gspo,sapo " \
-           "--seeds 3`" in sapo
+    # each command of an experiment is its own item under it
+    assert "  - `python -m gspo_bench suite --scenarios hot --algos grpo,gspo,sapo --seeds 3`" in sapo
     dr = next(s for s in sections if s.startswith("12. Dropping GRPO's std"))
-    assert "arXiv 2503.20783" in dr and "  - `python -m gspo_bench suite --scenarios long --algos grpo,dr_grpo " \
+    assert "arXiv 2503.20783" in dr and "  - `python -m gspo_bench suite --scenarios long --algos grpo,gspo,dr_grpo " \
         "--seeds 3`" in dr
     assert "  - `python -m gspo_bench run --algos all --seed 0,1,2,3,4,5,6,7 --experiment arith-default`" in sapo
     for key in ("vespo-stale", "dppo-stale"):
         text = next(s for s in sections if _claim(key).text in s.split("\n")[0])
-        assert "  - `python -m gspo_bench suite --scenarios stale,offpolicy --algos grpo,vespo,dppo_tv,dppo_kl " \
-               "--seeds 3`" in text and "not run" in text
+        for scenario in ("stale", "offpolicy"):
+            assert (f"  - `python -m gspo_bench suite --scenarios {scenario} --algos grpo,gspo,vespo,dppo_tv,dppo_kl "
+                    "--seeds 3`") in text and "not run" in text
 
 
 def test_claims_command_with_only_some_new_experiments(tmp_path_factory, tmp_path, capsys):
