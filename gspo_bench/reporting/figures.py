@@ -190,6 +190,16 @@ def _multiples(container, groups: list, key: str, ylabel: str, reference: str | 
     return axes, marked
 
 
+def _multiples_figure(groups: list, key: str, ylabel: str, reference: str, transform=None):
+    """A figure of ``key``'s small multiples alone (``_multiples``), sized to its grid: (figure, panels, the
+    reference algorithm drawn in grey)."""
+    ref = reference_algo([a for _, a, _ in groups], reference)
+    rows, cols = grid_shape(len(groups))
+    fig = Figure(figsize=(3.2 * cols, 2.2 * rows + 1.3), layout="constrained")
+    axes, _ = _multiples(fig, groups, key, ylabel, ref, transform)
+    return fig, axes, ref
+
+
 def _multiples_legend(fig: Figure, reference: str | None, marked: bool, seeds: bool, extra: tuple = ()) -> None:
     """One legend under the panels: the reference line (labelled once for all panels), the band, collapse
     markers when drawn, and ``extra`` handles."""
@@ -274,10 +284,7 @@ def clip_figure(runs: list[RunData], title: str, reference: str = DEFAULT_BASELI
     groups = styled(runs)
     head = f"{title}: clipped-token fraction (log scale; 0 drawn at {CLIP_FLOOR:g})"
     if len(groups) > OVERLAY_MAX:
-        ref = reference_algo([a for _, a, _ in groups], reference)
-        rows, cols = grid_shape(len(groups))
-        fig = Figure(figsize=(3.2 * cols, 2.2 * rows + 1.3), layout="constrained")
-        axes, _ = _multiples(fig, groups, "clip/frac", "clipped tokens (clip/frac)", ref, _clip_floor)
+        fig, axes, ref = _multiples_figure(groups, "clip/frac", "clipped tokens (clip/frac)", reference, _clip_floor)
         for ax in axes:  # the levels are named once, in the legend: a panel's text would cover its curves
             _clip_axis(ax, annotate=False)
         article = Line2D([], [], color="grey", linestyle=":", linewidth=1,
@@ -367,10 +374,7 @@ def plot_moe(runs: list[RunData], path: Path, title: str, reference: str = DEFAU
     groups = styled(runs)
     head = f"{title}: MoE routing changes per update (moe/expert_flip_rate)"
     if len(groups) > OVERLAY_MAX:
-        ref = reference_algo([a for _, a, _ in groups], reference)
-        rows, cols = grid_shape(len(groups))
-        fig = Figure(figsize=(3.2 * cols, 2.2 * rows + 1.3), layout="constrained")
-        axes, _ = _multiples(fig, groups, "moe/expert_flip_rate", "expert flip rate", ref)
+        fig, axes, ref = _multiples_figure(groups, "moe/expert_flip_rate", "expert flip rate", reference)
         axes[0].yaxis.set_major_formatter(PercentFormatter(1.0))  # shared y: one formatter for all panels
         _multiples_legend(fig, ref, False, any(len(rs) > 1 for _, _, rs in groups))
         fig.suptitle(f"{head}, a panel per algorithm")
