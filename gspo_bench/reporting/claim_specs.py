@@ -304,8 +304,9 @@ def claims(delta: float = DEFAULT_MARGIN) -> tuple[Claim, ...]:
               "Understanding R1-Zero-Like Training: A Critical Perspective (Liu et al. 2025, arXiv 2503.20783): "
               "GRPO's per-response length normalisation penalises long wrong answers less, so they grow; Dr. "
               "GRPO drops it and the std scaling, keeping accuracy while wrong answers stay short",
-              "dr_grpo vs grpo on `long` (37-54-token scratchpads, where length has room to move): the mean "
-              "over steps of the mean length of the wrong responses (`response/length_wrong_mean`, log10 "
+              "dr_grpo vs grpo on `long`, the one scenario with answers longer than a few tokens (its "
+              "scratchpad format fixes them at 37-54 tokens, so a length bias has little room here): the mean over "
+              "steps of the mean length of the wrong responses (`response/length_wrong_mean`, log10 "
               "ratio; 'stop growing longer' is read as: shorter under dr_grpo), the final greedy pass@1 (no "
               "worse than the margin), and the mean length of all responses as a mechanism reading.",
               ("suite-long",),
