@@ -106,6 +106,11 @@ def verdict(ci: tuple[float, float] | None, region: tuple[float, float]) -> str:
     return UNDECIDED
 
 
+def _where(t: Term) -> str:
+    """A term's run tags as ``k=v, ...`` (the reasons a part is not run name them)."""
+    return ", ".join(f"{k}={v}" for k, v in t.where)
+
+
 def evaluate_part(part: Part, runs: dict[str, list[RunData]]) -> PartResult:
     """The paired differences of one part over the seeds where every term has a run with its measure."""
     picks: list[tuple[Term, dict[str, RunData]]] = []
@@ -113,7 +118,7 @@ def evaluate_part(part: Part, runs: dict[str, list[RunData]]) -> PartResult:
         chosen = select(runs.get(t.experiment, []), t.where)
         if not chosen:
             why = (f"no runs of experiment {t.experiment}" if not runs.get(t.experiment)
-                   else f"no FINISHED run of {t.experiment} with {', '.join(f'{k}={v}' for k, v in t.where)}")
+                   else f"no FINISHED run of {t.experiment} with {_where(t)}")
             return PartResult(part, paired_summary([]), [], NOT_RUN, why)
         picks.append((t, chosen))
     values = [(t.sign, {s: measure(r, t.measure) for s, r in chosen.items()}) for t, chosen in picks]
@@ -121,7 +126,7 @@ def evaluate_part(part: Part, runs: dict[str, list[RunData]]) -> PartResult:
     used, diffs = signed_sum_by_seed(values)
     if not diffs:
         # a term none of whose runs has its measure (say a metric its runs predate) is named
-        bare = [f"{t.measure} of {', '.join(f'{k}={v}' for k, v in t.where)} in {t.experiment}"
+        bare = [f"{t.measure} of {_where(t)} in {t.experiment}"
                 for (t, _), (_, got) in zip(picks, values)
                 if all(v is None or not math.isfinite(v) for v in got.values())]
         why = "no seed has every term measured" + (f" (no run has {'; '.join(bare)})" if bare else "")

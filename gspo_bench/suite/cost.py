@@ -19,6 +19,7 @@ less here, as the supervised steps are short and the greedy checks stop at eos).
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 
 from gspo_bench.config import RunConfig
@@ -47,18 +48,26 @@ def cell_seconds(cfg: RunConfig, algo: str) -> float:
                               * ALGO_COST.get(algo, 1.0) * moe)
 
 
+@functools.lru_cache(maxsize=32)
+def _prompt_format(model: str, trust_remote_code: bool, chat, system: str | None) -> str | None:
+    """How a model's tokenizer renders a task's prompts (``prompts.rendering_key``), loaded once per plan rather
+    than once per scenario and seed."""
+    from gspo_bench.models import tokenizer_and_context
+    from gspo_bench.tasks.prompts import rendering_key
+
+    tok, _ = tokenizer_and_context(model, trust_remote_code)
+    return rendering_key(tok, chat, system)
+
+
 def warmstart_key(cfg: RunConfig, seed: int) -> str | None:
     """The warm-start cache key of a scenario's seed; None when that checkpoint is cached already."""
-    from gspo_bench.models import tokenizer_and_context
     from gspo_bench.paths import cache_dir
     from gspo_bench.tasks import resolve_task_spec
-    from gspo_bench.tasks.prompts import rendering_key
     from gspo_bench.train.warmstart import cache_key
 
     spec = resolve_task_spec(cfg.task, cfg.task_options)
     # cache_key reads the task's name, its spec and how its prompts were rendered for the model (raw, or
     # through the chat template), so the tokenizer decides; the data themselves are not loaded
-    tok, _ = tokenizer_and_context(cfg.model.name, cfg.model.trust_remote_code)
-    shape = SimpleNamespace(name=spec.name, spec=spec, prompt_format=rendering_key(tok, spec.chat, spec.system))
-    key = cache_key(shape, cfg.model, cfg.warmstart, seed)
+    fmt = _prompt_format(cfg.model.name, cfg.model.trust_remote_code, spec.chat, spec.system)
+    key = cache_key(SimpleNamespace(name=spec.name, spec=spec, prompt_format=fmt), cfg.model, cfg.warmstart, seed)
     return None if (cache_dir() / "warmstart" / key / "warmstart.json").is_file() else key
