@@ -164,3 +164,144 @@ def test_a_tracking_server_that_dies_mid_run_costs_the_budget_then_resume_contin
         [run] = client.search_runs([client.get_experiment_by_name("dies").experiment_id])
         assert run.info.run_id == run_id and run.info.status == "FINISHED"
         assert sorted(m.step for m in client.get_metric_history(run_id, "reward/mean")) == list(range(1, 41))
+
+
+# -- the one store check -----------------------------------------------------------------------------------------
+SECRET = "s3cr3tpw"
+# every command that opens a tracking store or an Optuna storage, with the store it is pointed at (URI)
+STORE_COMMANDS = {
+    "run": lambda uri: ["run", "--preset", "smoke", "--no-warmstart", "--no-progress", "--tracking-uri", uri],
+    "suite --dry-run": lambda uri: ["suite", "--scenarios", "smoke", "--seeds", "1", "--dry-run", "--tracking-uri", uri],
+    "tune": lambda uri: ["tune", "--algo", "gspo", "--preset", "smoke", "--no-progress", "--tracking-uri", uri],
+    "tune --storage": lambda uri: ["tune", "--algo", "gspo", "--preset", "smoke", "--no-progress", "--storage", uri],
+    "leaderboard": lambda uri: ["leaderboard", "--tracking-uri", uri],
+    "report": lambda uri: ["report", "--tracking-uri", uri, "--out", "rep"],
+    "report --storage": lambda uri: ["report", "--storage", uri, "--out", "rep"],
+    "claims": lambda uri: ["claims", "--tracking-uri", uri, "--out", "claims.md"],
+    "collapse-check": lambda uri: ["collapse-check", "--tracking-uri", uri],
+}
+
+
+def _one_error_line(capsys, argv, tmp_path, monkeypatch) -> str:
+    """Run the CLI in ``tmp_path`` (where a healthy ``mlflow.db`` serves the flags not under test); exit 2,
+    one line, no secret, nothing written but that store."""
+    from gspo_bench.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code = main(argv)
+    out = capsys.readouterr()
+    text = (out.out + out.err).strip()
+    assert code == 2, text
+    assert len(text.splitlines()) == 1, text
+    assert SECRET not in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no --out folder, no new store, no mlruns
+    return text
+
+
+@pytest.fixture
+def healthy_stores(tmp_path):
+    """A working tracking store and Optuna storage in ``tmp_path``, for the flag a case does not point elsewhere."""
+    mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").create_experiment(
+        "gspo_bench", artifact_location=str(tmp_path / "artifacts"))
+    import optuna
+
+    optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/optuna.db")
+    return tmp_path
+
+
+@pytest.mark.parametrize("command", list(STORE_COMMANDS))
+def test_every_command_that_opens_a_store_ends_a_closed_postgres_port_in_one_line_exit_2(
+        command, healthy_stores, capsys, monkeypatch):
+    # nothing listens on port 1: refused at once, where MLflow's own engine retried for almost two minutes
+    uri = f"postgresql://alice:{SECRET}@127.0.0.1:1/runs"
+    t0 = time.monotonic()
+    text = _one_error_line(capsys, STORE_COMMANDS[command](uri), healthy_stores, monkeypatch)
+    assert time.monotonic() - t0 < 60
+    role = "Optuna storage" if "--storage" in command else "tracking store"
+    assert f"{role} postgresql://alice:***@127.0.0.1:1/runs does not answer" in text, text
+    assert "Connection refused" in text
+
+
+@pytest.mark.parametrize("command", list(STORE_COMMANDS))
+def test_every_command_that_opens_a_store_ends_a_file_that_is_not_a_database_in_one_line_exit_2(
+        command, healthy_stores, capsys, monkeypatch):
+    (healthy_stores / "notes.db").write_text("these are notes, not a database\n" * 100)
+    text = _one_error_line(capsys, STORE_COMMANDS[command]("sqlite:///notes.db"), healthy_stores, monkeypatch)
+    assert "sqlite:///notes.db cannot be opened: file is not a database" in text, text
+    assert (healthy_stores / "notes.db").read_text().startswith("these are notes")  # untouched
+
+
+def _serve(handler_answer):
+    """An HTTP server on a free loopback port answering every request with ``handler_answer(handler)``; yields
+    its URL and stops it."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (the stdlib's name)
+            handler_answer(self)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
+def test_a_tracking_server_that_refuses_the_credentials_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
+    def unauthorised(h):
+        h.send_response(401)
+        h.send_header("WWW-Authenticate", 'Basic realm="mlflow"')
+        h.end_headers()
+
+    httpd = _serve(unauthorised)
+    try:
+        url = f"http://alice:{SECRET}@127.0.0.1:{httpd.server_address[1]}"
+        for argv in (STORE_COMMANDS["leaderboard"](url), STORE_COMMANDS["run"](url)):
+            text = _one_error_line(capsys, argv, tmp_path, monkeypatch)
+            assert f"tracking store http://alice:***@127.0.0.1:{httpd.server_address[1]} cannot be opened: it " \
+                   "refused the credentials (HTTP 401)" in text, text
+    finally:
+        httpd.shutdown()
+
+
+def test_a_store_that_takes_the_connection_and_never_answers_stops_within_the_connect_timeout(
+        tmp_path, capsys, monkeypatch):
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # the kernel completes connections into the backlog; nobody ever reads them
+    try:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        t0 = time.monotonic()
+        text = _one_error_line(capsys, [*STORE_COMMANDS["run"](url), "--set", "tracking.connect_timeout_s=1"],
+                               tmp_path, monkeypatch)
+        assert time.monotonic() - t0 < 30
+        assert f"tracking store {url} does not answer" in text and "timed out" in text, text
+    finally:
+        silent.close()
+
+
+def test_an_unknown_host_and_a_schema_mlflow_cannot_migrate_are_one_line_each(tmp_path, capsys, monkeypatch):
+    import sqlite3
+
+    text = _one_error_line(capsys, STORE_COMMANDS["leaderboard"](f"postgresql://bob:{SECRET}@no-such-host.invalid/r"),
+                           tmp_path, monkeypatch)
+    assert "tracking store postgresql://bob:***@no-such-host.invalid/r does not answer" in text, text
+    mlflow.MlflowClient(f"sqlite:///{tmp_path}/old.db").search_experiments()
+    with sqlite3.connect(tmp_path / "old.db") as db:  # a store written by an MLflow this one does not know
+        db.execute("UPDATE alembic_version SET version_num = '0123456789ab'")
+    for argv in (STORE_COMMANDS["leaderboard"]("sqlite:///old.db"), STORE_COMMANDS["run"]("sqlite:///old.db")):
+        text = _one_error_line(capsys, argv, tmp_path, monkeypatch)
+        assert "tracking store sqlite:///old.db cannot be opened: Detected out-of-date database schema" in text
+
+
+def test_the_connect_timeout_is_checked_and_defaults_to_five_seconds():
+    assert load_config("smoke").tracking.connect_timeout_s == 5
+    for bad in (0, 0.5, 301, float("nan"), True, "soon"):
+        with pytest.raises(ConfigError, match="tracking.connect_timeout_s"):
+            load_config("smoke", overrides={"tracking": {"connect_timeout_s": bad}})

@@ -280,10 +280,48 @@ def test_failing_cells_do_not_stop_the_suite_and_exit_1(tmp_path, monkeypatch, c
 @pytest.mark.parametrize("extra, needle", [(["--scenarios", "smoke,nope"], "'nope'"),
                                           (["--algos", "grpo,nope"], "nope"),
                                           (["--seeds", "0"], "--seeds"),
-                                          (["--set", "train.nope=1"], "train.nope")])
+                                          (["--set", "train.nope=1"], "train.nope"),
+                                          (["--scenarios", "smoke,smoke"], "--scenarios names smoke more than once"),
+                                          (["--algos", "grpo,gspo,grpo"], "--algos names grpo more than once"),
+                                          (["--seed", "0,1,0,1"], "--seed names 0, 1 more than once")])
 def test_bad_input_is_one_line_exit_2(extra, needle, tmp_path, monkeypatch, capsys, mixed_task):
     monkeypatch.chdir(tmp_path)
-    assert main([*_argv(tmp_path, mixed_task), *extra]) == 2
+    argv = _argv(tmp_path, mixed_task)
+    if "--seed" in extra:  # instead of the usual --seeds (the two exclude each other)
+        at = argv.index("--seeds")
+        del argv[at:at + 2]
+    assert main([*argv, *extra]) == 2
     text = capsys.readouterr().out.strip()
     assert needle in text and "error" in text and len(text.splitlines()) == 1, text
     assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.slow
+def test_two_drivers_started_together_on_one_store_run_each_cell_once(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    # a built-in verifier: the drivers are processes of their own, without the tests' registered ones
+    task = tmp_path / "exact.yaml"
+    task.write_text("name: exact\nkind: arith\nverifier: exact\nmax_new_tokens: 6\n"
+                    "params: {min_digits: 1, max_digits: 2, n_train: 500, n_eval: 16}\n")
+    argv = _argv(tmp_path, str(task))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    procs = [subprocess.Popen([sys.executable, "-m", "gspo_bench", *argv, "--out", str(tmp_path / f"out{i}")],
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    outs = [p.communicate(timeout=900)[0] for p in procs]
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name(EXP)
+    runs = client.search_runs([exp.experiment_id])
+    cells = sorted((r.data.tags["algo"], r.data.tags["seed"]) for r in runs if r.data.tags.get("kind") is None)
+    # every cell ran once between them (before, each driver ran all four: eight runs, every seed counted twice)
+    assert cells == sorted((a, s) for a in ALGOS for s in SEEDS), "\n".join(o[-2000:] for o in outs)
+    assert all(r.info.status == "FINISHED" for r in runs if r.data.tags.get("kind") is None)
+    assert not [r for r in runs if r.data.tags.get("kind") == "claim"]  # every claim released
+    ran = [line for o in outs for line in o.splitlines() if ": FINISHED in" in line]
+    assert len(ran) == 4, outs
+    assert any(p.returncode == 0 for p in procs)  # the last one to finish saw every cell FINISHED

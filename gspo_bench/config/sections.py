@@ -400,6 +400,21 @@ class TaskOptions:
         _check(self.system is None or isinstance(self.system, str), f"task.system={self.system!r} must be text")
 
 
+def repeated(items) -> str:
+    """The items of ``items`` that appear more than once, for an error line: ``grpo``, ``0, 2``."""
+    seen, twice = set(), []
+    for x in items:
+        if x in seen and x not in twice:
+            twice.append(x)
+        seen.add(x)
+    return ", ".join(map(str, twice))
+
+
+CONNECT_TIMEOUT_S = 5.0
+"""Default of ``tracking.connect_timeout_s``; the commands that only read a store (leaderboard, report,
+claims, collapse-check) use it as it is."""
+
+
 @dataclass
 class TrackingConfig:
     tracking_uri: Union[str, None] = None
@@ -412,6 +427,9 @@ class TrackingConfig:
     retry_budget_s: Union[float, None] = 60.0
     """Seconds one call to a tracking server may spend retrying (waits and timeouts) before the run stops;
     null = MLflow's own retries (minutes per call)."""
+    connect_timeout_s: float = CONNECT_TIMEOUT_S
+    """Seconds the first contact with a tracking store or an Optuna storage may take before the command stops
+    with one line (exit 2): a closed port, an unknown host or a server that never answers."""
 
     def __post_init__(self):
         # an empty name would make MLflow fall back to its "Default" experiment, mixing benchmarks
@@ -424,6 +442,9 @@ class TrackingConfig:
         _check(b is None or (isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b)
                              and 1 <= b <= 3600),
                f"tracking.retry_budget_s={b!r} must be a number of seconds in [1, 3600], or null")
+        t = self.connect_timeout_s
+        _check(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and 1 <= t <= 300,
+               f"tracking.connect_timeout_s={t!r} must be a number of seconds in [1, 300]")
 
 
 @dataclass
@@ -459,6 +480,10 @@ class RunConfig:
                f"algos={self.algos!r} must be algorithm names (checked against the registered ones before a run)")
         _check(len(self.seeds) > 0 and all(isinstance(s, int) and s >= 0 for s in self.seeds),
                f"seeds={self.seeds!r} must be non-negative ints")
+        # one run per (algorithm, seed): a repeat would be a second run of one seed, counted as another seed
+        for name, items in (("algos", self.algos), ("seeds", self.seeds)):
+            _check(len(set(items)) == len(items), f"{name}={items!r} names {repeated(items)} more than once "
+                   "(each algorithm and seed runs once)")
 
     def resolve(self, algo: str, recipe: "Recipe", task_max_new_tokens: int) -> "Resolved":
         """This config as algorithm ``algo`` runs it: ``auto`` becomes the recipe's value (its loss's clip band,

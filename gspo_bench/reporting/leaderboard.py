@@ -45,10 +45,11 @@ import statistics
 from pathlib import Path
 
 from gspo_bench import tables
-from gspo_bench.config import ConfigError, resolve_tracking_uri
+from gspo_bench.config import CONNECT_TIMEOUT_S, ConfigError, TrackingConfig, resolve_tracking_uri
 from gspo_bench.reporting.frame import FINISHED, RunData, load_frame, runs_of
 from gspo_bench.reporting.paired import seed_key
 from gspo_bench.reporting.grouping import by_names, check_by, flat, split_values, with_by
+from gspo_bench.tracking import stores
 
 DEFAULT_EXPERIMENT = "gspo_bench"
 PLUS = 0.10  # "warm start + 10 points"
@@ -80,13 +81,17 @@ def read_uri(uri: str | None) -> str:
     """The tracking URI to read: the flag, else $MLFLOW_TRACKING_URI, else ``config.DEFAULT_TRACKING_URI``.
 
     Reading a sqlite URI whose file does not exist would silently create an
-    empty store, so that is an error here.
+    empty store, so that is an error here; every other store goes through the
+    one store check (``stores.check_readable``): one line, exit 2, within
+    ``tracking.connect_timeout_s``, when it does not answer or does not open.
     """
     uri = resolve_tracking_uri(uri)
     if uri.startswith("sqlite:///"):
         db = Path(uri[len("sqlite:///"):]).expanduser()
         if not db.is_file():
             raise ConfigError(f"tracking URI {uri!r}: no database file {str(db)!r}")
+    stores.apply_retry_budget(TrackingConfig().retry_budget_s)  # a server that dies mid-read: a minute, not ten
+    stores.check_readable(uri, CONNECT_TIMEOUT_S)
     return uri
 
 

@@ -18,6 +18,11 @@ tracking, train.progress and train.checkpoint_every): a FINISHED run made with o
 smoke check under the same prefix) is a ConfigError naming the fields, before anything runs, rather than a
 silently mixed leaderboard; use another ``--experiment-prefix``.
 
+Many drivers, one store: each cell is claimed in the store just before it runs (``tracking.cells``: a claim
+run in the cell's experiment), so two ``suite`` commands started on the same plan and store share the cells
+between them and never run one twice at the same time; a driver skips a cell another one holds, and each
+driver's summary counts what is FINISHED when it ends.
+
 ETA, rough: per cell, measured wall times where the experiment has some, else a cost model
 (``suite_cost``).
 
@@ -40,6 +45,7 @@ from pathlib import Path
 
 from gspo_bench.config import ConfigError, RunConfig, flatten, load_config, parse_sets, to_dict
 from gspo_bench.config.loading import deep_merge
+from gspo_bench.config.sections import repeated
 from gspo_bench.tracking.redact import redact
 from gspo_bench.suite.cost import ALGO_COST, WARMSTART_S, cell_seconds, warmstart_key
 from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE
@@ -198,6 +204,10 @@ def make_plan(req: SuiteRequest) -> Plan:
         raise ConfigError(f"seeds {req.seeds} must be one or more non-negative integers")
     from gspo_bench.config import presets
 
+    for flag, items in (("--scenarios", req.scenarios), ("--algos", req.algos or []), ("--seed", req.seeds)):
+        if len(set(items)) != len(items):  # the rule of ``run``: each cell once, never a seed counted twice
+            raise ConfigError(f"{flag} names {repeated(list(items))} more than once (each scenario, algorithm and "
+                              "seed runs once)")
     unknown = [n for n in dict.fromkeys(req.scenarios) if n not in presets()]
     if unknown:
         raise ConfigError(f"--scenarios: {', '.join(map(repr, unknown))} not a preset (presets: "
@@ -236,6 +246,17 @@ def plan_lines(plan: Plan) -> list[str]:
 
 
 # -- running -----------------------------------------------------------------------------------------------------
+def claim_cell(s: ScenarioPlan, algo: str, seed: int):
+    """``(claim, None)``, or ``(None, why)`` when another driver on the store has the cell or it is done
+    (``tracking.cells``: a claim run in the cell's experiment, made before the cell's own run)."""
+    import mlflow
+
+    from gspo_bench.tracking import cells, stores
+
+    exp_id = stores.ensure_experiment(s.uri, s.experiment, s.cfg.tracking.artifact_location)
+    return cells.claim_cell(mlflow.MlflowClient(s.uri), exp_id, s.name, algo, seed)
+
+
 def run_cells(plan: Plan, log, progress: bool, console=None) -> dict[str, int]:
     """Run every to-do cell, one ``runner.run`` each, under one bar; returns {scenario: cells run}. Never
     raises for a failed cell."""
@@ -262,13 +283,20 @@ def run_cells(plan: Plan, log, progress: bool, console=None) -> dict[str, int]:
                 bar.update(task, description=f"{s.name} / {algo} / seed {seed}")
             cfg = dataclasses.replace(s.cfg, algos=[algo], seeds=[seed])
             t0 = time.perf_counter()
-            try:
-                # a KILLED cell (a signal, or an orphan of a killed process) continues from its checkpoint
-                res = runner.run(cfg, log=log, resume=True)[0]
-                status, final = res.status, res.eval_end
-            except Exception as e:  # e.g. a warm start that raised: this cell fails, the suite goes on
-                status, final = "FAILED", None
-                log(f"[error] {s.name} / {algo} / seed {seed}: {type(e).__name__}: {e}")
+            claim, why = claim_cell(s, algo, seed)
+            if claim is None:  # another driver on this store has it, or finished it since the plan
+                log(f"[{k}/{len(todo)}] skip {s.name} / {algo} / seed {seed}: {why}")
+                if progress:
+                    bar.update(task, advance=1)
+                continue
+            with claim:
+                try:
+                    # a KILLED cell (a signal, or an orphan of a killed process) continues from its checkpoint
+                    res = runner.run(cfg, log=log, resume=True)[0]
+                    status, final = res.status, res.eval_end
+                except Exception as e:  # e.g. a warm start that raised: this cell fails, the suite goes on
+                    status, final = "FAILED", None
+                    log(f"[error] {s.name} / {algo} / seed {seed}: {type(e).__name__}: {e}")
             took = time.perf_counter() - t0
             ran[s.name] += 1
             spent, planned = spent + took, planned + est

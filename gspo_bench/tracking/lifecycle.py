@@ -97,6 +97,8 @@ def mark_orphans(client, experiment_id: str, log=print) -> list[str]:
     """Mark the experiment's orphaned RUNNING runs KILLED, with a ``killed_reason`` tag; returns their ids."""
     marked = []
     for run in client.search_runs([experiment_id], "attributes.status = 'RUNNING'", max_results=1000):
+        if run.data.tags.get("kind") == "claim":  # a suite driver's claim on a cell: ``cells`` tidies those
+            continue
         reason = orphan_reason(run)
         if reason:
             client.set_tag(run.info.run_id, "killed_reason", reason)

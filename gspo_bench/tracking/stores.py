@@ -1,5 +1,11 @@
 """The MLflow tracking store as a shared and fallible resource.
 
+- ``probe_store``: the one store check every command runs before it opens a tracking store or an Optuna
+  storage. Its first contact is bounded by ``tracking.connect_timeout_s`` and any failure (refused, unknown
+  host, authentication, a file that is not a database) is one ConfigError naming the store, its password
+  masked. ``check_store`` (``run``, ``tune``, ``suite``) and ``check_readable`` (``leaderboard``,
+  ``report``, ``claims``, ``collapse-check``) add MLflow's own first contact, where a schema it cannot
+  migrate shows.
 - ``store_lock``: one lock per store for the first process that creates its
   tables. MLflow migrates an empty database on first contact, and two
   processes doing so together collide (SQLite: ``duplicate column name:
@@ -27,9 +33,10 @@ import contextlib
 import hashlib
 import os
 import tempfile
+import threading
 from pathlib import Path
 
-from gspo_bench.config import ConfigError
+from gspo_bench.config import CONNECT_TIMEOUT_S, ConfigError
 from gspo_bench.paths import probe_writable_dir
 from gspo_bench.tracking.redact import redact
 
@@ -142,11 +149,123 @@ def _writable(path: Path) -> OSError | None:
     return None
 
 
-def check_store(uri: str, experiment: str, override: str | None = None) -> None:
-    """Before any run: the store answers (a ConfigError when a tracking server does not) and the experiment's
-    artifact folder takes files (``check_artifact_location``). A SQLite file that does not exist yet is not
-    created here (a bad flag found later must leave nothing behind): its experiment is new, and MLflow's
-    default root for it is ``./mlruns``."""
+# -- the one store check ------------------------------------------------------------------------------------------
+def _first_line(e: BaseException) -> str:
+    """The error's first line, without SQLAlchemy's "(Background on this error at: ...)" and with at most 300
+    characters: what one error line has room for."""
+    text = str(e).strip().split("\n(Background on")[0]
+    return (text.splitlines() or [type(e).__name__])[0].strip()[:300] or type(e).__name__
+
+
+def _probe_sqlite(path: Path) -> None:
+    """An existing file must open as an SQLite database (read only: the probe writes nothing)."""
+    import sqlite3
+
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+    try:
+        conn.execute("PRAGMA schema_version").fetchone()  # "file is not a database" shows here, not at connect
+    finally:
+        conn.close()
+
+
+def _probe_database(url: str, timeout_s: float) -> None:
+    """A database server (PostgreSQL, MySQL, ...) must take a connection within ``timeout_s`` and answer."""
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    scheme = url.split("://", 1)[0].split("+", 1)[0].lower()
+    # libpq, PyMySQL and pymssql bound their connect with these arguments; other drivers by the thread below
+    args = {"postgresql": {"connect_timeout": max(2, int(timeout_s))}, "mysql": {"connect_timeout": int(timeout_s)},
+            "mssql": {"timeout": int(timeout_s)}}.get(scheme, {})
+    engine = sqlalchemy.create_engine(url, poolclass=NullPool, connect_args=args)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("SELECT 1"))
+    finally:
+        engine.dispose()
+
+
+def _probe_server(url: str, timeout_s: float) -> None:
+    """An MLflow tracking server must answer a one-experiment search within ``timeout_s`` with HTTP 200, with
+    the credentials MLflow itself would send (the URL's, or $MLFLOW_TRACKING_USERNAME / _PASSWORD / _TOKEN)."""
+    import requests
+
+    headers, auth = {}, None
+    if os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        headers["Authorization"] = f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}"
+    elif os.environ.get("MLFLOW_TRACKING_USERNAME"):
+        auth = (os.environ["MLFLOW_TRACKING_USERNAME"], os.environ.get("MLFLOW_TRACKING_PASSWORD", ""))
+    answer = requests.get(f"{url.rstrip('/')}/api/2.0/mlflow/experiments/search", params={"max_results": 1},
+                          headers=headers, auth=auth, timeout=timeout_s)
+    if answer.status_code in (401, 403):
+        raise PermissionError(f"it refused the credentials (HTTP {answer.status_code})")
+    if answer.status_code != 200:
+        raise OSError(f"it answered HTTP {answer.status_code} where an MLflow tracking server answers 200")
+
+
+def probe_store(url: str, timeout_s: float = CONNECT_TIMEOUT_S, role: str = "tracking store") -> None:
+    """The one store check, before a command opens ``url`` (a tracking URI or an Optuna storage URL): a
+    ConfigError, one line naming the store with its password masked, unless it answers within ``timeout_s``.
+
+    - ``sqlite:///``: an existing file must be an SQLite database; a missing one is the caller's to allow
+      (``run`` creates it, the readers refuse it).
+    - a database server: connect and ``SELECT 1``, through the URL's driver (psycopg 3 for ``postgresql://``).
+    - an MLflow server (``http(s)://``): a search that must answer 200 (401 / 403: the credentials).
+    The probe runs in a thread given ``timeout_s`` + 1 s: a driver that ignores its connect timeout (or a
+    host that drops packets) still ends in one line in bounded time."""
+    path = sqlite_path(url)
+    scheme = url.split("://", 1)[0].split("+", 1)[0].lower()
+    if path is not None:
+        if not path.exists():
+            return
+        probe = lambda: _probe_sqlite(path)  # noqa: E731
+    elif scheme in ("http", "https"):
+        probe = lambda: _probe_server(url, timeout_s)  # noqa: E731
+    elif scheme in ("postgresql", "postgres", "mysql", "mssql"):
+        probe = lambda: _probe_database(_lock_url(url), timeout_s)  # noqa: E731
+    else:  # file stores, databricks: MLflow's own first contact checks them
+        return
+    failure: list[BaseException] = []
+
+    def attempt():
+        try:
+            probe()
+        except BaseException as e:  # noqa: BLE001 (any failure becomes the one line below)
+            failure.append(e)
+
+    worker = threading.Thread(target=attempt, daemon=True, name="gspo_bench-store-probe")
+    worker.start()
+    worker.join(timeout_s + 1.0)
+    if worker.is_alive():
+        raise ConfigError(f"{role} {redact(url)} does not answer within {timeout_s:g} s "
+                          "(tracking.connect_timeout_s)")
+    if failure:
+        e = failure[0]
+        verb = "does not answer" if _refused(e) else "cannot be opened"
+        hint = (" (install the postgres extra: pip install '.[postgres]', i.e. psycopg 3)"
+                if isinstance(e, ImportError) and scheme in ("postgresql", "postgres") else "")
+        raise ConfigError(f"{role} {redact(url)} {verb}: {redact(_first_line(e))}{hint}")
+
+
+def _refused(e: BaseException) -> bool:
+    """Whether ``e`` says nothing answered (a refused or timed-out connection, an unknown host), as opposed to
+    a store that answered and was wrong (not a database, bad credentials, a schema)."""
+    import requests
+
+    text = str(e).lower()
+    return unreachable(e) or isinstance(e, requests.exceptions.RequestException) or any(
+        w in text for w in ("connection refused", "timed out", "timeout expired", "could not translate host",
+                            "name or service not known", "failed to resolve", "no route to host"))
+
+
+def check_store(uri: str, experiment: str, override: str | None = None,
+                timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Before any run: the store answers and opens (``probe_store``, then MLflow's own first contact, which
+    migrates a new database and refuses a schema it cannot migrate; each failure a ConfigError) and the
+    experiment's artifact folder takes files (``check_artifact_location``). A SQLite file that does not exist
+    yet is not created here (a bad flag found later must leave nothing behind): its experiment is new, and
+    MLflow's default root for it is ``./mlruns``."""
+    probe_store(uri, timeout_s)
     path = sqlite_path(uri)
     if path is not None and not path.exists():
         check_artifact_location(None, None, experiment, override, default_root=os.path.abspath("mlruns"))
@@ -154,11 +273,24 @@ def check_store(uri: str, experiment: str, override: str | None = None) -> None:
     try:
         client, exp = open_store(uri, experiment)
     except Exception as e:
-        if not unreachable(e):
-            raise
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise ConfigError(f"tracking server {redact(uri)} does not answer: {redact(first)}") from None
+        verb = "does not answer" if unreachable(e) else "cannot be opened"
+        raise ConfigError(f"tracking store {redact(uri)} {verb}: {redact(_first_line(e))}") from None
     check_artifact_location(client, exp, experiment, override)
+
+
+def check_readable(uri: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Before a command reads runs from ``uri``: ``probe_store``, then MLflow's first contact (listing one
+    experiment), any failure a ConfigError. A missing SQLite file is refused before this (reading it would
+    create an empty store)."""
+    import mlflow
+
+    probe_store(uri, timeout_s)
+    try:
+        with store_lock(_lock_url(uri)):
+            mlflow.MlflowClient(uri).search_experiments(max_results=1)
+    except Exception as e:
+        verb = "does not answer" if unreachable(e) else "cannot be opened"
+        raise ConfigError(f"tracking store {redact(uri)} {verb}: {redact(_first_line(e))}") from None
 
 
 def check_artifact_location(client, experiment, name: str, override: str | None = None,

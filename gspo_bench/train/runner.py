@@ -132,7 +132,8 @@ def validate(cfg: RunConfig) -> str:
     uri = tracking_uri(cfg)
     stores.apply_retry_budget(cfg.tracking.retry_budget_s)
     if launch_rank_zero():  # the other processes of a multi-process run never open the store
-        stores.check_store(uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
+        stores.check_store(uri, cfg.tracking.experiment, cfg.tracking.artifact_location,
+                           cfg.tracking.connect_timeout_s)
     return uri
 
 

@@ -46,9 +46,9 @@ from statistics import fmean
 
 import yaml
 
-from gspo_bench.config import ConfigError, deep_merge, load_config, read_yaml
+from gspo_bench.config import CONNECT_TIMEOUT_S, ConfigError, deep_merge, load_config, read_yaml
 from gspo_bench.tracking.redact import redact, redact_nested
-from gspo_bench.tracking.stores import sqlite_path, store_lock
+from gspo_bench.tracking.stores import probe_store, sqlite_path, store_lock
 
 DEFAULT_STORAGE = "sqlite:///optuna.db"
 LAST_EVALS = 2
@@ -140,7 +140,7 @@ class StaleTrial:
 
 
 def open_storage(url: str, heartbeat: int | None = None, retries: int = 0, tracking_uri: str | None = None,
-                 must_exist: bool = False):
+                 must_exist: bool = False, connect_timeout_s: float = CONNECT_TIMEOUT_S):
     """The RDB storage, with heartbeat and stale-trial retry when ``heartbeat`` is set.
 
     An unreachable or malformed URL (or, with ``must_exist``, a SQLite file
@@ -162,8 +162,9 @@ def open_storage(url: str, heartbeat: int | None = None, retries: int = 0, track
         kw = {"heartbeat_interval": heartbeat, "grace_period": 2 * heartbeat,
               "heartbeat_stale_trial_callback" if new_name else "failed_trial_callback": StaleTrial(tracking_uri,
                                                                                                      retries)}
-    engine = {"connect_args": {"timeout": 60}} if path is not None else None  # SQLite: wait for the other writers
     target = driver_url(url)  # connect with this; messages name the URL as given, redacted
+    probe_store(url, connect_timeout_s, role="Optuna storage")  # the one store check, as for tracking stores
+    engine = {"connect_args": {"timeout": 60}} if path is not None else None  # SQLite: wait for the other writers
     try:
         with store_lock(target), warnings.catch_warnings():  # workers started together take turns
             warnings.simplefilter("ignore")

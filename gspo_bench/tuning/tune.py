@@ -41,6 +41,7 @@ def tune(req: TuneRequest, log=print) -> list[StudyOutcome]:
     uri = validate(cfg)
     spaces = {a: chosen_params(algorithms.get(a), req.params, req.tune_lr) for a in algos}
     make_pruner(req.pruner, cfg.train.steps)
-    storage = open_storage(req.storage, req.heartbeat, req.retries, uri)
+    storage = open_storage(req.storage, req.heartbeat, req.retries, uri,
+                           connect_timeout_s=cfg.tracking.connect_timeout_s)
     shared = prepare(req, cfg, uri, storage, log)  # MLflow experiment, task, the one warm start
     return [run_study(shared, algo, spaces[algo]) for algo in algos]

@@ -1,0 +1,150 @@
+"""A cell claimed in the tracking store before it runs, so that drivers sharing one store never run a cell twice
+at the same time.
+
+A *cell* is one (preset, algorithm, seed) of an experiment. A driver about to run one first writes a claim: an
+MLflow run of its own in that experiment, tagged ``kind=claim``, ``cell=<preset>/<algo>/<seed>`` and its
+owner (``lifecycle.owner_tags``: host, pid, process start time, heartbeat). Tables never count such a run
+(``kind`` is a hidden kind). The claim holds while its run is RUNNING and not orphaned (its process gone on this
+host, or no heartbeat for ``lifecycle.ORPHAN_AFTER_S`` from another: ``lifecycle.orphan_reason``); the driver
+refreshes its heartbeat while the cell runs and deletes it when the cell ends, however it ends.
+
+Why a run and not a lock: a run is the one thing every MLflow store (a SQLite file, PostgreSQL, an ``mlflow
+server`` over HTTP) can create, list and delete, and a store behind a server offers no lock. Mutual exclusion
+comes from the order of writes and reads, as in the classic "announce, then look" protocol:
+
+1. write my claim;
+2. list the cell's live claims; if mine is the only one, the cell is mine;
+3. otherwise delete mine, wait a random while and try again (``attempts`` times), or give up.
+
+Two drivers can never both win: a winner's listing did not see the other claim, so that claim was written
+after the listing, hence after the winner's own claim, and its owner's listing sees the winner's claim (which a
+winner keeps until its cell ends) and yields. Both may yield at once; the random waits separate them. This
+needs a store where a write is seen by every read that starts after it, as a single database (behind a server
+or not) gives.
+
+Before it claims, and again once it holds the claim, the driver asks whether the cell is already taken care of:
+a FINISHED run of it (done, by this driver's plan or another's), or a RUNNING run of it whose process is alive
+(a ``run`` started by hand, or a driver older than claims). Either way it leaves the cell alone.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+from gspo_bench.tracking.lifecycle import orphan_reason, owner_tags
+
+CLAIM_KIND = "claim"
+CELL_TAG = "cell"
+HEARTBEAT_S = 60.0  # a claim's heartbeat while its cell runs (a claim is dead after lifecycle.ORPHAN_AFTER_S)
+
+
+def cell_key(preset: str, algo: str, seed: int) -> str:
+    return f"{preset}/{algo}/{seed}"
+
+
+@dataclass
+class Claim:
+    """A claim this process holds: its run id, and the heartbeat thread that keeps it alive."""
+
+    client: object
+    run_id: str
+    cell: str
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _beat: threading.Thread | None = None
+
+    def keep_alive(self, every_s: float = HEARTBEAT_S) -> None:
+        def beat():
+            while not self._stop.wait(every_s):
+                try:
+                    self.client.set_tag(self.run_id, "gspo_bench.heartbeat", f"{time.time():.0f}")
+                except Exception:  # a store that stopped answering: the cell's own run reports it
+                    pass
+
+        self._beat = threading.Thread(target=beat, daemon=True, name=f"gspo_bench-claim-{self.cell}")
+        self._beat.start()
+
+    def release(self) -> None:
+        """Stop the heartbeat and delete the claim run (a store gone meanwhile: the claim dies with this
+        process, as a claim of a killed driver does)."""
+        self._stop.set()
+        try:
+            self.client.delete_run(self.run_id)
+        except Exception:
+            pass
+
+    def __enter__(self) -> "Claim":
+        self.keep_alive()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _live(run) -> bool:
+    return run.info.status == "RUNNING" and orphan_reason(run) is None
+
+
+def cell_runs(client, experiment_id: str, preset: str, algo: str, seed: int) -> list:
+    """The experiment's runs of the cell (its training runs, not claims), any status."""
+    query = f"tags.algo = '{algo}' and tags.seed = '{seed}' and tags.preset = '{preset}'"
+    return [r for r in client.search_runs([experiment_id], query, max_results=1000)
+            if r.data.tags.get("kind") != CLAIM_KIND and r.data.tags.get("tuning") != "trial"
+            and r.data.tags.get("kind") not in ("report", "study")]
+
+
+def taken(client, experiment_id: str, preset: str, algo: str, seed: int) -> str | None:
+    """Why the cell needs no run from this driver, or None: a FINISHED run of it, or a RUNNING one at work."""
+    for r in cell_runs(client, experiment_id, preset, algo, seed):
+        if r.info.status == "FINISHED":
+            return f"FINISHED meanwhile (run {r.info.run_id})"
+        if _live(r):
+            t = r.data.tags
+            return (f"being run by pid {t.get('gspo_bench.pid')} on {t.get('gspo_bench.host')} "
+                    f"(run {r.info.run_id})")
+    return None
+
+
+def live_claims(client, experiment_id: str, cell: str) -> list:
+    """The cell's live claims; a dead one (its driver killed) is deleted on the way, as nobody else will."""
+    query = f"tags.kind = '{CLAIM_KIND}' and tags.{CELL_TAG} = '{cell}'"
+    live = []
+    for r in client.search_runs([experiment_id], query, max_results=1000):
+        if _live(r):
+            live.append(r)
+        else:
+            try:
+                client.delete_run(r.info.run_id)
+            except Exception:  # deleted meanwhile by another driver
+                pass
+    return live
+
+
+def claim_cell(client, experiment_id: str, preset: str, algo: str, seed: int, attempts: int = 5,
+               wait_s: tuple[float, float] = (0.2, 2.0)) -> tuple[Claim | None, str | None]:
+    """``(claim, None)`` when this process now holds the cell; ``(None, why)`` when the cell is done, at work,
+    or claimed by another driver (the protocol in the module docstring)."""
+    cell = cell_key(preset, algo, seed)
+    for attempt in range(attempts):
+        why = taken(client, experiment_id, preset, algo, seed)
+        if why:
+            return None, why
+        run = client.create_run(experiment_id, run_name=f"claim {cell}",
+                                tags={"kind": CLAIM_KIND, CELL_TAG: cell, "algo": algo, "seed": str(seed),
+                                      "preset": preset, **owner_tags()})
+        mine = run.info.run_id
+        others = [r for r in live_claims(client, experiment_id, cell) if r.info.run_id != mine]
+        if not others:
+            why = taken(client, experiment_id, preset, algo, seed)  # finished or started between the looks
+            if why:
+                client.delete_run(mine)
+                return None, why
+            return Claim(client, mine, cell), None
+        client.delete_run(mine)
+        if attempt + 1 < attempts:
+            time.sleep(random.uniform(*wait_s))
+    t = others[0].data.tags
+    return None, (f"claimed by another driver (pid {t.get('gspo_bench.pid')} on {t.get('gspo_bench.host')}, "
+                  f"claim run {others[0].info.run_id})")

@@ -1,0 +1,101 @@
+"""A cell claimed in the tracking store before it runs (``tracking/cells.py``), on a real SQLite MLflow store:
+one claim at a time per cell, a dead driver's claim ignored and removed, a cell done or at work left alone,
+the heartbeat, and claims never counted by a table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import mlflow
+import pytest
+
+from gspo_bench.tracking import cells
+from gspo_bench.tracking.lifecycle import owner_tags
+
+
+@pytest.fixture
+def store(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    return uri, client, client.create_experiment("cells", artifact_location=str(tmp_path / "artifacts"))
+
+
+def _active_claims(client, exp_id) -> list:
+    return client.search_runs([exp_id], "tags.kind = 'claim'")
+
+
+def test_a_held_cell_cannot_be_claimed_again_until_it_is_released(store):
+    _, client, exp = store
+    first, why = cells.claim_cell(client, exp, "smoke", "grpo", 0)
+    assert first is not None and why is None
+    second, why = cells.claim_cell(client, exp, "smoke", "grpo", 0, attempts=2, wait_s=(0.0, 0.01))
+    assert second is None and why.startswith("claimed by another driver") and first.run_id in why
+    other, _ = cells.claim_cell(client, exp, "smoke", "grpo", 1)  # another cell is free
+    assert other is not None
+    assert sorted(r.data.tags["cell"] for r in _active_claims(client, exp)) == ["smoke/grpo/0", "smoke/grpo/1"]
+    first.release()
+    other.release()
+    assert _active_claims(client, exp) == []  # the yielding driver left no claim behind either
+    again, _ = cells.claim_cell(client, exp, "smoke", "grpo", 0)
+    assert again is not None
+    again.release()
+
+
+def test_a_dead_drivers_claim_is_ignored_and_removed(store):
+    _, client, exp = store
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = {**owner_tags(), "gspo_bench.pid": gone.stdout.strip(), "gspo_bench.pid_start": "1"}
+    stale = client.create_run(exp, tags={"kind": "claim", "cell": "smoke/gspo/0", **dead}).info.run_id
+    claim, why = cells.claim_cell(client, exp, "smoke", "gspo", 0)
+    assert claim is not None, why
+    assert client.get_run(stale).info.lifecycle_stage == "deleted"
+    claim.release()
+
+
+def test_a_cell_finished_or_at_work_elsewhere_is_left_alone(store):
+    _, client, exp = store
+    cell_tags = {"algo": "dapo", "seed": "2", "preset": "smoke"}
+    working = client.create_run(exp, tags={**cell_tags, **owner_tags()}).info.run_id  # RUNNING, this live process
+    claim, why = cells.claim_cell(client, exp, "smoke", "dapo", 2)
+    assert claim is None and why == f"being run by pid {owner_tags()['gspo_bench.pid']} on " \
+                                    f"{owner_tags()['gspo_bench.host']} (run {working})"
+    client.set_terminated(working, "FINISHED")
+    claim, why = cells.claim_cell(client, exp, "smoke", "dapo", 2)
+    assert claim is None and why == f"FINISHED meanwhile (run {working})"
+    client.set_terminated(working, "FAILED")  # a failed cell runs again
+    claim, why = cells.claim_cell(client, exp, "smoke", "dapo", 2)
+    assert claim is not None
+    claim.release()
+    assert _active_claims(client, exp) == []
+
+
+def test_a_held_claim_beats_and_its_context_releases_it(store):
+    _, client, exp = store
+    claim, _ = cells.claim_cell(client, exp, "smoke", "ppo", 0)
+    first = float(client.get_run(claim.run_id).data.tags["gspo_bench.heartbeat"])
+    time.sleep(1.1)  # the heartbeat tag has whole seconds
+    claim.keep_alive(every_s=0.05)
+    deadline = time.time() + 10
+    while float(client.get_run(claim.run_id).data.tags["gspo_bench.heartbeat"]) <= first and time.time() < deadline:
+        time.sleep(0.05)
+    assert float(client.get_run(claim.run_id).data.tags["gspo_bench.heartbeat"]) > first
+    claim.release()
+    claim2, _ = cells.claim_cell(client, exp, "smoke", "ppo", 0)
+    with claim2:
+        assert [r.info.run_id for r in _active_claims(client, exp)] == [claim2.run_id]
+    assert _active_claims(client, exp) == []
+
+
+def test_a_claim_is_no_run_of_any_table_and_no_orphan_to_mark(store):
+    from gspo_bench.reporting.leaderboard import load_runs
+    from gspo_bench.tracking.lifecycle import mark_orphans
+
+    uri, client, exp = store
+    claim, _ = cells.claim_cell(client, exp, "smoke", "grpo", 0)
+    assert load_runs(uri, "cells") == []
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    client.set_tag(claim.run_id, "gspo_bench.pid", gone.stdout.strip())
+    assert mark_orphans(client, exp, log=lambda *_: None) == []  # the cells module tidies dead claims
+    claim.release()
