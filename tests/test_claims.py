@@ -371,3 +371,18 @@ def test_claims_command_with_only_some_new_experiments(tmp_path_factory, tmp_pat
     figs = out.parent / "claims"
     assert (figs / "claim-dr-grpo-length.png").stat().st_size > 1000
     assert not (figs / "claim-sapo.png").exists() and not (figs / "claim-vespo-stale.png").exists()
+
+
+def test_claims_runs_table_without_any_claim_experiment_is_one_line_exit_2(tmp_path, capsys):
+    import gzip
+
+    table = tmp_path / "runs.csv.gz"
+    table.write_bytes(gzip.compress(b"run_id,status,experiment,artifact_uri,tags.algo,metric,step,value\n"
+                                    b"r1,FINISHED,my-exp,,grpo,eval/pass1,-1,0.5\n"
+                                    b"r2,FINISHED,other-exp,,gspo,eval/pass1,-1,0.6\n"))
+    out = tmp_path / "page" / "claims.md"
+    assert main(["claims", "--runs", str(table), "--out", str(out)]) == 2
+    text = one_line(capsys)
+    assert "holds none of the experiments the claims read" in text and "it holds my-exp, other-exp" in text, text
+    assert all(name in text for name in EXPERIMENTS)
+    assert not out.parent.exists()  # refused before the page's folder is made

@@ -45,6 +45,12 @@ def _runs(db: Path) -> list:
         (["--experiment", "  "], "must be a non-empty name"),
         (["--restart"], "--restart goes with --resume"),
         (["--set", "tracking.retry_budget_s=0"], "tracking.retry_budget_s=0"),
+        (["--set", "tracking.connect_timeout_s=0"], "tracking.connect_timeout_s=0"),
+        (["--algos", "grpo,gspo,grpo"], "algos=['grpo', 'gspo', 'grpo'] names grpo more than once"),
+        (["--seed", "0,0"], "seeds=[0, 0] names 0 more than once"),
+        (["--set", "seeds=[1,2,1]"], "names 1 more than once"),
+        (["--set", "task.system=Add the numbers.", "--preset", "smoke", "--algos", "grpo", "--steps", "1",
+          "--no-warmstart"], "a system message needs chat: auto or true"),  # arith's chat: false
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_leaves_no_run(argv, needle, tmp_path, capsys):
@@ -111,9 +117,23 @@ def test_bad_files_end_in_one_error_line_exit_2_before_any_run(flag, name, tmp_p
     errors = [line for line in text.splitlines() if "error" in line]
     assert code == 2 and len(errors) == 1 and needle in errors[0], text
     assert "Traceback" not in text
-    if name != "late.yaml":  # all but what only loading the rows finds (a bad row past the first): before the banner
-        assert len(text.splitlines()) == 1, text
+    assert len(text.splitlines()) == 1, text  # a bad row past the first included: before the run's header line
     assert not db.exists() or not _runs(db)
+
+
+def test_a_bad_row_past_the_first_is_the_only_line_a_real_process_prints(tmp_path):
+    """As a user sees it (datasets logs to the stderr it found at import, which capsys does not see): the
+    error names the file, and neither the run's header line nor the library's own log line comes first."""
+    (tmp_path / "late.jsonl").write_bytes(DATA["late.jsonl"])
+    (tmp_path / "late.yaml").write_bytes(BAD_FILES["late.yaml"][0])
+    env = {**os.environ, "GSPO_BENCH_CACHE": str(tmp_path / "cache"), "HF_DATASETS_CACHE": str(tmp_path / "hf")}
+    proc = subprocess.run([sys.executable, "-m", "gspo_bench", "run", "--task", "late.yaml", "--preset", "smoke",
+                           "--algos", "grpo", "--no-progress", "--tracking-uri", f"sqlite:///{tmp_path}/m.db"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("gspo-bench: error: task 'late': late.jsonl: ") and "JSON parse error" in lines[0]
+    assert not (tmp_path / "m.db").exists()
 
 
 def test_a_reward_parameter_out_of_range_stops_the_run_before_any_work(tmp_path, capsys):
@@ -205,3 +225,18 @@ def test_smoke_preset_end_to_end_through_the_cli(tmp_path):
         assert r.data.tags["preset"] == "smoke"
         for key in ("reward/mean", "clip/frac", "eval/pass1", "ratio/max", "policy/entropy"):
             assert key in r.data.metrics
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--algo", "grpo", "--preset", "nope"], ["run", "--no-warm", "--preset", "nope"],
+    ["tune", "--trial", "2", "--algo", "gspo", "--preset", "nope"], ["bench", "--rl-step", "2", "--preset", "nope"],
+    ["suite", "--scenario", "nope", "--dry-run"], ["leaderboard", "--exp", "x", "--runs", "none.csv.gz"],
+    ["report", "--stor", "sqlite:///x.db", "--runs", "none.csv.gz"], ["claims", "--marg", "2", "--runs", "none.csv.gz"],
+], ids=lambda argv: " ".join(argv[:2]))
+def test_a_flag_is_never_taken_for_a_longer_one_it_starts(argv, capsys):
+    """``run --algo grpo`` is an error, not ``--algos grpo``: no flag is read as an abbreviation of another (the
+    rest of each command line is bad, so an abbreviation taken fails fast with another error)."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    text = one_line(capsys)
+    assert e.value.code == 2 and text.startswith(f"gspo-bench: error: unrecognized arguments: {argv[1]}"), text

@@ -219,3 +219,44 @@ def test_run_without_the_data_set_is_one_line_exit_2_before_any_run(tmp_path, ca
     text = one_line(capsys)
     assert code == 2 and "hf download --repo-type dataset openai/gsm8k" in text and "--set task.path=DIR" in text
     assert not db.exists()
+
+
+def test_files_not_under_the_config_folder_say_the_layout_expected(tmp_path, capsys):
+    flat = tmp_path / "gsm8k-flat"  # train-*.parquet and test-*.parquet straight in the folder, no main/
+    flat.mkdir()
+    for split, rows in GSM8K.items():
+        datasets.Dataset.from_list(rows).to_parquet(flat / f"{split}-00000-of-00001.parquet")
+    with pytest.raises(ValueError) as e:
+        load_task("gsm8k", 0, options=TaskOptions(path=str(flat)))
+    text = str(e.value)
+    assert "\n" not in text and "BuilderConfig" not in text, text
+    assert f"expected {flat}/main/train-*.parquet as on the hub" in text and "config_name: main" in text, text
+    db = tmp_path / "mlflow.db"
+    code = main(["run", "--task", "gsm8k", "--set", f"task.path={flat}", "--preset", "smoke", "--algos", "grpo",
+                 "--no-progress", "--tracking-uri", f"sqlite:///{db}"])
+    assert code == 2 and f"expected {flat}/main/train-*.parquet" in one_line(capsys)  # before the header line
+    assert not db.exists()
+
+
+def test_a_data_folder_file_not_utf8_is_named(tmp_path):
+    folder = math500_repo(tmp_path / "MATH-500")
+    data = folder / "test.jsonl"
+    good = data.read_bytes()
+    data.write_bytes(good + b'{"problem": "caf\xe9", "solution": "\\\\boxed{1}", "answer": "1"}\n')
+    with pytest.raises(ValueError) as e:
+        load_hf(0, str(folder), split="test", n_eval=2, prompt_field="problem")
+    assert str(e.value) == f"{data}: not UTF-8 text (byte {len(good) + 16})"
+
+
+def test_a_bad_row_in_a_data_folder_is_one_line_exit_2_before_the_header(tmp_path, capsys):
+    folder = math500_repo(tmp_path / "MATH-500")
+    with (folder / "test.jsonl").open("a") as f:
+        f.write('{"problem": "1+1", "answer": \n')  # the last row is not JSON
+    spec = tmp_path / "m.yaml"
+    spec.write_text(f"kind: hf\nparams: {{path: {folder}, split: test, n_eval: 2, prompt_field: problem}}\n")
+    db = tmp_path / "mlflow.db"
+    code = main(["run", "--task", str(spec), "--preset", "smoke", "--algos", "grpo", "--no-progress",
+                 "--tracking-uri", f"sqlite:///{db}"])
+    text = one_line(capsys)
+    assert code == 2 and "task 'm'" in text and str(folder) in text, text
+    assert not db.exists()

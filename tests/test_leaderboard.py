@@ -222,3 +222,36 @@ def test_cli_paired_table_in_md_and_csv(store, capsys):
     out = capsys.readouterr().out
     assert "Paired differences vs grpo" in out and "finished" not in out  # the paired table alone
 
+
+
+# -- one FINISHED run per (settings, algorithm, seed) ---------------------------------------------------------
+def test_a_second_finished_run_of_one_seed_is_set_aside_and_the_newest_counts(tmp_path, capsys):
+    from gspo_bench.reporting.frame import SUPERSEDED, load_frame, read_frame, runs_of, set_aside, write_frame
+
+    uri = f"sqlite:///{tmp_path}/twice.db"
+    client = mlflow.MlflowClient(uri)
+    exp = client.create_experiment(EXP, artifact_location=str(tmp_path / "artifacts"))
+    digest = {"gspo_bench.config": "0123456789abcdef"}
+    old = _run(client, exp, "grpo", 0, eval_=(0.40, 0.45, 0.50), tags=digest)
+    time.sleep(0.01)  # MLflow's start times are in ms
+    new = _run(client, exp, "grpo", 0, eval_=(0.40, 0.45, 0.70), tags=digest)  # the same command again
+    other = _run(client, exp, "grpo", 0, eval_=(0.40, 0.45, 0.90), tags={"gspo_bench.config": "fedcba9876543210"})
+    one = _run(client, exp, "grpo", 1, eval_=(0.40, 0.50, 0.60), tags=digest)
+    status = {r.run_id: r.status for r in runs_of(load_frame(uri, EXP))}
+    assert status == {old: SUPERSEDED, new: "FINISHED", other: "FINISHED", one: "FINISHED"}
+    rows = collect(uri, EXP)
+    assert [(r["status"], r["n"], r["seeds"]) for r in rows] == [("FINISHED", 3, "0,1"), (SUPERSEDED, 1, "0")]
+    # the newest of seed 0 counts (0.70, not 0.50), beside the run of other settings and seed 1
+    assert rows[0]["final_pass1"] == pytest.approx((0.70 + 0.90 + 0.60) / 3)
+    assert set_aside(runs_of(load_frame(uri, EXP))).startswith("1 FINISHED run(s) set aside as SUPERSEDED")
+    # a runs table keeps the start times, and one without them keeps MLflow's order (newest first)
+    path = write_frame(load_frame(uri, EXP), tmp_path / "runs.csv.gz")
+    assert {r.run_id: r.status for r in runs_of(read_frame(path))} == status
+    legacy = read_frame(path).drop(columns=["start_time"])
+    assert {r.run_id: r.status for r in runs_of(legacy)} == status
+    assert main(["leaderboard", "--tracking-uri", uri, "--experiment", EXP, "--format", "md"]) == 0
+    text = capsys.readouterr().out
+    assert f"{SUPERSEDED} ×1" in text and "1 FINISHED run(s) set aside" in text
+    assert main(["report", "--tracking-uri", uri, "--experiment", EXP, "--out", str(tmp_path / "rep")]) == 0
+    page = (tmp_path / "rep" / "report.md").read_text()
+    assert "3 FINISHED, 1 SUPERSEDED" in page and "1 FINISHED run(s) set aside as SUPERSEDED" in page

@@ -152,3 +152,81 @@ def test_a_runs_file_that_is_not_one_is_one_line_exit_2(tmp_path, capsys):
     assert "not a runs table" in one_line(capsys)
     assert main(["leaderboard", "--runs", str(tmp_path / "none.csv.gz")]) == 2
     assert "no such file" in one_line(capsys)
+
+
+RUNS_HEADER = "run_id,status,experiment,artifact_uri,tags.algo,tags.note,metric,step,value\n"
+GOOD_ROWS = ('r1,FINISHED,arith-default,,grpo,,eval/pass1,-1,0.5\n'
+             'r1,FINISHED,arith-default,,grpo,"two\nlines",eval/pass1,0,0.4\n'  # a quoted field over two lines
+             'r2,RUNNING,arith-default,,gspo,,,,\n')  # a run that logged no metric: no step, no value
+
+
+def _runs_table(path: Path, extra: str = "") -> Path:
+    import gzip
+
+    path.write_bytes(gzip.compress((RUNS_HEADER + GOOD_ROWS + extra).encode()))
+    return path
+
+
+@pytest.mark.parametrize("row, needle", [
+    ("r3,FINISHED,arith-default,,grpo,,eval/pass1,-1,abc\n", "line 6: value 'abc' is not a number"),
+    ("r3,FINISHED,arith-default,,grpo,,eval/pass1,x,0.5\n", "line 6: step 'x' is not an integer"),
+    ("r3,FINISHED,arith-default,,grpo,,eval/pass1,1.5,0.5\n", "line 6: step '1.5' is not an integer"),
+    ("r3,FINISHED,arith-default,,grpo,,eval/pass1,,0.5\n", "line 6: step is empty in a metric's row"),
+    ("r3,DONE,arith-default,,grpo,,eval/pass1,-1,0.5\n", "line 6: status 'DONE' is not one of FAILED, FINISHED"),
+    (",FINISHED,arith-default,,grpo,,eval/pass1,-1,0.5\n", "line 6: run_id is empty"),
+    ("r3,FINISHED,,,grpo,,eval/pass1,-1,0.5\n", "line 6: experiment is empty"),
+    ("r3,FINISHED,arith-default,,grpo,,,3,\n", "line 6: step '3' in a row without a metric"),
+], ids=["value", "step", "fractional-step", "no-step", "status", "no-run_id", "no-experiment", "step-without-metric"])
+@pytest.mark.parametrize("cmd", ["leaderboard", "report", "claims"])
+def test_a_bad_row_of_a_runs_table_is_named_by_its_line_one_line_exit_2(cmd, row, needle, tmp_path, capsys):
+    table = _runs_table(tmp_path / "runs.csv.gz", row)
+    out = tmp_path / "out"
+    extra = {"leaderboard": [], "report": ["--out", str(out)], "claims": ["--out", str(out / "claims.md")]}[cmd]
+    assert main([cmd, "--runs", str(table), *extra]) == 2
+    text = one_line(capsys)
+    assert text.startswith("gspo-bench: error: --runs ") and str(table) in text and needle in text, text
+    assert not out.exists()  # refused before any work
+
+
+def test_a_start_time_that_is_no_number_is_named_by_its_line(tmp_path, capsys):
+    import gzip
+
+    table = tmp_path / "runs.csv.gz"
+    table.write_bytes(gzip.compress(b"run_id,status,experiment,artifact_uri,start_time,metric,step,value\n"
+                                    b"r1,FINISHED,e,,1700000000000,eval/pass1,-1,0.5\n"
+                                    b"r2,FINISHED,e,,soon,eval/pass1,-1,0.5\n"))
+    assert main(["leaderboard", "--runs", str(table)]) == 2
+    assert "line 3: start_time 'soon' is not a number" in one_line(capsys)
+
+
+def test_a_well_typed_runs_table_reads_back(tmp_path):
+    import math
+
+    from gspo_bench.reporting.frame import read_frame, runs_of
+
+    r1, r2 = runs_of(read_frame(_runs_table(tmp_path / "runs.csv.gz",
+                                             "r1,FINISHED,arith-default,,grpo,,eval/pass1,1.0,\n")))
+    assert (r1.status, r1.metrics, r1.history["eval/pass1"][0]) == ("FINISHED", {"eval/pass1": 0.5}, (0, 0.4))
+    assert r1.history["eval/pass1"][1][0] == 1 and math.isnan(r1.history["eval/pass1"][1][1])  # empty value: NaN
+    assert (r2.run_id, r2.status, r2.metrics, r2.history) == ("r2", "RUNNING", {}, {})
+
+
+def test_every_runs_table_in_results_reads(capsys):
+    from gspo_bench.reporting.frame import read_frame
+
+    tables = sorted((Path(__file__).parent.parent / "results").rglob("runs.csv.gz"))
+    assert tables
+    for table in tables:
+        assert len(read_frame(table)) > 0, table
+
+
+def test_a_missing_optuna_storage_file_stops_the_report_before_its_folder_is_made(made, tmp_path, capsys):
+    _, _, made_out, _ = made
+    out = tmp_path / "report"
+    missing = tmp_path / "missing.db"
+    capsys.readouterr()
+    code = main(["report", "--runs", str(made_out / "runs.csv.gz"), "--storage", f"sqlite:///{missing}",
+                 "--out", str(out)])
+    text = one_line(capsys)
+    assert code == 2 and f"no database file {str(missing)!r}" in text, text
+    assert not out.exists() and not missing.exists()

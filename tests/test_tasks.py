@@ -522,3 +522,40 @@ def test_count_rows_reads_a_parquet_footer(tmp_path):
     datasets.Dataset.from_dict({"prompt": ["1+1=", "2+2=", "3+3="], "answer": ["2", "4", "6"]}).to_parquet(
         tmp_path / "d.parquet")
     assert count_rows(tmp_path / "d.parquet", "parquet") == 3
+
+
+# -- a system message needs a chat template to be seen ----------------------------------------------------------
+def test_a_system_message_with_chat_false_is_refused(tmp_path):
+    from gspo_bench.config import TaskOptions
+
+    with pytest.raises(ValueError, match=r"task 'a': a system message needs chat: auto or true"):
+        TaskSpec(name="a", kind="arith", chat=False, system="Add the numbers.")
+    spec = tmp_path / "sys.yaml"
+    spec.write_text("kind: arith\nchat: false\nsystem: |\n  Add.\n  Then stop.\n")
+    with pytest.raises(ValueError) as e:
+        resolve_task_spec(str(spec))
+    assert "\n" not in str(e.value) and "task 'sys'" in str(e.value)  # one line: the message is not echoed
+    # the built-in arith says chat: false, so --set task.system alone is refused; with chat: auto it is kept
+    with pytest.raises(ValueError, match="a system message needs chat: auto or true"):
+        resolve_task_spec("arith", TaskOptions(system="Add."))
+    assert resolve_task_spec("arith", TaskOptions(system="Add.", chat="auto")).system == "Add."
+    assert TaskSpec(name="a", kind="arith", chat=False, system=None).system is None
+
+
+# -- a data file that is not UTF-8 is named -------------------------------------------------------------------
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_data_file_not_utf8_past_its_head_is_named_with_the_byte(tmp_path, suffix):
+    from gspo_bench.tasks.generators import HEAD_BYTES
+
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(HEAD_BYTES // 20)]
+    good = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    assert len(good) > HEAD_BYTES  # past the head the cheap check reads
+    bad = b'{"prompt": "caf\xe9=", "answer": "1"}\n'
+    data = tmp_path / f"late{suffix}"
+    data.write_bytes(good + bad)
+    spec = tmp_path / "late.yaml"
+    spec.write_text(f"kind: file\nparams: {{path: {data.name}, n_eval: 4}}\n")
+    with pytest.raises(ValueError) as e:
+        load_task(str(spec), seed=0)
+    text = str(e.value)
+    assert f"{data}: not UTF-8 text (byte {len(good) + 15})" in text and "\n" not in text, text

@@ -119,6 +119,7 @@ def leaderboard_command(args, console) -> int:
         else:
             sys.stdout.write(render_split_pairs(sgroups, fmt) if args.paired else
                              render_with_split_pairs(rows, fmt, sgroups))
+        _say_set_aside(runs, fmt, console)
         return 0
     baseline = args.baseline or DEFAULT_BASELINE
     # an explicit --baseline (or --paired, which asks for nothing else) must have a FINISHED run
@@ -133,7 +134,20 @@ def leaderboard_command(args, console) -> int:
         sys.stdout.write(render_paired(groups, fmt, baseline, note))
     else:
         sys.stdout.write(render_with_paired(rows, fmt, groups, baseline, note))
+    _say_set_aside(runs, fmt, console)
     return 0
+
+
+def _say_set_aside(runs, fmt: str, console) -> None:
+    """The line saying how many FINISHED runs the tables set aside (``frame.newest_counts``), if any: under the
+    tables, or on stderr beside a CSV (which must stay one table)."""
+    from gspo_bench.reporting.frame import set_aside
+
+    line = set_aside(runs)
+    if line and fmt == "csv":
+        sys.stderr.write(f"note: {line}\n")
+    elif line:
+        console.print(f"note: {line}", soft_wrap=True, markup=False)
 
 
 def add_claims_parser(sub, default_uri: str) -> None:
@@ -146,7 +160,8 @@ def add_claims_parser(sub, default_uri: str) -> None:
                        "unless --source names another store), takes each claim's per-seed paired differences, their "
                        "95 %% t interval and MDE, and writes a Markdown page with one figure per claim: reproduced "
                        "when the interval lies inside the region the claim predicts, refuted when outside, not "
-                       "decided otherwise. An experiment that is missing leaves its claims 'not run'.")
+                       "decided otherwise. An experiment that is missing leaves its claims 'not run'; a --runs table "
+                       "holding none of the experiments is an error (exit 2).")
     c.add_argument("--tracking-uri", help=f"MLflow URI (default $MLFLOW_TRACKING_URI or {default_uri})")
     c.add_argument("--source", action="append", default=[], metavar="EXPERIMENT=URI",
                    help="read this experiment from another MLflow store (repeatable)")
@@ -179,11 +194,14 @@ def claims_command(args, console) -> int:
             raise ConfigError(f"--source {item!r}: expected EXPERIMENT=URI with EXPERIMENT one of "
                               f"{', '.join(EXPERIMENTS)}")
         uris[name] = read_uri(uri)
+    specs = claims(args.margin)
+    experiments = {e for c in specs for e in c.experiments}
     default, table = None, None
     if args.runs:
         from gspo_bench.reporting.frame import read_frame
 
         table = read_frame(args.runs)
+        cl.check_table(table, experiments, f"--runs {args.runs!r}")
     else:
         for name in EXPERIMENTS:
             if name not in uris:
@@ -194,8 +212,7 @@ def claims_command(args, console) -> int:
         probe_writable_dir(out.parent, make=True)
     except OSError as e:
         raise ConfigError(f"--out {args.out!r}: {e.strerror or e}") from None
-    specs = claims(args.margin)
-    runs, missing, frame = cl.load(uris, {e for c in specs for e in c.experiments}, cl.needed_metrics(specs), table)
+    runs, missing, frame = cl.load(uris, experiments, cl.needed_metrics(specs), table)
     results = cl.evaluate(specs, runs)
     fig_dir = out.parent / out.stem
     figures = {}
@@ -203,10 +220,12 @@ def claims_command(args, console) -> int:
         if any(p.stat.n for p in r.parts):
             path = cl.plot_claim(r, runs, fig_dir / f"claim-{r.claim.key}.png")
             figures[r.claim.key] = str(path.relative_to(out.parent))
+    from gspo_bench.reporting.frame import set_aside
     from gspo_bench.tracking.provenance import git_commit, machine
 
     meta = {"command": "python -m gspo_bench " + shlex.join(args.argv), "commit": git_commit(),
-            "margin": args.margin, "machine": machine(), "missing": missing}
+            "margin": args.margin, "machine": machine(), "missing": missing,
+            "set_aside": set_aside([r for rs in runs.values() for r in rs])}
     out.write_text(cl.markdown(results, meta, figures))
     if frame is not None and table is None:  # the page's raw data: claims --runs reads it back
         from gspo_bench.reporting.frame import RUNS_FILE, write_frame

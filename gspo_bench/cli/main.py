@@ -27,6 +27,10 @@ if not console.is_terminal:  # logs and CI: don't squeeze tables into 80 columns
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):  # every subcommand's parser is one too (add_subparsers' parser_class)
+        kwargs.setdefault("allow_abbrev", False)  # `run --algo grpo` is an error, not --algos grpo
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str):  # one line, exit 2 (argparse's default prints usage too)
         console.print(f"gspo-bench: error: {message} (see --help)", style="red", soft_wrap=True, markup=False)
         sys.exit(2)

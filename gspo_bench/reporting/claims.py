@@ -155,6 +155,18 @@ def evaluate(claims: tuple[Claim, ...], runs: dict[str, list[RunData]]) -> list[
     return out
 
 
+def check_table(frame, experiments: set[str], source: str) -> None:
+    """A runs table read for the claims (``claims --runs``) holds one of their ``experiments`` at least, else a
+    ConfigError naming the experiments read and those it holds: such a table would leave every claim 'not run'
+    without saying why."""
+    from gspo_bench.config import ConfigError
+
+    held = sorted(frame["experiment"].dropna().unique())
+    if not experiments & set(held):
+        raise ConfigError(f"{source}: holds none of the experiments the claims read ({', '.join(sorted(experiments))}"
+                          f"); it holds {', '.join(held) or 'no run'}")
+
+
 def load(uris: dict[str, str] | None, experiments: set[str], metrics: tuple[str, ...] = METRICS,
          frame=None) -> tuple[dict[str, list[RunData]], dict[str, str], object]:
     """Runs of each experiment from its tracking URI (``uris[name]``), or from ``frame`` (a runs table holding
@@ -233,7 +245,8 @@ def markdown(results: list[ClaimResult], meta: dict, figures: dict[str, str]) ->
     """The claims page: a summary table, then per claim its experiment, commands, parts, figure, verdict."""
     out = ["# The sources' claims, checked in miniature", "",
            f"Made by `{meta['command']}` at commit `{meta['commit']}` ({meta['machine']}). "
-           f"Margin: {meta['margin']:g} points of greedy pass@1.", "",
+           f"Margin: {meta['margin']:g} points of greedy pass@1."
+           + (f" Note: {meta['set_aside']}." if meta.get("set_aside") else ""), "",
            "How to read it: each claim is split into parts. A part is a per-seed paired difference d_s (runs with "
            "the same seed share their warm start and prompt order), with its mean, 95 % t interval and MDE (the "
            "true difference this design detects with 80 % power), and the region the claim predicts for it. "

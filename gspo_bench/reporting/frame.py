@@ -28,8 +28,11 @@ from gspo_bench.config import ConfigError
 FINISHED = "FINISHED"
 RUNS_FILE = "runs.csv.gz"  # the long table a results folder keeps beside report.md
 LATEST = -1  # the ``step`` of a run's latest value of a metric
-HIDDEN_KINDS = ("report", "study")  # runs that hold outputs, not training (tag ``kind``)
+# runs that hold outputs, or a suite driver's claim on a cell, not training (tag ``kind``)
+HIDDEN_KINDS = ("report", "study", "claim")
+SUPERSEDED = "SUPERSEDED"  # the status a table gives an older FINISHED run of a (settings, algo, seed) it holds twice
 BASE_COLUMNS = ("run_id", "status", "experiment", "artifact_uri")
+OPTIONAL_COLUMNS = ("start_time",)  # written since tables set duplicates aside by age; older tables lack it
 TAIL_COLUMNS = ("metric", "step", "value")
 
 
@@ -44,6 +47,8 @@ class RunData:
     metrics: dict[str, float]  # latest values
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     artifact_uri: str = ""
+    experiment: str = ""
+    start_time: float | None = None  # ms since the epoch, as MLflow keeps it
 
     @property
     def algo(self) -> str:
@@ -113,7 +118,7 @@ def load_frame(uri: str, experiment: str, task: str | None = None, model: str | 
         if (task and tags.get("task") != task) or (model and tags.get("model") != model):
             continue
         head = {"run_id": r.info.run_id, "status": r.info.status, "experiment": experiment,
-                "artifact_uri": r.info.artifact_uri, **{f"tags.{k}": v for k, v in tags.items()},
+                "artifact_uri": r.info.artifact_uri, "start_time": r.info.start_time, **{f"tags.{k}": v for k, v in tags.items()},
                 **{f"params.{k}": v for k, v in r.data.params.items()}}
         latest = dict(r.data.metrics)
         rows = [{**head, "metric": k, "step": LATEST, "value": float(v)} for k, v in latest.items()]
@@ -130,7 +135,8 @@ def _ordered(frame: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=[*BASE_COLUMNS, *TAIL_COLUMNS])
     tags = sorted(c for c in frame.columns if c.startswith("tags."))
     params = sorted(c for c in frame.columns if c.startswith("params."))
-    return frame[[*BASE_COLUMNS, *tags, *params, *TAIL_COLUMNS]]
+    optional = [c for c in OPTIONAL_COLUMNS if c in frame.columns]
+    return frame[[*BASE_COLUMNS, *optional, *tags, *params, *TAIL_COLUMNS]]
 
 
 def write_frame(frame: pd.DataFrame, path: str | Path) -> Path:
@@ -142,7 +148,8 @@ def write_frame(frame: pd.DataFrame, path: str | Path) -> Path:
 
 
 def read_frame(path: str | Path) -> pd.DataFrame:
-    """A long table written by ``write_frame``; a missing or unreadable file is a one-line ConfigError."""
+    """A long table written by ``write_frame``; a missing or unreadable file, a missing column or a row whose
+    values ``runs_of`` could not read (``row_fault``) is a one-line ConfigError, the row named by its line."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"--runs {str(path)!r}: no such file (a runs.csv.gz written by report)")
@@ -153,7 +160,87 @@ def read_frame(path: str | Path) -> pd.DataFrame:
     missing = [c for c in (*BASE_COLUMNS, *TAIL_COLUMNS) if c not in frame.columns]
     if missing:
         raise ConfigError(f"--runs {str(path)!r}: not a runs table (no column {', '.join(missing)})")
+    fault = row_fault(frame)
+    if fault is not None:
+        row, what = fault
+        raise ConfigError(f"--runs {str(path)!r}: line {_line_of(path, row)}: {what}")
     return frame
+
+
+def _number(text) -> float | None:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def _shown(value) -> str:
+    """A cell as an error line shows it: quoted, escaped (no line break), at most 40 characters."""
+    text = repr(str(value))
+    return text if len(text) <= 40 else text[:36] + "...'"
+
+
+def row_fault(frame: pd.DataFrame) -> tuple[int, str] | None:
+    """The first row (0-based position) of a table read as text that ``runs_of`` could not read, and what is
+    wrong with it; None when every row is sound. A row has a non-empty ``run_id`` and ``experiment``, one of
+    MLflow's run statuses and a number or nothing as ``start_time`` (where the column is); with a ``metric``, an
+    integer ``step`` and a number or nothing as ``value`` (a NaN logged is written as nothing); without one (a
+    run that logged no metric), neither step nor value."""
+    from mlflow.entities import RunStatus
+
+    statuses = sorted(RunStatus.to_string(s) for s in RunStatus.all_status())
+
+    def empty(col: str) -> pd.Series:
+        return frame[col].isna() | (frame[col].str.strip() == "")
+
+    metric, no_step, no_value = ~empty("metric"), empty("step"), empty("value")
+    integer = frame["step"].map(lambda t: (x := _number(t)) is not None and math.isfinite(x) and x.is_integer())
+    number = frame["value"].map(lambda t: _number(t) is not None)  # inf and nan as well
+    bad_start = (~empty("start_time") & ~frame["start_time"].map(lambda t: _number(t) is not None)
+                 if "start_time" in frame.columns else pd.Series(False, index=frame.index))  # optional column
+    # (rows it fails, what the line says), in the order of the columns
+    checks = [
+        (empty("run_id"), lambda i: "run_id is empty"),
+        (~frame["status"].isin(statuses),
+         lambda i: f"status {_shown(frame['status'].iat[i])} is not one of {', '.join(statuses)}"),
+        (empty("experiment"), lambda i: "experiment is empty"),
+        (bad_start, lambda i: f"start_time {_shown(frame['start_time'].iat[i])} is not a number"),
+        (metric & no_step, lambda i: "step is empty in a metric's row"),
+        (metric & ~no_step & ~integer, lambda i: f"step {_shown(frame['step'].iat[i])} is not an integer"),
+        (metric & ~no_value & ~number, lambda i: f"value {_shown(frame['value'].iat[i])} is not a number"),
+        (~metric & ~no_step, lambda i: f"step {_shown(frame['step'].iat[i])} in a row without a metric (a run "
+         "that logged none has no step or value)"),
+        (~metric & ~no_value, lambda i: f"value {_shown(frame['value'].iat[i])} in a row without a metric (a "
+         "run that logged none has no step or value)"),
+    ]
+    bad = [mask.to_numpy(dtype=bool) for mask, _ in checks]
+    rows = [int(m.argmax()) for m in bad if m.any()]
+    if not rows:
+        return None
+    row = min(rows)
+    return row, next(say(row) for m, (_, say) in zip(bad, checks) if m[row])
+
+
+def _line_of(path: Path, row: int) -> int:
+    """The line of ``path`` on which data row ``row`` (0-based) starts, the header being line 1: a quoted
+    field may hold line breaks, so the rows are counted as the CSV reader reads them."""
+    import csv
+    import gzip
+
+    with path.open("rb") as f:
+        zipped = f.read(2) == b"\x1f\x8b"
+    with (gzip.open(path, "rt", encoding="utf-8", newline="") if zipped else
+          path.open(encoding="utf-8", newline="")) as f:
+        reader = csv.reader(f)
+        next(reader)  # the header
+        start, n = reader.line_num + 1, 0
+        for record in reader:
+            if record:  # a blank line is no row (pandas skips it too)
+                if n == row:
+                    return start
+                n += 1
+            start = reader.line_num + 1
+    return row + 2
 
 
 def runs_of(frame: pd.DataFrame) -> list:
@@ -182,9 +269,54 @@ def runs_of(frame: pd.DataFrame) -> list:
                 metrics[key] = value
             else:
                 history.setdefault(key, []).append((step, value))
+        started = _number(first["start_time"]) if "start_time" in rows.columns else None
+        started = started if started is not None and math.isfinite(started) else None
         out.append(RunData(str(run_id), str(first["status"]), tags, params, metrics,
-                           {k: sorted(v) for k, v in history.items()}, str(first["artifact_uri"] or "")))
-    return out
+                           {k: sorted(v) for k, v in history.items()}, str(first["artifact_uri"] or ""),
+                           str(first["experiment"]), started))
+    return newest_counts(out)
+
+
+def settings_key(run: RunData) -> str:
+    """What makes two runs the same settings: the digest every run is tagged with (``gspo_bench.config``), or,
+    for a run without one, its params less those that change nothing computed (``lifecycle.NOT_HASHED``)."""
+    digest = run.tags.get("gspo_bench.config")
+    if digest:
+        return digest
+    from gspo_bench.tracking.lifecycle import NOT_HASHED
+
+    return repr(sorted((k, v) for k, v in run.params.items() if not k.startswith(NOT_HASHED)))
+
+
+def newest_counts(runs: list[RunData]) -> list[RunData]:
+    """``runs`` with every FINISHED run but the newest of its (experiment, leaderboard group, settings, algorithm,
+    seed) marked ``SUPERSEDED``: a second FINISHED run of one seed (a command run twice) is never counted as
+    another seed. Newest: the latest ``start_time``; without one, the first in ``runs`` (MLflow lists runs newest
+    first, and a runs table keeps that order)."""
+    newest: dict[tuple, int] = {}
+    for i, r in enumerate(runs):
+        if r.status != FINISHED:
+            continue
+        key = (r.experiment, r.group, settings_key(r), r.algo, r.seed)
+        j = newest.get(key)
+        if j is None:
+            newest[key] = i
+            continue
+        later = r.start_time is not None and runs[j].start_time is not None and r.start_time > runs[j].start_time
+        older = runs[j] if later else r
+        if later:
+            newest[key] = i
+        older.status = SUPERSEDED
+    return runs
+
+
+def set_aside(runs: list[RunData]) -> str:
+    """One sentence on the FINISHED runs ``newest_counts`` set aside, or '' when it set none aside."""
+    n = sum(r.status == SUPERSEDED for r in runs)
+    if not n:
+        return ""
+    return (f"{n} FINISHED run(s) set aside as {SUPERSEDED}: an older run of the same settings, algorithm and "
+            "seed as a newer one, which alone is counted")
 
 
 def select(frame: pd.DataFrame, experiment: str | None = None, task: str | None = None,

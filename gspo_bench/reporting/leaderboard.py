@@ -21,9 +21,10 @@ Definitions (also in ``NOTES``, printed by ``report`` and ``--help``):
 - completions/s: end to end, ``prompts_per_step * group_size * steps done /
   time/wall_s`` (wall time includes evaluation), mean over seeds.
 
-Only FINISHED runs are aggregated; FAILED, RUNNING (or KILLED) runs get a row
-of their own per algorithm with their count, their collapse count and no
-other numbers. The CLI treats an empty leaderboard (no run matches) as an
+Only FINISHED runs are aggregated, one per (settings, algorithm, seed): an
+older FINISHED run of the same ones is SUPERSEDED (``frame.newest_counts``).
+FAILED, RUNNING (or KILLED) and SUPERSEDED runs get a row of their own per
+algorithm with their count, their collapse count and no other numbers. The CLI treats an empty leaderboard (no run matches) as an
 error: one line, exit 2.
 
 ``--by TAG[,TAG...]`` (``summarise(runs, by)``) splits every group further
@@ -62,7 +63,9 @@ NOTES = (
     "AUC = trapezoid of eval/pass1 over steps rescaled to [0, 1] = mean pass@1 over training. "
     "steps to +10 pts = first eval step with pass@1 >= step-0 pass@1 + 0.10, mean over the seeds that "
     "reached it (reached/seeds). clip/frac = mean over steps, then over seeds. completions/s = end to end: "
-    "prompts_per_step x group_size x steps done / time/wall_s. FAILED and RUNNING runs are counted, never averaged. "
+    "prompts_per_step x group_size x steps done / time/wall_s. FAILED and RUNNING runs are counted, never averaged; "
+    "so is a SUPERSEDED one: a FINISHED run of the same settings, algorithm and seed as a newer one, which alone "
+    "counts (a seed is never counted twice). "
     "config = the run tag tuning: default, or tuned for a run of a tune best-params file (tune's own trial runs "
     "are not shown). "
     "Paired differences vs the baseline (--baseline, default grpo): per group, d_s = metric(algo, seed s) - "

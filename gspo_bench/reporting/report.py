@@ -57,7 +57,7 @@ from gspo_bench.tracking.redact import redact
 from gspo_bench.tracking.ui import mark_experiment
 from gspo_bench.reporting.grouping import MISSING, by_slug, check_by, split_values
 from gspo_bench.reporting.frame import (FINISHED, RUNS_FILE, RunData, experiment_id, load_frame, read_frame, runs_of,
-                                        select, write_frame)
+                                        select, set_aside, write_frame)
 from gspo_bench.reporting.leaderboard import (DEFAULT_BASELINE, DEFAULT_EXPERIMENT, NOTES, no_runs_message, render,
                                               slug, summarise)
 from gspo_bench.reporting.paired import seed_key
@@ -356,16 +356,18 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
     paired = {g.key: g for g in paired_groups(runs, baseline, by=by)}
     split_pairs = {g.key: g for g in split_pair_groups(runs, *split_base, by)} if split_base else {}
     client = mlflow.MlflowClient(uri) if uri else None
+    if storage is not None:  # a bad storage URL or study name stops before the folder is made
+        from gspo_bench.reporting.study import open_studies, tuning_section
+
+        optuna_storage, studies = open_studies(storage, studies)
     out = Path(out or Path("results") / experiment)
     try:  # an output folder we cannot make or write is the user's input: one line, not a traceback
         probe_writable_dir(out, make=True)
     except OSError as e:
         raise ConfigError(f"--out {str(out)!r}: {e.strerror or e}") from None
     tuning_md, tuning_figs = [], []
-    if storage is not None:  # first: a bad storage URL or study name stops before anything is written
-        from gspo_bench.reporting.study import tuning_section
-
-        tuning_md, tuning_figs = tuning_section(storage, studies, out)
+    if storage is not None:
+        tuning_md, tuning_figs = tuning_section(storage, optuna_storage, studies, out)
     rows = summarise(runs, by)
     finished = [r for r in runs if r.status == FINISHED]
     commits = _distinct(runs, lambda r: r.tags.get("git.commit"))
@@ -379,7 +381,7 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
           (f"- tracking URI: `{uri}`" if uri else f"- runs table: `{runs_file}`")
           + (f"; filters: task={task!r}, model={model!r}" if task or model else ""),
           f"- runs: {', '.join(f'{n} {s}' for s, n in statuses.items())} (only FINISHED runs are averaged "
-          "or plotted)",
+          "or plotted)" + (f"; {set_aside(runs)}" if set_aside(runs) else ""),
           f"- commit: {commit}",
           f"- machine: {_join(_distinct(runs, lambda r: r.tags.get('machine')), 'not recorded')}", ""]
     if runs:

@@ -84,8 +84,10 @@ def study_section(study, out: Path, tag: str) -> tuple[list[str], list[Path]]:
     return md, figs
 
 
-def tuning_section(storage_url: str, names: list[str] | None, out: Path) -> tuple[list[str], list[Path]]:
-    """Markdown and figures for the studies ``names`` (default: every study) in the storage."""
+def open_studies(storage_url: str, names: list[str] | None) -> tuple[object, list[str]]:
+    """The storage and the studies to report (``names``, default every study in it), checked before anything
+    is written: a storage that is unreachable or, for SQLite, not there, or a name it does not hold, is a
+    ConfigError."""
     import optuna
 
     storage = open_storage(storage_url, must_exist=True)
@@ -94,12 +96,19 @@ def tuning_section(storage_url: str, names: list[str] | None, out: Path) -> tupl
     if unknown:
         raise ConfigError(f"study {unknown[0]!r} is not in {redact(storage_url)} "
                           f"(studies: {', '.join(known) or 'none'})")
+    return storage, list(names or known)
+
+
+def tuning_section(storage_url: str, storage, names: list[str], out: Path) -> tuple[list[str], list[Path]]:
+    """Markdown and figures for the studies ``names`` of ``storage`` (both from ``open_studies``)."""
+    import optuna
+
     md = ["## Tuning studies", "", f"Optuna storage `{redact(storage_url)}`.", ""]
     figs: list[Path] = []
-    for name in names or known:
+    for name in names:
         section, f = study_section(optuna.load_study(study_name=name, storage=storage), out, slug(name))
         md += section
         figs += f
-    if not (names or known):
+    if not names:
         md += ["No study in this storage.", ""]
     return md, figs

@@ -33,7 +33,7 @@ from scipy.stats import rankdata
 
 from gspo_bench import tables
 from gspo_bench.reporting.leaderboard import NOTES, run_summary
-from gspo_bench.reporting.frame import FINISHED, RunData
+from gspo_bench.reporting.frame import FINISHED, RunData, set_aside
 from gspo_bench.reporting.paired import pair_by_seed, paired_summary
 from gspo_bench.reporting.paired_table import check_baseline, paired_groups, render_with_paired
 from gspo_bench.tracking.redact import redact
@@ -146,7 +146,8 @@ def leaderboard_md(runs: list[RunData], scenario: str, experiment: str, baseline
         return "\n".join(head + ["No run.", ""])
     note = check_baseline(runs, baseline, strict=False)
     body = render_with_paired(rows, "md", paired_groups(runs, baseline), baseline, note)
-    return "\n".join(head) + "\n" + body + "\n" + NOTES + "\n"
+    aside = set_aside(runs)
+    return "\n".join(head) + "\n" + body + "\n" + (f"Note: {aside}.\n\n" if aside else "") + NOTES + "\n"
 
 
 # -- the summary page --------------------------------------------------------------------------------------------

@@ -10,7 +10,9 @@ disjoint. Task text stays inside the character tokenizer's ``CHARSET``.
 
 from __future__ import annotations
 
+import logging
 import random
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Hashable
 
@@ -276,6 +278,47 @@ def check_data_file(p: str, format: str | None, fields: tuple[str, ...]) -> tupl
     return file, fmt
 
 
+def non_utf8_at(file: Path) -> int | None:
+    """The offset of the first byte of ``file`` that is not UTF-8 text, or None; read in chunks."""
+    import codecs
+
+    decoder, done = codecs.getincrementaldecoder("utf-8")(), 0
+    with file.open("rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            held = len(decoder.getstate()[0])  # the bytes of a character cut at the last chunk's end
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as e:
+                return done - held + e.start
+            if not chunk:
+                return None
+            done += len(chunk)
+
+
+@contextmanager
+def datasets_muted():
+    """The ``datasets`` logger silent for the reads inside: a file it cannot parse it logs at ERROR level
+    before raising, and the one line we make of that error (``load_error``) would be the second one printed."""
+    log = logging.getLogger("datasets")
+    level = log.level
+    log.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def load_error(where: str, e: Exception, text: Path | None = None) -> ValueError:
+    """A data file's (or folder's) loading failure as one line naming it (``where``): a ``text`` file that is
+    not UTF-8 by the offset of its first bad byte, anything else by the parser's own first line."""
+    if text is not None and (at := non_utf8_at(text)) is not None:
+        return ValueError(f"{where}: not UTF-8 text (byte {at})")
+    cause = e.__cause__ or e  # datasets wraps the parser's error, which says what is wrong and where
+    first = (str(cause).strip().splitlines() or [""])[0]
+    return ValueError(f"{where}: cannot load it: {type(cause).__name__}: {first}")
+
+
 def count_rows(file: Path, fmt: str) -> int | None:
     """The rows of a data file, counted without loading it: a ``.jsonl`` file's non-blank lines (read in
     chunks, so a huge row costs no memory), a Parquet file's footer; None for a JSON file in another layout."""
@@ -331,15 +374,23 @@ def load_file(
     """
     def load(p: str) -> datasets.Dataset:
         file, fmt = check_data_file(p, format, (prompt_field, answer_field, target_field or answer_field))
-        ds = datasets.load_dataset(fmt, data_files=str(file), split="train")
+        text = file if fmt == "json" else None
+        try:
+            with datasets_muted():
+                ds = datasets.load_dataset(fmt, data_files=str(file), split="train")
+        except Exception as e:  # a bad row past the first: name the file
+            raise load_error(p, e, text) from None
         tgt = target_field or answer_field
         missing = {prompt_field, answer_field, tgt} - set(ds.column_names)
         if missing:
             raise ValueError(f"{p}: missing field(s) {sorted(missing)}; columns are {ds.column_names}")
-        return ds.map(
-            lambda r: {"prompt": str(r[prompt_field]), "answer": str(r[answer_field]), "target": str(r[tgt])},
-            remove_columns=ds.column_names,
-        )
+        try:
+            return ds.map(
+                lambda r: {"prompt": str(r[prompt_field]), "answer": str(r[answer_field]), "target": str(r[tgt])},
+                remove_columns=ds.column_names,
+            )
+        except UnicodeDecodeError as e:  # bytes that are not UTF-8 past the head, kept by pyarrow, read back here
+            raise load_error(p, e, text) from None
 
     check_sizes("file", 0, n_eval)
     train = load(path)

@@ -5,7 +5,8 @@
 1. a ``save_to_disk`` folder (it holds ``dataset_dict.json`` or ``state.json``): ``datasets.load_from_disk``;
 2. any other local folder, e.g. a copy of the hub repository (``main/train-00000-of-00001.parquet``,
    ``test.jsonl``): ``datasets.load_dataset(folder)``, with ``data_dir=name`` when the folder has a
-   sub-folder named after the config (the hub's layout), else ``name`` as the config its README declares;
+   sub-folder named after the config (the hub's layout), else ``name`` as the config its README declares
+   (a folder with neither is a one-line ``ValueError`` that says so: ``check_config``);
 3. a hub id whose repository is in the hub cache (``hf download --repo-type dataset ID`` puts it there,
    ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``): that snapshot folder, read as in 2;
 4. a hub id that ``load_dataset`` prepared before (``$HF_DATASETS_CACHE``, else ``$HF_HOME/datasets``):
@@ -13,7 +14,7 @@
 
 Nothing is downloaded: every read runs with ``HF_HUB_OFFLINE`` on (``offline()``), and a data set in none of
 those places is a one-line ``ValueError`` that says how to get it and how to point the task at a copy,
-raised by ``locate`` before any work (``task.check_task_data``).
+raised by ``locate`` before any work (``task.check_task_data``, which reads the rows too).
 
 A row becomes ``prompt`` (``template``, ``str.format`` over the row's columns; default the
 ``prompt_field``), ``answer`` (the ``answer_field``, cut by ``extract``: ``"####"`` keeps the number after
@@ -34,7 +35,8 @@ from pathlib import Path
 import datasets
 
 from gspo_bench.models import HUB_ID, hub_cache_dir
-from gspo_bench.tasks.generators import check_sizes, hold_out, register_generator
+from gspo_bench.tasks.generators import (check_sizes, datasets_muted, hold_out, load_error, non_utf8_at,
+                                         register_generator)
 
 
 def datasets_cache_dir() -> Path:
@@ -121,9 +123,10 @@ def locate(path: str, name: str | None = None) -> Source:
 
 
 def load_split(source: Source, name: str | None, split: str) -> datasets.Dataset:
-    """One split of a located data set (see the module docstring for each kind of source)."""
+    """One split of a located data set (see the module docstring for each kind of source); what ``datasets``
+    cannot read is a one-line ValueError naming the folder, or the file that is not UTF-8 (``read_error``)."""
     cache = str(datasets_cache_dir())
-    with offline():
+    with offline(), datasets_muted():  # our one line says what datasets logs before it raises
         if source.kind == "disk":
             saved = datasets.load_from_disk(source.where)
             if isinstance(saved, datasets.DatasetDict):
@@ -133,9 +136,44 @@ def load_split(source: Source, name: str | None, split: str) -> datasets.Dataset
             return saved  # a single saved Dataset is whichever split the spec names
         if source.kind == "folder":
             by_dir = bool(name) and (Path(source.where) / name).is_dir()
-            return datasets.load_dataset(source.where, None if by_dir else name, data_dir=name if by_dir else None,
-                                         split=split, cache_dir=cache)
-        return datasets.load_dataset(source.where, name, split=split, cache_dir=cache)
+            if name and not by_dir:
+                check_config(source.where, name, split)
+            try:
+                return datasets.load_dataset(source.where, None if by_dir else name,
+                                             data_dir=name if by_dir else None, split=split, cache_dir=cache)
+            except Exception as e:
+                raise read_error(source, e) from None
+        try:
+            return datasets.load_dataset(source.where, name, split=split, cache_dir=cache)
+        except Exception as e:
+            raise read_error(source, e) from None
+
+
+def check_config(folder: str, name: str, split: str) -> None:
+    """A folder read as config ``name`` without a sub-folder of that name must declare the config in its
+    README.md (``configs:``, as a hub repository's card does); else a ValueError that says the layouts read."""
+    configs = datasets.get_dataset_config_names(folder)
+    if name not in configs:
+        raise ValueError(f"{folder}: no config {name!r}: expected {folder}/{name}/{split}-*.parquet as on the hub "
+                         f"(the config's data files in a sub-folder named after it) or a README.md whose configs: "
+                         f"list config_name: {name}; the folder's files make config(s) {', '.join(configs)}, read "
+                         "as they are with --set 'task.params={name: null}'")
+
+
+TEXT_SUFFIXES = (".json", ".jsonl", ".csv", ".tsv", ".txt")  # data files that must be UTF-8
+
+
+def read_error(source: Source, e: Exception) -> ValueError:
+    """What ``datasets`` could not read in a data set, as one line: the first text data file of a folder that
+    is not UTF-8 with the offset of its bad byte (pyarrow keeps such bytes as they are, so the error comes
+    from wherever they are read back), else the folder (or hub id) and the parser's first line."""
+    if source.kind == "folder":
+        root = Path(source.where)
+        for f in sorted(root.rglob("*")):
+            hidden = any(part.startswith(".") for part in f.relative_to(root).parts)  # .cache/, .git/
+            if f.suffix.lower() in TEXT_SUFFIXES and not hidden and f.is_file() and non_utf8_at(f) is not None:
+                return load_error(str(f), e, f)
+    return load_error(source.where, e)
 
 
 # ----------------------------------------------------------------------------- answer extraction
@@ -190,8 +228,11 @@ def load_hf(
         missing = sorted({*template_fields(template), answer_field, tgt} - set(ds.column_names))
         if missing:
             raise ValueError(f"{path} split {which!r}: missing field(s) {missing}; columns are {ds.column_names}")
-        return ds.map(lambda r: {"prompt": template.format(**r), "answer": cut(str(r[answer_field])),
-                                 "target": str(r[tgt])}, remove_columns=ds.column_names)
+        try:
+            return ds.map(lambda r: {"prompt": template.format(**r), "answer": cut(str(r[answer_field])),
+                                     "target": str(r[tgt])}, remove_columns=ds.column_names)
+        except UnicodeDecodeError as e:  # bytes that are not UTF-8, kept by pyarrow, read back here
+            raise read_error(source, e) from None
 
     train = rows(split)
     if eval_split:

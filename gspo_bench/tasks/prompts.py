@@ -8,7 +8,8 @@ tokens into the text).
 
 ``chat`` is the task spec's ``chat`` unless ``--set task.chat=...`` overrides it:
 
-- ``false``: the prompt as it is (the built-in formula tasks, ``37+58=``, are text to continue);
+- ``false``: the prompt as it is (the built-in formula tasks, ``37+58=``, are text to continue); a task
+  ``system`` message with it could never be seen, so ``TaskSpec`` refuses the pair;
 - ``true``: through the chat template, which the tokenizer must have (else a ``ValueError``);
 - ``auto``: through the chat template when the tokenizer has one (``tokenizer.chat_template`` is set), raw
   otherwise. The built-in character tokenizer has none, so ``auto`` is raw for the built-in models.

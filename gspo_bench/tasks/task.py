@@ -28,7 +28,7 @@ import datasets
 
 from gspo_bench.config import TaskOptions
 from gspo_bench.config.loading import yaml_file
-from gspo_bench.tasks.hub import load_hf, locate
+from gspo_bench.tasks.hub import load_hf
 from gspo_bench.tasks.generators import (
     GENERATORS,
     check_data_file,
@@ -87,7 +87,8 @@ class TaskSpec:
     """Prompts through the tokenizer's chat template: auto (when it has one) | true (it must) | false (raw);
     ``prompts.py`` has the rules."""
     system: str | None = None
-    """System message before each prompt when the chat template renders it."""
+    """System message before each prompt when the chat template renders it; with ``chat: false`` (raw prompts,
+    no template) it could never be seen, so that is an error."""
 
     def __post_init__(self):
         self.params = self.params or {}
@@ -96,6 +97,9 @@ class TaskSpec:
             raise ValueError(f"task {self.name!r}: chat={self.chat!r} is not allowed (allowed: auto, true, false)")
         if self.system is not None and not isinstance(self.system, str):
             raise ValueError(f"task {self.name!r}: system={self.system!r} must be text")
+        if self.system and self.chat is False:  # the message itself is not echoed: it may span lines
+            raise ValueError(f"task {self.name!r}: a system message needs chat: auto or true (with chat: false the "
+                             "prompts are raw text and it would never be seen); set task.chat=auto, or drop system")
         m = self.max_prompt_tokens
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
             raise ValueError(f"task {self.name!r}: max_prompt_tokens={m!r} must be a positive int or null")
@@ -203,29 +207,45 @@ def with_options(spec: TaskSpec, options: TaskOptions) -> TaskSpec:
 
 
 def check_task_data(spec: TaskSpec) -> None:
-    """A file task's data files, checked cheaply (``generators.check_data_file``) with the generator's own
-    defaults for the fields, so nothing here restates them; a data-set task's data set found on this machine
-    (``hub.locate``, no data read); other kinds generate their data and pass."""
-    if GENERATORS[spec.kind] is load_hf:
-        try:
-            locate(spec.params["path"], spec.params.get("name"))
-        except ValueError as e:
-            raise ValueError(f"task {spec.name!r}: {e}") from None
-        return
-    if GENERATORS[spec.kind] is not load_file:
-        return
-    args = inspect.signature(load_file).bind(0, **spec.params)
-    args.apply_defaults()
-    a = args.arguments
-    fields = (a["prompt_field"], a["answer_field"], a["target_field"] or a["answer_field"])
-    for p in filter(None, (a["path"], a["eval_path"])):
-        file, fmt = check_data_file(p, a["format"], fields)
-        rows = count_rows(file, fmt) if p == a["path"] and not a["eval_path"] else None
-        if rows is not None:  # too few rows to split: said before any work, as loading would say it
-            try:
-                check_split_rows(p, rows)
-            except ValueError as e:
-                raise ValueError(f"task {spec.name!r}: {e}") from None
+    """A task that reads data (kinds ``file`` and ``hf``) has its rows read once here, before any work, so a bad
+    row anywhere, a file that is not UTF-8 or a folder in another layout is a one-line ValueError then. A file
+    task's files are first checked cheaply (``generators.check_data_file``, with the loader's own defaults for
+    the fields, so nothing here restates them); then the rows are read through the task's loader
+    (``read_data``, seed 0), and ``datasets`` keeps them in its cache, which the load of each seed reads. Other
+    kinds generate their data and pass."""
+    if GENERATORS[spec.kind] is load_file:
+        args = inspect.signature(load_file).bind(0, **spec.params)
+        args.apply_defaults()
+        a = args.arguments
+        fields = (a["prompt_field"], a["answer_field"], a["target_field"] or a["answer_field"])
+        for p in filter(None, (a["path"], a["eval_path"])):
+            file, fmt = check_data_file(p, a["format"], fields)
+            rows = count_rows(file, fmt) if p == a["path"] and not a["eval_path"] else None
+            if rows is not None:  # too few rows to split: said before reading them, as loading would say it
+                try:
+                    check_split_rows(p, rows)
+                except ValueError as e:
+                    raise ValueError(f"task {spec.name!r}: {e}") from None
+    if GENERATORS[spec.kind] in (load_file, load_hf):
+        read_data(spec, 0)
+
+
+def read_data(spec: TaskSpec, seed: int) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """The spec's train and eval rows from its generator; any failure to make or read them is a one-line
+    ValueError naming the task (a missing, empty, malformed or non-UTF-8 file is the user's input, not a bug to
+    show a traceback of)."""
+    try:
+        train, eval_ = GENERATORS[spec.kind](seed, **spec.params)
+    except ValueError as e:  # the generator's own check: say which task it is about
+        text = str(e)
+        raise ValueError(text if text.startswith("task ") else f"task {spec.name!r}: {text}") from None
+    except Exception as e:  # datasets raises its own types (DatasetGenerationError, ...) for bad files
+        cause = e.__cause__ or e  # datasets wraps the parser's error, which says what is wrong and where
+        first = (str(cause).strip().splitlines() or [""])[0]
+        raise ValueError(f"task {spec.name!r}: cannot load its data: {type(cause).__name__}: {first}") from None
+    if len(train) == 0 or len(eval_) == 0:
+        raise ValueError(f"task {spec.name!r}: no data ({len(train)} train rows, {len(eval_)} eval rows)")
+    return train, eval_
 
 
 def check_chat(spec: TaskSpec, model) -> None:
@@ -244,23 +264,11 @@ def check_chat(spec: TaskSpec, model) -> None:
 
 def load_task(ref: str, seed: int, model=None, max_new_tokens: int | None = None, log=print,
               options: TaskOptions | None = None) -> Task:
-    """The spec (with ``options`` over it) and its train / eval data; any failure to read the data is a
-    one-line ValueError naming the task (a missing, empty, malformed or non-UTF-8 file is the user's input, not
-    a bug to show a traceback of). With ``model`` (a ``ModelConfig``), the prompts are rendered for that
-    model's tokenizer (``render_for``) and the rows it cannot take are dropped (``fit_to_model``)."""
+    """The spec (with ``options`` over it) and its train / eval data (``read_data``: a failure is a one-line
+    ValueError naming the task). With ``model`` (a ``ModelConfig``), the prompts are rendered for that model's
+    tokenizer (``render_for``) and the rows it cannot take are dropped (``fit_to_model``)."""
     spec = resolve_task_spec(ref, options)
-    try:
-        train, eval_ = GENERATORS[spec.kind](seed, **spec.params)
-    except ValueError as e:  # the generator's own check: say which task it is about
-        text = str(e)
-        raise ValueError(text if text.startswith("task ") else f"task {spec.name!r}: {text}") from None
-    except Exception as e:  # datasets raises its own types (DatasetGenerationError, ...) for bad files
-        cause = e.__cause__ or e  # datasets wraps the parser's error, which says what is wrong and where
-        first = (str(cause).strip().splitlines() or [""])[0]
-        raise ValueError(f"task {spec.name!r}: cannot load its data: {type(cause).__name__}: {first}") from None
-    if len(train) == 0 or len(eval_) == 0:
-        raise ValueError(f"task {spec.name!r}: no data ({len(train)} train rows, {len(eval_)} eval rows)")
-    task = Task(spec, train, eval_)
+    task = Task(spec, *read_data(spec, seed))
     if model is None:
         return task
     from gspo_bench.models import tokenizer_and_context

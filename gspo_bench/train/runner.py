@@ -123,7 +123,7 @@ def validate(cfg: RunConfig) -> str:
     ddp.check_processes(cfg)
     try:
         spec = resolve_task_spec(cfg.task, cfg.task_options)
-        check_task_data(spec)  # its data files or data set, cheaply, before any warm start
+        check_task_data(spec)  # its data files or data set read once, before the header line and any warm start
         classify_model_ref(cfg.model.name)
         check_chat(spec, cfg.model)
     except (ValueError, ImportError) as e:  # ImportError: the task's verifier needs an extra not installed
