@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import warnings
 
-import pytest
-import torch
+# Inductor's on-disk cache does not key its C++ kernels on ATEN_CPU_CAPABILITY (torch 2.13): kernels built for
+# the machine's vector instructions fail to compile in a later run under ATEN_CPU_CAPABILITY=default that
+# shares the cache. A run under a chosen kernel set (docs/cpus.md) keeps its own cache, unless told where; set
+# before torch is imported, which (under pytest) fixes the cache's place.
+if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{os.getuid()}_{os.environ['ATEN_CPU_CAPABILITY']}")
 
-from gspo_bench.tasks import register_verifier
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from gspo_bench.tasks import register_verifier  # noqa: E402
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 warnings.filterwarnings("ignore")
@@ -80,6 +89,30 @@ def sharpen(model):
             else:
                 layer.mlp.down_proj.weight.mul_(5.0)
     return model
+
+
+def bf16_logp_rms(model: str, sides: int) -> float:
+    """The root mean square by which bfloat16 rounding moves a sampled token's log-prob in the built-in ``model``
+    (random weights, not sharpened), between two computations of which ``sides`` round to bfloat16 (1: a bf16
+    sampler against a float32 trainer; 2: against a bf16-mixed trainer). From the precision and the model's
+    shape, not from a measurement on one CPU, whose kernels round in their own order:
+
+    bfloat16 keeps 8 significant bits, so a rounding is a relative error of at most u = 2^-8. A bf16 side rounds
+    about k = 8 times per layer at the residual stream's scale (the q, k, v and output projections, the MLP's or
+    experts' gate/up and down projections, the two residual adds). Independent roundings add in quadrature, so
+    after L layers its final hidden state h is off by a relative sqrt(k L) u, in no particular direction. A logit
+    z_j = e_j . h (tied embeddings) then moves by sqrt(k L) u sigma_z, where sigma_z, the logits' spread over the
+    vocabulary, is initializer_range * sqrt(hidden) (||h|| = sqrt(hidden) after the final RMSNorm,
+    e_j ~ N(0, initializer_range^2)). Near-uniform probabilities leave log p_y moving with z_y alone, and the
+    sides' errors are independent: rms = sqrt(sides k L) u sigma_z. tiny-dense, one side: 5.0e-3 nats;
+    moe-0.16b, two: 0.024; dense-0.5b, two: 0.053.
+    """
+    from gspo_bench.models.builtin import BUILTIN_MODELS, char_tokenizer
+
+    config = BUILTIN_MODELS[model].make_config(char_tokenizer())
+    u, k = 2.0 ** -8, 8
+    sigma_z = config.initializer_range * config.hidden_size ** 0.5
+    return (sides * k * config.num_hidden_layers) ** 0.5 * u * sigma_z
 
 
 @pytest.hookimpl(hookwrapper=True)

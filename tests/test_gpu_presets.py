@@ -23,6 +23,7 @@ import torch
 
 from gspo_bench.bench import presets as bench_presets
 from gspo_bench.rollout import vllm_engine
+from tests.conftest import bf16_logp_rms
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,8 +52,17 @@ def _check_runs(tmp_path, preset: str, model: str, steps: int) -> None:
             assert [m.step for m in history] == list(range(1, steps + 1)), name
         # the first rollout pushes the policy's weights into vLLM
         assert client.get_metric_history(r.info.run_id, "time/weight_sync")[0].value > 0
-        # vLLM in bfloat16 against the bf16-mixed trainer: a real but small gap
-        assert max(m.value for m in client.get_metric_history(r.info.run_id, "mismatch/abs_diff_max")) < 0.1
+        # vLLM in bfloat16 against the bf16-mixed trainer: a real gap (two separately rounded computations are
+        # never equal on every token) within what bfloat16's rounding explains. mismatch/kl = mean(rho - 1 -
+        # log rho) ~ mean(delta^2) / 2 for delta = old_logp - roll_logp, so its bound is rms^2 / 2 with both sides
+        # rounding (conftest.bf16_logp_rms): 3.0e-4 for moe-0.16b, 1.4e-3 for dense-0.5b. The mean, not the max
+        # over tokens (mismatch/abs_diff_max): in an MoE rounding can flip a token's top-k choice, and that token
+        # moves by an expert's share rather than by u; a few such tokens barely move the mean. Measured on a
+        # 2-core CPU at the cut size, moe-0.16b: a sampler holding other weights gives 0.14-0.36, one whose
+        # experts were left in load order instead of the MoE kernel's packed layout 1.5e-3-2.4e-3, both above.
+        kl = [m.value for m in client.get_metric_history(r.info.run_id, "mismatch/kl")]
+        bound = bf16_logp_rms(model, sides=2) ** 2 / 2
+        assert 0 < min(kl) and max(kl) < bound, (kl, bound)
         assert "eval/pass1" in r.data.metrics
 
 
