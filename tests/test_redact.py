@@ -152,7 +152,8 @@ def test_run_and_report_against_a_server_leave_the_password_nowhere(mlflow_serve
     [run] = [r for r in runs if r.data.tags.get("kind") != "report"]
     assert run.data.params["tracking.tracking_uri"] == masked
     assert yaml.safe_load((downloads / run.info.run_id / "config.yaml").read_text())["tracking"] == {
-        "tracking_uri": masked, "experiment": "redact", "artifact_location": None, "retry_budget_s": 60.0}
+        "tracking_uri": masked, "experiment": "redact", "artifact_location": None, "retry_budget_s": 60.0,
+        "connect_timeout_s": 5.0}
     assert len(list(downloads.rglob("*"))) > 3 and not _files_containing(downloads, PASSWORD)
 
     assert not _files_containing(out, PASSWORD) and not _files_containing(tmp_path / "mlruns", PASSWORD)

@@ -30,6 +30,9 @@ RUNS_FILE = "runs.csv.gz"  # the long table a results folder keeps beside report
 LATEST = -1  # the ``step`` of a run's latest value of a metric
 # runs that hold outputs, or a suite driver's claim on a cell, not training (tag ``kind``)
 HIDDEN_KINDS = ("report", "study", "claim")
+# tags a run has of its own (owner, provenance, what happened in it): not part of its settings
+RUN_OWN_TAGS = ("gspo_bench.", "mlflow.", "collapse.", "git.commit", "machine", "killed_reason", "failed_reason",
+                "stale", "pruned")
 SUPERSEDED = "SUPERSEDED"  # the status a table gives an older FINISHED run of a (settings, algo, seed) it holds twice
 BASE_COLUMNS = ("run_id", "status", "experiment", "artifact_uri")
 OPTIONAL_COLUMNS = ("start_time",)  # written since tables set duplicates aside by age; older tables lack it
@@ -279,13 +282,15 @@ def runs_of(frame: pd.DataFrame) -> list:
 
 def settings_key(run: RunData) -> str:
     """What makes two runs the same settings: the digest every run is tagged with (``gspo_bench.config``), or,
-    for a run without one, its params less those that change nothing computed (``lifecycle.NOT_HASHED``)."""
+    for a run without one, its params less those that change nothing computed (``lifecycle.NOT_HASHED``) and
+    its tags less those each run has of its own (``RUN_OWN_TAGS``)."""
     digest = run.tags.get("gspo_bench.config")
     if digest:
         return digest
     from gspo_bench.tracking.lifecycle import NOT_HASHED
 
-    return repr(sorted((k, v) for k, v in run.params.items() if not k.startswith(NOT_HASHED)))
+    return repr((sorted((k, v) for k, v in run.params.items() if not k.startswith(NOT_HASHED)),
+                 sorted((k, v) for k, v in run.tags.items() if not k.startswith(RUN_OWN_TAGS))))
 
 
 def newest_counts(runs: list[RunData]) -> list[RunData]:
