@@ -29,10 +29,14 @@ def _even_length(completion: str, answer: str) -> float:
     return float(len(completion) % 2 == 0)
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path_factory, monkeypatch):
-    # every test shares one cache per session (warm starts are reused), never ~/.cache
-    monkeypatch.setenv("GSPO_BENCH_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+@pytest.fixture(scope="session", autouse=True)
+def _cache(tmp_path_factory):
+    # every test shares one cache per session (warm starts are reused), never ~/.cache; session-scoped, so that
+    # module-scoped fixtures (which run before any function-scoped one) use it too: a warm start found in
+    # ~/.cache may have been trained under other kernels (another CPU, another ATEN_CPU_CAPABILITY)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GSPO_BENCH_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+        yield
 
 
 @pytest.fixture(autouse=True)

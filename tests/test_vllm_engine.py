@@ -379,3 +379,30 @@ def test_on_a_gpu_the_engine_takes_its_share_of_gpu_memory(tmp_path):
         assert 0.05 * total < taken < 0.3 * total
     finally:
         engine.close()
+
+
+def test_the_cpu_experts_are_packed_again_whatever_subclass_vllm_picked():
+    # on an x86 CPU vLLM picks a subclass of its CPU experts kernel; matching the class name alone missed it,
+    # and the sampler then ran on experts left in load order after every weight push
+    packed = []
+
+    class CPUUnquantizedExperts:
+        def process_weights_after_loading(self, layer):
+            packed.append(layer)
+
+    class X86CPUUnquantizedExperts(CPUUnquantizedExperts):
+        pass
+
+    class Other:
+        def process_weights_after_loading(self, layer):
+            raise AssertionError("not a CPU experts kernel")
+
+    def moe_layer(experts):
+        layer = torch.nn.Module()
+        layer.quant_method = type("Q", (), {"moe_kernel": type("K", (), {"fused_experts": experts})()})()
+        return layer
+
+    model = torch.nn.ModuleList([moe_layer(CPUUnquantizedExperts()), moe_layer(X86CPUUnquantizedExperts()),
+                                 moe_layer(Other()), torch.nn.Linear(2, 2)])
+    assert vllm_engine._repack_cpu_experts(model) == 2
+    assert packed == [model[0], model[1]]

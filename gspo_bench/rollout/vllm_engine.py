@@ -97,7 +97,9 @@ def _repack_cpu_experts(model: torch.nn.Module) -> int:
     for module in model.modules():
         kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
         experts = getattr(kernel, "fused_experts", None)
-        if experts is not None and type(experts).__name__ == "CPUUnquantizedExperts":
+        # by name along the class's bases: on an x86 CPU vLLM picks a subclass (X86CPUUnquantizedExperts), which
+        # packs its weights the same way and must be packed again just as well
+        if experts is not None and any(c.__name__ == "CPUUnquantizedExperts" for c in type(experts).__mro__):
             experts.process_weights_after_loading(module)
             packed += 1
     return packed
