@@ -24,12 +24,11 @@ from pathlib import Path
 import pandas as pd
 
 from gspo_bench.config import ConfigError
+from gspo_bench.tracking.ui import benchmark_run
 
 FINISHED = "FINISHED"
 RUNS_FILE = "runs.csv.gz"  # the long table a results folder keeps beside report.md
 LATEST = -1  # the ``step`` of a run's latest value of a metric
-# runs that hold outputs, or a suite driver's claim on a cell, not training (tag ``kind``)
-HIDDEN_KINDS = ("report", "study", "claim")
 # tags a run has of its own (owner, provenance, what happened in it): not part of its settings
 RUN_OWN_TAGS = ("gspo_bench.", "mlflow.", "collapse.", "git.commit", "machine", "killed_reason", "failed_reason",
                 "stale", "pruned")
@@ -116,7 +115,7 @@ def load_frame(uri: str, experiment: str, task: str | None = None, model: str | 
     records = []
     for r in runs:
         tags = {k: v for k, v in r.data.tags.items() if not k.startswith("mlflow.")}
-        if not hidden and (tags.get("kind") in HIDDEN_KINDS or tags.get("tuning") == "trial"):
+        if not hidden and not benchmark_run(tags):
             continue
         if (task and tags.get("task") != task) or (model and tags.get("model") != model):
             continue

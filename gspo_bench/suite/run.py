@@ -49,7 +49,8 @@ from gspo_bench.config.sections import repeated
 from gspo_bench.tracking.redact import redact
 from gspo_bench.suite.cost import ALGO_COST, WARMSTART_S, cell_seconds, warmstart_key
 from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE
-from gspo_bench.reporting.frame import FINISHED, HIDDEN_KINDS
+from gspo_bench.reporting.frame import FINISHED
+from gspo_bench.tracking.ui import benchmark_run
 
 SCENARIOS = ("long", "offpolicy", "stale", "moe-bf16", "hot")
 DEFAULT_PREFIX = "suite"
@@ -144,7 +145,7 @@ def cell_runs(uri: str, experiment: str) -> list:
     while page.token:
         page = client.search_runs([exp.experiment_id], max_results=1000, page_token=page.token)
         runs += page
-    return [r for r in runs if r.data.tags.get("kind") not in HIDDEN_KINDS and r.data.tags.get("tuning") != "trial"]
+    return [r for r in runs if benchmark_run(r.data.tags)]
 
 
 def _param_text(v) -> str:  # as runner.make_logger + Lightning's MLFlowLogger store a param

@@ -35,8 +35,8 @@ import time
 from dataclasses import dataclass, field
 
 from gspo_bench.tracking.lifecycle import orphan_reason, owner_tags
+from gspo_bench.tracking.ui import CLAIM_KIND, benchmark_run
 
-CLAIM_KIND = "claim"
 CELL_TAG = "cell"
 HEARTBEAT_S = 60.0  # a claim's heartbeat while its cell runs (a claim is dead after lifecycle.ORPHAN_AFTER_S)
 
@@ -90,9 +90,7 @@ def _live(run) -> bool:
 def cell_runs(client, experiment_id: str, preset: str, algo: str, seed: int) -> list:
     """The experiment's runs of the cell (its training runs, not claims), any status."""
     query = f"tags.algo = '{algo}' and tags.seed = '{seed}' and tags.preset = '{preset}'"
-    return [r for r in client.search_runs([experiment_id], query, max_results=1000)
-            if r.data.tags.get("kind") != CLAIM_KIND and r.data.tags.get("tuning") != "trial"
-            and r.data.tags.get("kind") not in ("report", "study")]
+    return [r for r in client.search_runs([experiment_id], query, max_results=1000) if benchmark_run(r.data.tags)]
 
 
 def taken(client, experiment_id: str, preset: str, algo: str, seed: int) -> str | None:

@@ -27,6 +27,8 @@ import time
 
 from lightning.pytorch.loggers import MLFlowLogger
 
+from gspo_bench.tracking.ui import CLAIM_KIND
+
 ORPHAN_AFTER_S = 3600.0  # a RUNNING run of another host with no step for this long is taken as dead
 UNFINISHED = ("KILLED", "FAILED", "RUNNING")
 # settings that do not change what a run computes: a run may be resumed with other values of these
@@ -97,7 +99,7 @@ def mark_orphans(client, experiment_id: str, log=print) -> list[str]:
     """Mark the experiment's orphaned RUNNING runs KILLED, with a ``killed_reason`` tag; returns their ids."""
     marked = []
     for run in client.search_runs([experiment_id], "attributes.status = 'RUNNING'", max_results=1000):
-        if run.data.tags.get("kind") == "claim":  # a suite driver's claim on a cell: ``cells`` tidies those
+        if run.data.tags.get("kind") == CLAIM_KIND:  # a suite driver's claim on a cell: ``cells`` tidies those
             continue
         reason = orphan_reason(run)
         if reason:

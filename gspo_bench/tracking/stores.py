@@ -270,11 +270,8 @@ def check_store(uri: str, experiment: str, override: str | None = None,
     if path is not None and not path.exists():
         check_artifact_location(None, None, experiment, override, default_root=os.path.abspath("mlruns"))
         return
-    try:
+    with _first_contact(uri):
         client, exp = open_store(uri, experiment)
-    except Exception as e:
-        verb = "does not answer" if unreachable(e) else "cannot be opened"
-        raise ConfigError(f"tracking store {redact(uri)} {verb}: {redact(_first_line(e))}") from None
     check_artifact_location(client, exp, experiment, override)
 
 
@@ -285,9 +282,16 @@ def check_readable(uri: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     import mlflow
 
     probe_store(uri, timeout_s)
+    with _first_contact(uri), store_lock(_lock_url(uri)):
+        mlflow.MlflowClient(uri).search_experiments(max_results=1)
+
+
+@contextlib.contextmanager
+def _first_contact(uri: str):
+    """MLflow's first contact with a store that passed ``probe_store``: any failure (a server gone meanwhile, a
+    schema it cannot migrate) is one ConfigError naming the store, masked."""
     try:
-        with store_lock(_lock_url(uri)):
-            mlflow.MlflowClient(uri).search_experiments(max_results=1)
+        yield
     except Exception as e:
         verb = "does not answer" if unreachable(e) else "cannot be opened"
         raise ConfigError(f"tracking store {redact(uri)} {verb}: {redact(_first_line(e))}") from None

@@ -34,6 +34,15 @@ EXPERIMENT_KIND = "custom_model_development"
 NOTE_TAG = "mlflow.note.content"
 WORKFLOW_QUERY = "workflowType=machine_learning"
 DEFAULT_UI = "http://127.0.0.1:5000"  # where ``mlflow ui`` / ``mlflow server`` listen by default
+CLAIM_KIND = "claim"  # the ``kind`` tag of a suite driver's claim on a cell (``cells.py``)
+# runs that hold outputs (a report, a study) or a claim, not training: tag ``kind``
+HIDDEN_KINDS = ("report", "study", CLAIM_KIND)
+
+
+def benchmark_run(tags: Mapping[str, str]) -> bool:
+    """Whether a run with these tags is a benchmark run, one that tables count and a suite cell can be: not a
+    report, study or claim run (``HIDDEN_KINDS``) and not one of ``tune``'s trials."""
+    return tags.get("kind") not in HIDDEN_KINDS and tags.get("tuning") != "trial"
 
 
 def mark_experiment(client, experiment_id: str) -> None:
