@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from gspo_bench.cli.main import main
-from gspo_bench.bench.throughput import active_matmul_params, matmul_gflops, model_flops
+from gspo_bench.bench.throughput import active_matmul_params, bench_device, matmul_gflops, model_flops, peak_dtype
+from gspo_bench.config import ConfigError
 from gspo_bench.models import build_builtin
 
 
@@ -72,6 +74,38 @@ def test_model_flops_is_linear_in_tokens(dense):
 def test_matmul_gflops_positive():
     g = matmul_gflops(n=128, repeats=2)
     assert isinstance(g, float) and g > 0
+
+
+def test_the_bench_device_follows_train_accelerator():
+    assert bench_device("cpu") == torch.device("cpu")
+    assert bench_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ConfigError, match="train.accelerator='tpu': bench measures on cpu or a CUDA GPU"):
+        bench_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="train.accelerator=gpu but torch .* sees no CUDA GPU"):
+            bench_device("gpu")
+    # what MFU is against: the GPU's bf16 tensor-core rate, the CPU's float32 rate
+    assert peak_dtype(torch.device("cuda")) == torch.bfloat16 and peak_dtype(torch.device("cpu")) == torch.float32
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks for a GPU where there is none")
+def test_bench_on_a_gpu_where_there_is_none_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GSPO_BENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--set", "train.accelerator=gpu", "--json", "b.json"]) == 2
+    errors = [line for line in capsys.readouterr().out.splitlines() if "error" in line]
+    assert len(errors) == 1 and "sees no CUDA GPU" in errors[0]
+    assert not (tmp_path / "b.json").exists() and not (tmp_path / "cache").exists()
+
+
+def test_median_time_waits_for_the_device(monkeypatch):
+    """Each timed call is fenced by a synchronize on both sides (on a CPU a no-op, counted here)."""
+    from gspo_bench.bench import throughput
+
+    fences = []
+    monkeypatch.setattr(throughput, "synchronize", lambda device: fences.append(device.type))
+    sec, outs = throughput.median_time(lambda: 7, warmup=1, repeats=3, device=torch.device("cuda"))
+    assert outs == [7, 7, 7] and sec >= 0 and fences == ["cuda"] * 6
 
 
 # ----------------------------------------------------------------------------- the command
@@ -142,10 +176,10 @@ def test_bench_one_path_one_model(tmp_path, monkeypatch):
     small.write_text("rollout:\n  prompts_per_step: 4\n  group_size: 2\ntrain:\n  minibatches: 2\n")
     argv = ["bench", "--model", "tiny-moe", "--config", str(small), "--paths", "fast", "--max-new-tokens", "4",
             "--repeats", "1", "--warmup", "0", "--rl-steps", "1", "--scaling", "none", "--json", "b.json",
-            "--figure", "s.png"]
+            "--figure", "s.png", "--set", "rollout.moe_kernel=batched"]
     assert main(argv) == 0
     d = json.loads((tmp_path / "b.json").read_text())
-    assert d["model"] == "tiny-moe"
+    assert d["model"] == "tiny-moe" and d["config"]["moe_kernel"] == "batched"
     assert d["active_matmul_params"] == active_matmul_params(build_builtin("tiny-moe", 0)[0]) != 995_712
     assert (d["config"]["prompts"], d["config"]["group_size"], d["config"]["minibatches"]) == (4, 2, 2)
     assert list(d["generation"]) == ["fast"] and list(d["training"]) == ["packed"] and list(d["rl_step"]) == ["fast"]

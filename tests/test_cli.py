@@ -46,6 +46,8 @@ def _runs(db: Path) -> list:
         (["--restart"], "--restart goes with --resume"),
         (["--set", "tracking.retry_budget_s=0"], "tracking.retry_budget_s=0"),
         (["--set", "tracking.connect_timeout_s=0"], "tracking.connect_timeout_s=0"),
+        (["--set", "train.logit_chunk_tokens=-1"], "train.logit_chunk_tokens=-1 must be an int >= 1, or 0"),
+        (["--set", "train.activation_checkpointing=1"], "train.activation_checkpointing"),
         (["--algos", "grpo,gspo,grpo"], "algos=['grpo', 'gspo', 'grpo'] names grpo more than once"),
         (["--seed", "0,0"], "seeds=[0, 0] names 0 more than once"),
         (["--set", "seeds=[1,2,1]"], "names 1 more than once"),

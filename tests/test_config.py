@@ -9,6 +9,7 @@ import yaml
 
 from gspo_bench.config import (
     AUTO,
+    LOGIT_CHUNK_TOKENS,
     ConfigError,
     RunConfig,
     deep_merge,
@@ -154,6 +155,10 @@ def test_flatten_and_to_dict():
     ({"rollout": {"correction_min": 2.5}}, ["rollout.correction_min", "2.5"]),
     ({"rollout": {"correction_min": -0.1}}, ["rollout.correction_min", "-0.1"]),
     ({"rollout": {"opsm_threshold": -1.0}}, ["rollout.opsm_threshold", "-1.0"]),
+    ({"train": {"logit_chunk_tokens": -1}}, ["train.logit_chunk_tokens=-1", "0 (all tokens at once)"]),
+    ({"train": {"logit_chunk_tokens": 512.0}}, ["train.logit_chunk_tokens=512.0", "int"]),
+    ({"train": {"logit_chunk_tokens": True}}, ["train.logit_chunk_tokens=True"]),
+    ({"train": {"activation_checkpointing": "yes"}}, ["train.activation_checkpointing='yes'"]),
 ])
 def test_bad_values_raise_config_error(overrides, needles):
     with pytest.raises(ConfigError) as e:
@@ -194,6 +199,14 @@ def test_train_precision_is_one_of_lightnings_names():
     assert load_config("default").train.precision == "32-true"
     with pytest.raises(ConfigError, match=r"train.precision='bf16' is not allowed \(allowed: 32-true, bf16-mixed"):
         load_config("default", overrides={"train": {"precision": "bf16"}})
+
+
+def test_training_memory_keys():
+    t = load_config("default").train
+    assert (t.logit_chunk_tokens, t.activation_checkpointing) == (LOGIT_CHUNK_TOKENS, False) == (4096, False)
+    t = load_config("default", overrides=parse_sets(["train.logit_chunk_tokens=0",
+                                                     "train.activation_checkpointing=true"])).train
+    assert (t.logit_chunk_tokens, t.activation_checkpointing) == (0, True)  # 0: the whole minibatch's logits at once
 
 
 def test_unknown_preset():
@@ -299,6 +312,9 @@ def test_set_values_are_validated_like_any_other_setting():
         load_config("smoke", overrides=parse_sets(["rollout.temperature=-1"]))
     with pytest.raises(ConfigError, match="rollout.engine"):
         load_config("smoke", overrides=parse_sets(["rollout.engine=warp"]))
+    with pytest.raises(ConfigError, match=r"rollout.moe_kernel='fused' is not allowed \(allowed: auto, grouped"):
+        load_config("smoke", overrides=parse_sets(["rollout.moe_kernel=fused"]))
+    assert load_config("smoke", overrides=parse_sets(["rollout.moe_kernel=batched"])).rollout.moe_kernel == "batched"
 
 
 def test_parse_sets_type_checks_every_field():

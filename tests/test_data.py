@@ -430,3 +430,25 @@ def test_an_algorithm_with_its_own_advantages_gets_none_from_the_rollout(task, p
     assert batch.advantages is None and batch.rows(slice(0, 2)).advantages is None
     dm.group_advantages = True
     assert dm.rollout(0).advantages.shape == (6,)
+
+
+def test_the_vllm_engine_is_sized_for_the_tasks_longest_prompt_not_the_models_context(task, policy, monkeypatch,
+                                                                                       tmp_path):
+    """A model with Qwen3-0.6B's 40,960 positions: vLLM on a CPU would refuse a max_model_len that large (its KV
+    cache outgrows the budget), so the engine gets the longest prompt of the task's rows plus max_new_tokens."""
+    import copy
+
+    from gspo_bench.rollout import vllm_engine
+
+    got = {}
+    monkeypatch.setattr(vllm_engine, "VllmEngine", lambda folder, **kw: got.update(kw))
+    model, tok = policy
+    wide = copy.copy(model.config)
+    wide.max_position_embeddings = 40_960
+    monkeypatch.setattr(model, "config", wide)
+    dm = make_dm(task, policy, engine="vllm", max_new_tokens=7)
+    dm.model_dir = str(tmp_path)  # no copy of the weights saved for it
+    dm._build_vllm(model)
+    prompts = [*task.train["prompt"], *task.eval["prompt"]]
+    longest = max(len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+    assert 4 <= longest <= 6 and got["max_model_len"] == longest + 7

@@ -156,6 +156,27 @@ def test_two_processes_end_one_rl_step_with_the_parameters_of_one(tmp_path):
 
 
 @pytest.mark.slow
+def test_two_processes_in_micro_batches_step_as_one_process_and_log_what_two_do_unsplit(tmp_path, monkeypatch):
+    """Every row a micro-batch of its own (``train.micro_batch_tokens: 1``): with 2 rows per minibatch a rank
+    backpropagates 0, 1 or 2 parts, often not as many as the other rank, and still all-reduces once per
+    minibatch. The step ends where one process's does, and every metric is the unsplit two processes'."""
+    algos = ["dapo", "gspo", "ppo"]
+    cache = tmp_path / "cache"
+    _torchrun(1, tmp_path / "one", algos, cache)
+    _torchrun(2, tmp_path / "two", algos, cache)
+    monkeypatch.setenv("MICRO_BATCH_TOKENS", "1")
+    _torchrun(2, tmp_path / "micro", algos, cache)
+    for algo in algos:
+        one, two, micro = (torch.load(tmp_path / d / f"{algo}.pt") for d in ("one", "two", "micro"))
+        gap = max(float((one["after"][k] - micro["after"][k]).abs().max()) for k in one["after"])
+        assert gap < 1e-4, f"{algo}: 2 processes in micro-batches ended {gap:.2e} away from 1"
+        logged = {k for k in two["metrics"] if not k.startswith(("time/", "throughput/"))}
+        assert logged <= set(micro["metrics"])
+        for key in logged:
+            assert micro["metrics"][key] == pytest.approx(two["metrics"][key], rel=1e-4, abs=1e-7), (algo, key)
+
+
+@pytest.mark.slow
 def test_run_on_two_processes_logs_one_mlflow_run_per_algorithm_and_fills_the_global_batch(tmp_path):
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text("warmstart: {enabled: false}\nrollout: {prompts_per_step: 4, group_size: 4}\n"

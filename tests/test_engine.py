@@ -252,3 +252,104 @@ def test_rollout_logp_matches_forward_when_pad_is_sampled(dense):
         fresh, _, _ = forward_response(model, g.input_ids, g.attention_mask, g.prompt_len, temperature=1.0)
     diff = ((fresh - g.rollout_logp).abs() * g.response_mask).max().item()
     assert diff < 1e-4
+
+
+# ----------------------------------------------------------------------------- forward_response: training memory
+
+
+def _grads(model, fn):
+    """(log-probs, entropy, hidden, {name: grad}) of a weighted sum of the log-probs of ``fn()``."""
+    model.zero_grad(set_to_none=True)
+    logp, ent, hidden = fn()
+    (logp * torch.linspace(-1, 2, logp.numel()).view_as(logp)).sum().backward()
+    return logp.detach(), ent, None if hidden is None else hidden.detach(), {
+        n: (torch.zeros_like(p) if p.grad is None else p.grad.clone()) for n, p in model.named_parameters()}
+
+
+def _assert_same(got, want, rtol=1e-5):
+    for a, b in zip(got[:3], want[:3]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    for n, g in want[3].items():
+        assert (got[3][n] - g).abs().max().item() <= rtol * g.abs().max().item() + 1e-7, n
+
+
+def _models():
+    from tests.test_fastlm import tiny_gpt2, tiny_llama
+
+    return {"tiny-dense": lambda: build_builtin("tiny-dense", 1)[0], "tiny-moe": lambda: build_builtin("tiny-moe", 1)[0],
+            "llama": tiny_llama, "gpt2": tiny_gpt2}
+
+
+@pytest.mark.parametrize("name", ["tiny-dense", "tiny-moe", "llama", "gpt2"])
+def test_forward_response_chunked_head_equals_the_modules_logits(name):
+    """The decoder stack and the LM head applied in chunks of 5 (of B x T = 18 positions) against the module's own
+    (B, T, V) logits: log-probs, entropy, the final hidden states and every gradient."""
+    from gspo_bench.rollout.engine import plain_head
+    from tests.test_fastlm import ragged_batch
+
+    model = _models()[name]().eval()  # gradients still flow; eval only turns gpt2's dropout off
+    assert plain_head(model)
+    ids, attn, P = ragged_batch(13, [3, 7, 1], [6, 2, 4], 6)
+    want = _grads(model, lambda: forward_response(model, ids, attn, P, 0.8, with_entropy=True,
+                                                  output_hidden_states=True, logit_chunk_tokens=0))
+    got = _grads(model, lambda: forward_response(model, ids, attn, P, 0.8, with_entropy=True,
+                                                 output_hidden_states=True, logit_chunk_tokens=5))
+    _assert_same(got, want)
+    assert got[2].shape == (3, 6, model.config.hidden_size)
+
+
+def test_a_head_with_its_own_logit_scale_keeps_the_modules_logits():
+    """Granite divides its logits by ``logits_scaling`` after the head: not a plain head, so the module's logits."""
+    import transformers
+
+    from gspo_bench.rollout.engine import plain_head
+    from tests.test_fastlm import ragged_batch
+
+    cfg = transformers.GraniteConfig(vocab_size=99, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=1, logits_scaling=4.0)
+    torch.manual_seed(0)
+    model = transformers.GraniteForCausalLM(cfg).eval()
+    assert not plain_head(model)
+    ids, attn, P = ragged_batch(14, [3, 5], [4, 4], 4)
+    with torch.no_grad():
+        logp, _, _ = forward_response(model, ids, attn, P, 0.8, logit_chunk_tokens=3)
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn)).logits[:, P - 1:-1]
+    torch.testing.assert_close(logp, token_logp(logits, ids[:, P:], 0.8), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["tiny-dense", "tiny-moe"])
+def test_forward_response_activation_checkpointing_gives_the_same_gradients(name):
+    from tests.test_fastlm import ragged_batch
+
+    model = _models()[name]().train()
+    ids, attn, P = ragged_batch(15, [3, 7, 1], [6, 2, 4], 6)
+    calls = []
+    # a pre-hook: the recomputation stops as soon as it has what the backward needs, before a forward hook would run
+    hooks = [layer.register_forward_pre_hook(lambda *a: calls.append(1)) for layer in model.model.layers]
+    runs = {}
+    for ck in (False, True):
+        calls.clear()
+        runs[ck] = _grads(model, lambda: forward_response(model, ids, attn, P, 0.8, checkpoint_layers=ck))
+        runs[ck] += (len(calls),)
+    for h in hooks:
+        h.remove()
+    _assert_same(runs[True], runs[False], rtol=1e-6)
+    layers = model.config.num_hidden_layers
+    assert (runs[False][4], runs[True][4]) == (layers, 2 * layers)  # each layer ran again in the backward
+    # off again after the call (generate needs the KV cache), and no hook left on the embedding
+    assert not model.is_gradient_checkpointing and not model.get_input_embeddings()._forward_hooks
+
+
+def test_forward_response_never_holds_positions_by_vocabulary():
+    from tests.test_fastlm import big_vocab_qwen3, ragged_batch
+    from tests.test_lm_head import LargestTensor
+
+    model = big_vocab_qwen3()
+    ids, attn, P = ragged_batch(16, [5] * 8, [40] * 8, 40)
+    most = {}
+    for chunk in (0, 16):
+        with LargestTensor() as seen:
+            _grads(model, lambda: forward_response(model, ids, attn, P, with_entropy=True, logit_chunk_tokens=chunk))
+        most[chunk] = seen.most
+    bt, v = 8 * 40, model.config.vocab_size
+    assert most[0] >= bt * v and most[16] <= max(16 * v, v * 32) <= bt * v / 10

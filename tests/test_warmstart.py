@@ -51,6 +51,34 @@ def test_cache_key_depends_on_seed_model_and_config():
     assert base != cache_key(task, ModelConfig("tiny-dense"), WarmStartConfig(target_pass1=0.2), 0)
 
 
+def test_a_builtin_model_that_is_never_warm_started_skips_the_fine_tune(tmp_path, monkeypatch):
+    """qwen3-0.6b-arch: warmstart.enabled is read as false (one cache entry either way), no supervised step is
+    taken, and the checkpoint written is the random model's. The model itself is stood in for by tiny-dense:
+    the 0.6B one is built in test_models.py."""
+    import json
+
+    import gspo_bench.train.warmstart as wsm
+    from gspo_bench.tasks import Task
+
+    def no_fine_tune(*a, **k):
+        raise AssertionError("finetune was called")
+
+    monkeypatch.setenv("GSPO_BENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(wsm, "finetune", no_fine_tune)
+    monkeypatch.setattr(wsm, "load_base", lambda model_cfg, seed: build_builtin("tiny-dense", seed))
+    on, off = WarmStartConfig(), WarmStartConfig(enabled=False)
+    assert wsm.for_model(on, "qwen3-0.6b-arch") == off and wsm.for_model(on, "tiny-dense") is on
+    assert wsm.for_model(on, "./some/checkpoint") is on
+    full = load_task("arith", 0)
+    task = Task(full.spec, full.train, full.eval.select(range(8)))  # the final greedy check stays cheap
+    arch = ModelConfig("qwen3-0.6b-arch")
+    assert cache_key(task, arch, on, 0) == cache_key(task, arch, off, 0)
+    assert cache_key(task, ModelConfig("tiny-dense"), on, 0) != cache_key(task, ModelConfig("tiny-dense"), off, 0)
+    ws = warm_start(task, arch, on, 0, 4, progress=False, log=lambda *a: None)
+    assert ws.steps == 0 and not ws.cached
+    assert json.loads((ws.path / "warmstart.json").read_text())["enabled"] is False
+
+
 def test_no_steps_when_the_target_is_already_met(tmp_path, monkeypatch, mixed_task):
     """A model that already scores the target (as a real hub model may) is not fine-tuned at all."""
     monkeypatch.setenv("GSPO_BENCH_CACHE", str(tmp_path))

@@ -15,6 +15,10 @@ then logging. The shared loop's own choices, which no paper pins:
   split by ``tensor_split`` into exactly ``min(minibatches, B)`` parts whose
   sizes differ by at most one, so every run makes the same number of
   optimiser steps and every algorithm sees the same minibatches.
+- Micro-batches (``train.micro_batch_tokens``): a minibatch's rows, in order, cut into runs of at most that
+  many real tokens, each backpropagated before the one optimiser step. Each run's loss divides by the whole
+  minibatch's unit counts, as a rank's share does on several processes, so the gradients add up to the
+  unsplit minibatch's; the step's metrics are computed once on the whole minibatch's detached outputs.
 - A non-finite loss skips that minibatch's backward; a non-finite gradient
   norm skips that optimiser's step. Either way the minibatch counts in
   ``train/nonfinite`` (the fraction of minibatches whose update was skipped)
@@ -33,6 +37,7 @@ then logging. The shared loop's own choices, which no paper pins:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import warnings
@@ -85,6 +90,29 @@ def minibatch_indices(B: int, minibatches: int, generator: torch.Generator) -> l
     return list(perm.tensor_split(min(minibatches, B)))
 
 
+def micro_batches(rows: torch.Tensor, tokens: list[int], limit: int) -> list[torch.Tensor]:
+    """``rows`` cut, in order, into runs whose ``tokens`` (each row's real tokens) add up to at most ``limit``;
+    a row over the limit is a run of its own. ``limit`` 0: one run of every row. ``torch.cat`` of the runs is
+    ``rows``."""
+    if limit <= 0:
+        return [rows]
+    parts, start, total = [], 0, 0
+    for i, n in enumerate(tokens):
+        if i > start and total + n > limit:
+            parts.append(rows[start:i])
+            start, total = i, 0
+        total += n
+    parts.append(rows[start:])
+    return parts
+
+
+def minibatch_units(mask_BT: torch.Tensor) -> dict[str, float]:
+    """The divisors of a minibatch's means, for a loss summed over parts of it: its response tokens and its
+    non-empty responses (``minibatches`` gives the same counts over every rank's rows, / W)."""
+    len_B = mask_BT.sum(-1)
+    return {"token": float(len_B.sum()), "sequence": float((len_B > 0).sum())}
+
+
 @dataclass
 class StepTrace:
     """This RL step's tensors, for the callbacks that measure rather than train (all detached)."""
@@ -97,9 +125,9 @@ class PolicyModule(HeldOutEval, L.LightningModule):
     name: ClassVar[str] = ""
     """Registry key, and the loss it trains with (``losses.LOSSES``)."""
     recipe: ClassVar[Recipe] = Recipe()
+    """What this algorithm's ``auto`` fields resolve to (the clip range comes from its loss registration)."""
     group_advantages: ClassVar[bool] = True
     """The datamodule computes group z-score advantages; an algorithm with its own (PPO's GAE) turns it off."""
-    """What this algorithm's ``auto`` fields resolve to (the clip range comes from its loss registration)."""
     kl_in_loss: ClassVar[bool] = True
     """False when the KL to the reference lives elsewhere (PPO: in the reward)."""
     searched_by_default: ClassVar[tuple[str, ...]] = ("eps_low", "eps_high")
@@ -222,8 +250,10 @@ class PolicyModule(HeldOutEval, L.LightningModule):
             batch.input_ids[rows], batch.attention_mask[rows])
 
         def forward(share: bool):  # a group's rows compute their prompt once, unless routes are replayed
+            t = self.cfg.train
             return response_logp(model, ids, attn, batch.prompt_len, self.settings.rollout.temperature,
-                                 with_entropy, self.cfg.train.forward, share)
+                                 with_entropy, t.forward, share, self.settings.rollout.moe_kernel,
+                                 logit_chunk_tokens=t.logit_chunk_tokens, checkpoint_layers=t.activation_checkpointing)
 
         if not self.is_moe or (replay is None and record is None):
             return forward(True)
@@ -248,21 +278,9 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         # 2. minibatches: one optimiser step each, so all but the first are off policy
         for rows, units in self.minibatches(batch, g):
             rows = rows.to(batch.input_ids.device)
-            # 3. loss (on W > 1 processes: this rank's share of the minibatch's, x W)
-            if len(rows):
-                loss = self.minibatch_loss(batch, prep, rows, stats, units)
-                stats.add({"train/loss": loss.detach()})
-            else:  # no rows of this minibatch on this rank (W > 1 only): DDP all-reduces every gradient in the
-                # backward, so this rank must run one too or the others wait for it forever. A loss of exactly 0
-                # times one element of each trained parameter gives every gradient exactly 0 (never NaN), with
-                # no forward pass: the ranks' backwards pair up and the average is the other ranks' gradient.
-                loss = 0.0 * sum(p.reshape(-1)[0] for p in self.parameters() if p.requires_grad)
-                # its share of the minibatch's loss is 0: the ranks' mean stays the whole minibatch's loss
-                stats.add({"train/loss": 0.0, "loss/policy": 0.0, "loss/kl": 0.0})
-            # 4. backward, unless the loss is already NaN/Inf (on any rank: all ranks skip together)
-            finite = ddp.all_true(bool(torch.isfinite(loss)), loss.device)
-            if finite:
-                self.manual_backward(loss)
+            # 3-4. loss and backward, micro-batch by micro-batch (on W > 1 processes: this rank's share of the
+            # minibatch's loss, x W), unless the loss is NaN/Inf (on any rank: all ranks skip together)
+            finite = self.minibatch_backward(batch, prep, rows, stats, units)
             # 5. clip and step
             self.clip_and_step(stats, finite)
         # 6. logging, with the RL step as the step (metrics reduced over ranks: every rank logs the same)
@@ -323,14 +341,76 @@ class PolicyModule(HeldOutEval, L.LightningModule):
             stats.add({"moe/routing_mismatch": routing_mismatch(batch.routes, natural, batch.attention_mask.bool())})
         return out
 
-    def minibatch_loss(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor, stats: StepStats,
-                       units: dict[str, float] | None = None):
-        """The policy loss on ``rows``; returns the scalar to backpropagate. ``units`` (W > 1 processes): the
-        minibatch's divisor of a mean over tokens or sequences, its count over all ranks / W (``minibatches``);
-        None on one process (the rows' own count)."""
+    def minibatch_backward(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor, stats: StepStats,
+                           units: dict[str, float] | None = None) -> bool:
+        """Backpropagate the minibatch's loss on ``rows`` in micro-batches of at most ``train.micro_batch_tokens``
+        real tokens (``micro_batches``; 0: all rows at once) and add its metrics to ``stats``. ``units`` as in
+        ``minibatch_loss``. Returns whether the loss was finite on every rank; when it was not, no gradient of
+        the minibatch is left (parts already backpropagated are dropped), and ``clip_and_step`` skips it."""
+        if not len(rows):  # no rows of this minibatch on this rank (W > 1 only): DDP all-reduces every gradient in
+            # the backward, so this rank must run one too or the others wait for it forever. A loss of exactly 0
+            # times one element of each trained parameter gives every gradient exactly 0 (never NaN), with
+            # no forward pass: the ranks' backwards pair up and the average is the other ranks' gradient.
+            loss = 0.0 * sum(p.reshape(-1)[0] for p in self.parameters() if p.requires_grad)
+            # its share of the minibatch's loss is 0: the ranks' mean stays the whole minibatch's loss
+            stats.add({"train/loss": 0.0, "loss/policy": 0.0, "loss/kl": 0.0})
+            finite = ddp.all_true(bool(torch.isfinite(loss)), loss.device)  # the other ranks vote on their loss
+            if finite:
+                self.manual_backward(loss)
+            return finite
+        limit = self.cfg.train.micro_batch_tokens
+        parts = micro_batches(rows, batch.attention_mask[rows].sum(-1).tolist(), limit) if limit else [rows]
+        # each part divides by the whole minibatch's counts, as a rank's share does (one part: its own, as ever)
+        shares = units if units is not None or len(parts) == 1 else minibatch_units(batch.response_mask[rows])
+        outs, total, finite = [], 0.0, True
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            # after a NaN/Inf nothing more is backpropagated: the later parts' forwards only complete the metrics
+            with torch.set_grad_enabled(finite and torch.is_grad_enabled()):
+                out = self.minibatch_forward(batch, prep, part)
+                loss, st = self.minibatch_loss(batch, prep, part, out, shares)
+            finite = finite and bool(torch.isfinite(loss))
+            if last:  # one vote per minibatch on every rank, however many parts each rank's rows make
+                finite = ddp.all_true(finite, loss.device)
+            if finite:
+                with self.backward_sync(last):
+                    self.manual_backward(loss)
+            outs.append({k: v.detach() for k, v in out.items()})
+            # L = sum over parts of L_part, each part's sum over its units / the minibatch's count
+            total = total + loss.detach()
+        if not finite:
+            self.zero_grad(set_to_none=True)
+        if len(parts) > 1:
+            # the metrics of the whole minibatch (means, spreads, extremes over all its rows), from the parts'
+            # detached outputs: the same values as one pass over it, at the cost of one loss without a forward
+            with torch.no_grad():
+                whole = {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
+                _, st = self.minibatch_loss(batch, prep, rows, whole, units)
+        stats.add({**st, "train/loss": total})
+        self.trace.minibatches.append((rows, torch.cat([o["logp"] for o in outs])))
+        return finite
+
+    def backward_sync(self, sync: bool):
+        """Where DDP all-reduces: in the backward of a minibatch's last micro-batch. The others accumulate on
+        this rank (``no_sync``), so each rank all-reduces once per minibatch, whatever its number of parts."""
+        if sync or self.world == 1:
+            return contextlib.nullcontext()
+        return self.trainer.strategy.block_backward_sync()
+
+    def minibatch_forward(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The training forward on ``rows``, with gradient: what ``minibatch_loss`` reads, (b, T) each (the
+        response log-probs and entropy)."""
         logp, ent = self.response_logp(self.policy, batch, rows, with_entropy=True, replay=prep.get("routes"))
+        return {"logp": logp, "entropy": ent}
+
+    def minibatch_loss(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor, out: dict[str, torch.Tensor],
+                       units: dict[str, float] | None = None) -> tuple[torch.Tensor, dict]:
+        """The policy loss on ``rows`` from their forward ``out`` (``minibatch_forward``), and its metrics.
+        ``units``: the divisors of the minibatch's means over tokens or sequences when ``rows`` are a part of it
+        (a rank's share on W > 1 processes, a micro-batch): its counts over all its rows / W (``minibatches``,
+        ``minibatch_units``); None when ``rows`` are the whole minibatch on one process (the rows' own counts)."""
+        logp, ent = out["logp"], out["entropy"]
         mask = batch.response_mask[rows]
-        self.trace.minibatches.append((rows, logp.detach()))
         extra = {}
         if self.ref is not None and self.kl_in_loss:
             extra = {"kl_coef": self.kl_coef, "ref_logp": prep["ref_logp"][rows]}
@@ -351,8 +431,7 @@ class PolicyModule(HeldOutEval, L.LightningModule):
                                units=None if units is None else units[kind], **self.hp, **extra)
         # H = mean over response tokens of the sampling distribution's entropy
         st["policy/entropy"] = (ent * mask).sum() / mask.sum().clamp(min=1)
-        stats.add(st)
-        return loss
+        return loss, st
 
     def clip_and_step(self, stats: StepStats, loss_finite: bool) -> None:
         """Clip each optimiser's gradient by norm and step it; a NaN/Inf loss or norm skips that step."""

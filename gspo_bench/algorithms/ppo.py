@@ -23,7 +23,7 @@ from gspo_bench.core.losses import kl_penalty
 from gspo_bench.core.metrics import StepStats
 from gspo_bench.rollout.datamodule import RolloutBatch
 from gspo_bench.rollout import fastlm
-from gspo_bench.rollout.engine import position_ids, uses_packed
+from gspo_bench.rollout.engine import checkpointed_layers, position_ids, uses_packed
 
 
 class Critic(torch.nn.Module):
@@ -31,10 +31,15 @@ class Critic(torch.nn.Module):
 
     ``forward`` as ``train.forward``: ``packed`` (or ``auto`` on a Qwen3-family trunk) runs ``fastlm``
     over the real tokens only, each group's prompt once; ``hf`` the transformers module, padded.
+    ``moe_kernel``: how a packed MoE trunk runs its experts (``rollout.moe_kernel``).
+    ``checkpoint_layers``: activation checkpointing of the trunk (``train.activation_checkpointing``).
     """
 
-    def __init__(self, model_path: str, trust_remote_code: bool = False, forward: str = "auto"):
+    def __init__(self, model_path: str, trust_remote_code: bool = False, forward: str = "auto",
+                 moe_kernel: str = "auto", checkpoint_layers: bool = False):
         super().__init__()
+        self.moe_kernel = moe_kernel
+        self.checkpoint_layers = checkpoint_layers
         self.trunk = AutoModel.from_pretrained(model_path, trust_remote_code=trust_remote_code, dtype=torch.float32)
         hidden = self.trunk.config.hidden_size
         self.head = torch.nn.Linear(hidden, 1)
@@ -44,11 +49,13 @@ class Critic(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask, prompt_len: int) -> torch.Tensor:
         if self.packed:
-            h, resp = fastlm.packed_states(self.trunk, input_ids, attention_mask, prompt_len, share_prompts=True)
+            h, resp = fastlm.packed_states(self.trunk, input_ids, attention_mask, prompt_len, share_prompts=True,
+                                           moe_kernel=self.moe_kernel, checkpoint_layers=self.checkpoint_layers)
             v = self.head(h.float()).squeeze(-1)
             return torch.zeros(resp.shape, dtype=v.dtype, device=v.device).masked_scatter(resp, v)
-        h = self.trunk(input_ids=input_ids, attention_mask=attention_mask,
-                       position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state
+        with checkpointed_layers(self.trunk, self.checkpoint_layers):
+            h = self.trunk(input_ids=input_ids, attention_mask=attention_mask,
+                           position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state
         # the state before emitting response token t is position P-1+t, as for the policy's logits
         return self.head(h[:, prompt_len - 1 : -1].float()).squeeze(-1)  # (B, T)
 
@@ -64,7 +71,8 @@ class PPO(PolicyModule):
 
     def __init__(self, cfg, model_path: str, seed: int, settings):
         super().__init__(cfg, model_path, seed, settings)
-        self.critic = Critic(model_path, cfg.model.trust_remote_code, cfg.train.forward)
+        self.critic = Critic(model_path, cfg.model.trust_remote_code, cfg.train.forward,
+                             settings.rollout.moe_kernel, cfg.train.activation_checkpointing)
 
     def configure_optimizers(self):
         t = self.cfg.train
@@ -98,11 +106,16 @@ class PPO(PolicyModule):
     def parameter_groups(self):
         return super().parameter_groups() + [("critic/grad_norm", list(self.critic.parameters()))]
 
-    def minibatch_loss(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor, stats: StepStats,
-                       units: dict[str, float] | None = None):
-        policy = super().minibatch_loss(batch, prep, rows, stats, units)
+    def minibatch_forward(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = super().minibatch_forward(batch, prep, rows)
+        out["values"] = self.critic(batch.input_ids[rows], batch.attention_mask[rows], batch.prompt_len)  # (b, T)
+        return out
+
+    def minibatch_loss(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor, out: dict[str, torch.Tensor],
+                       units: dict[str, float] | None = None) -> tuple[torch.Tensor, dict]:
+        policy, st = super().minibatch_loss(batch, prep, rows, out, units)
         mask = batch.response_mask[rows]
-        v = self.critic(batch.input_ids[rows], batch.attention_mask[rows], batch.prompt_len)
+        v = out["values"]
         v_old, ret = prep["values"][rows], prep["returns"][rows]
         err = (v - ret).square()
         c = self.cfg.loss.value_clip
@@ -113,5 +126,5 @@ class PPO(PolicyModule):
         tokens = None if units is None else units["token"]
         value_loss = self.cfg.loss.vf_coef * 0.5 * (err * mask).sum() / (
             mask.sum().clamp(min=1) if tokens is None else (tokens if tokens > 0 else 1.0))
-        stats.add({"critic/value_loss": value_loss.detach()})
-        return policy + value_loss
+        st["critic/value_loss"] = value_loss.detach()
+        return policy + value_loss, st

@@ -18,7 +18,6 @@ before the next model's.
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -56,22 +55,12 @@ def check_engines(engines: tuple[str, ...]) -> None:
             raise ConfigError(reason)
 
 
-def _timed(fn, warmup: int, repeats: int) -> tuple[float, list]:
-    for _ in range(warmup):
-        fn()
-    times, outs = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        outs.append(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), outs
-
-
 def bench_vllm(model, tok, prompts, max_new_tokens: int, temperature: float, warmup: int, repeats: int,
                dtype: str) -> dict:
     """vLLM's generation, start-up and weight-push seconds (its engine built from a saved copy of ``model``)."""
     import tempfile
 
+    from gspo_bench.bench.throughput import median_time
     from gspo_bench.models import is_moe
     from gspo_bench.rollout.vllm_engine import VllmEngine, vllm_generate
 
@@ -83,8 +72,9 @@ def bench_vllm(model, tok, prompts, max_new_tokens: int, temperature: float, war
                             moe_expert_width=width)
     try:
         torch.manual_seed(0)
-        sec, gens = _timed(lambda: vllm_generate(engine, model, tok, prompts, max_new_tokens=max_new_tokens,
-                                                 temperature=temperature), warmup, repeats)
+        sec, gens = median_time(lambda: vllm_generate(engine, model, tok, prompts, max_new_tokens=max_new_tokens,
+                                                      temperature=temperature), warmup, repeats,
+                                next(model.parameters()).device)
         pushes = []
         weight = next(model.parameters())
         for _ in range(repeats):
@@ -100,8 +90,12 @@ def bench_vllm(model, tok, prompts, max_new_tokens: int, temperature: float, war
 
 
 def bench_engines_generation(model, tok, prompts, max_new_tokens: int, temperature: float, engines, warmup: int,
-                             repeats: int, dtype: str = "float32") -> tuple[dict, list[str]]:
-    """Per engine: seconds, tokens/s, completions/s (and compile / start-up / sync seconds); and notes."""
+                             repeats: int, dtype: str = "float32", moe_kernel: str = "auto",
+                             sampler=None) -> tuple[dict, list[str]]:
+    """Per engine: seconds, tokens/s, completions/s (and compile / start-up / sync seconds); and notes.
+
+    The engines of this package sample from ``sampler`` (the model cast to ``dtype``; default the model itself),
+    their MoE experts run by ``moe_kernel``; vLLM builds its own engine in ``dtype`` from a saved copy."""
     from gspo_bench.bench.throughput import bench_generation
     from gspo_bench.rollout import compiled
     from gspo_bench.rollout.engine import resolve_engine
@@ -118,7 +112,8 @@ def bench_engines_generation(model, tok, prompts, max_new_tokens: int, temperatu
         else:
             own.append(e)
     if own:
-        gen = bench_generation(model, tok, prompts, max_new_tokens, temperature, own, warmup, repeats)
+        gen = bench_generation(model if sampler is None else sampler, tok, prompts, max_new_tokens, temperature,
+                               own, warmup, repeats, moe_kernel)
         out.update({k: v for k, v in gen.items() if isinstance(v, dict)})
     if "vllm" in engines:
         out["vllm"] = bench_vllm(model, tok, prompts, max_new_tokens, temperature, warmup, repeats, dtype)
@@ -130,7 +125,7 @@ def bench_engines_generation(model, tok, prompts, max_new_tokens: int, temperatu
 def run_engines_bench(preset: str, config_files: tuple, overrides: dict, engines: tuple[str, ...], algo: str,
                       warmup: int, repeats: int, rl_steps: int, log=print) -> EnginesResult:
     """The engines of ``engines`` on the preset's model and batch (see the module docstring)."""
-    from gspo_bench.bench.throughput import bench_inputs, bench_rl_step, matmul_gflops, path_overrides
+    from gspo_bench.bench.throughput import bench_inputs, bench_rl_step, device_name, matmul_gflops, path_overrides
     from gspo_bench.config import deep_merge, load_config
     from gspo_bench.train.runner import quiet
     from gspo_bench.tracking.provenance import machine
@@ -145,13 +140,14 @@ def run_engines_bench(preset: str, config_files: tuple, overrides: dict, engines
     res = EnginesResult(machine(), cfg.model.name, sum(p.numel() for p in model.parameters()),
                         {"task": cfg.task, "prompts": r.prompts_per_step, "group_size": r.group_size,
                          "max_new_tokens": max_new, "temperature": r.temperature, "dtype": r.dtype, "algo": algo,
-                         "threads": torch.get_num_threads()})
+                         "threads": torch.get_num_threads(), "moe_kernel": r.moe_kernel,
+                         "device": device_name(bench.device)})
     res.generation, res.notes = bench_engines_generation(model, tok, prompts, max_new, r.temperature, engines,
-                                                         warmup, repeats, r.dtype)
+                                                         warmup, repeats, r.dtype, r.moe_kernel, bench.sampler)
     log("generation: " + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s" for k, v in res.generation.items()
                                    if isinstance(v, dict)))
     if rl_steps > 0:
-        peak = matmul_gflops()
+        peak = matmul_gflops(device=bench.device)
         for path in [e for e in ("fast", "vllm") if e in engines]:
             over = deep_merge(overrides or {}, path_overrides("fast"))
             if path == "vllm":

@@ -1,7 +1,7 @@
 """``bench --presets``: presets run end to end at a cut size, each in its own process, timed.
 
-The GPU presets (``gpu-dense``, ``gpu-moe``) have never run on a GPU here; what a CPU can say about them is
-that their whole pipeline (the built-in model at full size, the vLLM engine, bf16-mixed training, MLflow)
+On a CPU the GPU presets (``gpu-dense``, ``gpu-moe``) cannot run at their own size; what a CPU can say about
+them is that their whole pipeline (the built-in model at full size, the vLLM engine, bf16-mixed training, MLflow)
 runs, and at what cost in memory and time per RL step. Each preset runs as ``python -m gspo_bench run
 --preset NAME`` with the ``CUT_SIZE`` settings (then the command's own ``--set``) into a throwaway MLflow
 store, in a child process of its own, so its peak resident memory is the child's own ``ru_maxrss``

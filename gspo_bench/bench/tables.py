@@ -49,7 +49,9 @@ def sections(d: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                   f"{TARGETS['rl_step_vs_reference'] * REFERENCE['completions_per_s']:.0f}")
     out.append((title, ["path", "engine", "old logp", "s / step", "completions/s", "gen tokens/s", "gen s", "train s",
                         "x reference", "MFU"], rows))
-    out.append((f"(d) machine: fp32 matmul {peak:.0f} GFLOP/s measured ({d['config']['threads']} threads); "
+    where = d.get("device", "cpu")
+    where = f"{d['config']['threads']} threads" if where == "cpu" else where
+    out.append((f"(d) machine: {d.get('matmul_dtype', 'float32')} matmul {peak:.0f} GFLOP/s measured ({where}); "
                 "MFU = model FLOPs / time / that", ["machine", "params", "active matmul params"],
                 [[d["machine"], f"{d['params']:,}", f"{d['active_matmul_params']:,}"]]))
     if d["scaling"]:

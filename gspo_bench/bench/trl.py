@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, P
 
 from gspo_bench import tables
 from gspo_bench import algorithms
-from gspo_bench.bench.throughput import bench_rl_step, matmul_gflops, path_overrides
+from gspo_bench.bench.throughput import bench_device, bench_rl_step, matmul_gflops, path_overrides
 from gspo_bench.config import ConfigError, RunConfig, deep_merge, load_config, parse_sets
 from gspo_bench.train.runner import quiet
 from gspo_bench.tracking.provenance import git_commit, machine
@@ -256,7 +256,8 @@ def compare(preset: str, config_files: tuple, overrides: dict, warmup: int, cycl
     ws = warm_start(task, cfg.model, cfg.warmstart, cfg.seeds[0], task.spec.max_new_tokens, progress=False, log=log)
     runs: dict[str, dict] = {}
     for name in ("trl_1", "ours", "trl_2"):
-        side = (run_ours(cfg, str(ws.path), task, m, warmup, cycles, matmul_gflops()) if name == "ours"
+        peak = matmul_gflops(device=bench_device(cfg.train.accelerator)) if name == "ours" else 0.0
+        side = (run_ours(cfg, str(ws.path), task, m, warmup, cycles, peak) if name == "ours"
                 else run_trl(trl, name, str(ws.path), task, m, warmup, cycles))
         runs[name] = side.to_dict()
         log(f"{name}: {runs[name]['seconds']:.2f} s / cycle, {runs[name]['gen_tokens_per_s']:.0f} gen tokens/s")

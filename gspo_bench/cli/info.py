@@ -151,7 +151,7 @@ def _say_set_aside(runs, fmt: str, console) -> None:
 
 
 def add_claims_parser(sub, default_uri: str) -> None:
-    """The ``claims`` subcommand's flags (here, not in ``__main__``, which is at its size limit)."""
+    """The ``claims`` subcommand's flags (kept beside the command that reads them)."""
     from gspo_bench.reporting.claim_specs import DEFAULT_MARGIN, EXPERIMENTS
 
     c = sub.add_parser("claims", help="a verdict per claim of the sources (reproduced / refuted / not decided), "

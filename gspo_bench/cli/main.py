@@ -45,7 +45,7 @@ def _eps(s: str):
 
 
 def _seeds(s: str) -> list[int]:
-    """'3' alone means seeds 0,1,2 for --seeds; a comma list is taken as is."""
+    """A comma list of seeds, taken as is: '3' is seed 3, '0,1,2' three seeds."""
     try:
         return [int(x) for x in _csv(s)]
     except ValueError:
@@ -66,7 +66,7 @@ def _shared_flags(c: argparse.ArgumentParser) -> None:
                    help="config file(s) merged over the preset, e.g. baselines/gspo.yaml")
     _set_flag(c)
     c.add_argument("--task", help="built-in task name or a task spec YAML path")
-    c.add_argument("--model", help="tiny-dense | tiny-moe | local path | hub id")
+    c.add_argument("--model", help="a built-in model (`list` names them) | local path | hub id")
     c.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with a hub model")
     c.add_argument("--steps", type=int, help="RL steps per algorithm")
     c.add_argument("--lr", type=float, help="policy learning rate")
@@ -82,7 +82,8 @@ def _shared_flags(c: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gspo-bench", description="Side-by-side RL policy-optimisation benchmark "
-                                               "(PPO, GRPO, DAPO, GSPO, GSPO-token, CISPO).")
+                                               "(PPO, GRPO, DAPO, GSPO, GSPO-token, CISPO, SAPO, GMPO, "
+                                               "Dr. GRPO, VESPO, DPPO, LUSPO; `list` names them all).")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     r = sub.add_parser("run", help="warm start, then train each algorithm from it; track in MLflow")
     r.add_argument("--algos", default=None, help="'all' or a comma list, e.g. grpo,gspo (default: the preset's)")
@@ -375,6 +376,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # its "View run at <uri>" has the password
     args = build_parser().parse_args(argv)  # the files stating the command get it redacted; args keep the real values
     args.argv = [redact(a) for a in (sys.argv[1:] if argv is None else argv)]
+    from gspo_bench.cli.environment import broken_companions
+
+    if (broken := broken_companions()) is not None:  # else a 100-line traceback from deep inside an import
+        console.print(f"gspo-bench: error: {broken}", style="red", soft_wrap=True, markup=False)
+        return 2
     commands = {"run": cmd_run, "tune": cmd_tune, "list": cmd_list, "leaderboard": cmd_leaderboard,
                 "report": cmd_report, "bench": cmd_bench, "warmstart": cmd_warmstart, "suite": cmd_suite,
                 "collapse-check": cmd_collapse_check, "claims": cmd_claims}

@@ -14,7 +14,7 @@ from gspo_bench.config import ConfigError, deep_merge, load_config, parse_sets
 
 
 def add_bench_parser(sub, csv, set_flag) -> None:
-    """The ``bench`` subcommand's flags (here, not in ``__main__``, which is at its size limit); ``csv`` parses a
+    """The ``bench`` subcommand's flags (kept beside the commands that read them); ``csv`` parses a
     comma list and ``set_flag`` adds ``--set``, as for every subcommand."""
     from gspo_bench.config import presets
 
@@ -50,6 +50,11 @@ def add_bench_parser(sub, csv, set_flag) -> None:
     b.add_argument("--presets", type=csv, metavar="P[,P...]", help="instead: run each preset (e.g. gpu-dense,gpu-moe) "
                    "end to end at a cut size (bench/presets.py; --set over it), each in its own process: peak RSS, "
                    "wall time, seconds per RL step; --markdown writes them with the command and commit")
+    b.add_argument("--memory", type=csv, metavar="C[,C...]", help="instead: the memory one RL step adds under each "
+                   "set of memory controls (none, micro, chunk, ckpt, all; bench/memory.py), at each --prompts, "
+                   "each in its own process (default model qwen3-0.6b-arch; --set over it)")
+    b.add_argument("--prompts", type=csv, default=["2", "8"], metavar="N[,N...]", help="with --memory: prompts per "
+                   "rollout of each measurement (default 2,8)")
 
 
 def model_overrides(args, sets: dict, model: str | None) -> dict:
@@ -85,6 +90,8 @@ def bench_command(args, console) -> int:
         return engines_command(args, console)
     if args.presets:
         return presets_command(args, console)
+    if args.memory:
+        return memory_command(args, console)
     args.preset = args.preset or "cpu-bench"
 
     try:
@@ -206,6 +213,52 @@ def presets_command(args, console) -> int:
                                                               + shlex.join(args.argv), git_commit(), machine()))
         console.print(f"wrote {args.markdown}")
     return 0 if all(bench_presets.ok(r) for r in results) else 1
+
+
+def memory_command(args, console) -> int:
+    """``bench --memory``: each set of controls at each rollout size, each in its own process; a table, and
+    Markdown with the command and commit; exit 1 unless every measurement finished."""
+    import shlex
+    from pathlib import Path
+
+    from gspo_bench.bench import memory as bench_memory
+    from gspo_bench.tracking.provenance import git_commit, machine
+
+    controls = bench_memory.parse_controls(list(args.memory))
+    try:
+        sizes = [int(n) for n in args.prompts]
+    except ValueError:
+        raise ConfigError(f"--prompts {','.join(args.prompts)!r}: a comma list of prompt counts") from None
+    if not sizes or min(sizes) < 1:
+        raise ConfigError(f"--prompts {','.join(args.prompts)!r}: each count must be >= 1")
+    preset = args.preset or "default"
+    sets = tuple(args.sets)
+    for c in controls:  # before any work: every measurement's settings must load
+        load_config(preset, (), parse_sets(list(bench_memory.child_overrides(sets, c, max(sizes)))))
+    results = []
+    for size in sizes:
+        for c in controls:
+            console.print(f"[bench] memory: controls {c}, {size} prompts", markup=False)
+            r = bench_memory.measure(preset, sets, c, size, args.algo)
+            console.print("  " + (f"adds {r['added'] / 2**30:.2f} GiB (peak {r['peak'] / 2**30:.2f} GiB, "
+                                  f"{r['response_tokens']} response tokens)" if "added" in r else
+                                  "failed: " + r["error"][-300:]), markup=False)
+            results.append(r)
+    group = load_config(preset, (), parse_sets(list(bench_memory.child_overrides(sets, "none", 1)))).rollout.group_size
+    table = Table(title="memory one RL step adds")
+    for col in bench_memory.COLUMNS:
+        table.add_column(col)
+    for row in bench_memory.rows(results, group):
+        table.add_row(*row)
+    console.print(table)
+    for line in bench_memory.ratios(results):
+        console.print(line, markup=False)
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(bench_memory.markdown(results, group, "python -m gspo_bench "
+                                                             + shlex.join(args.argv), git_commit(), machine()))
+        console.print(f"wrote {args.markdown}")
+    return 0 if all("added" in r for r in results) else 1
 
 
 def warmstart_command(args, console) -> int:

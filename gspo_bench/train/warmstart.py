@@ -6,7 +6,7 @@ see all-zero groups and learn nothing. ``warm_start`` fine-tunes the model on
 the task's train split (loss on the completion only) until greedy pass@1 on
 the held-out split reaches ``target_pass1``, then saves it with
 ``save_pretrained``. The checkpoint is keyed by task, model, seed and the
-warm-start config, so the six algorithms, and later runs, all start from the
+warm-start config, so every algorithm, and later runs, all start from the
 very same weights.
 
 Landing in a band. The supervised curve of these tiny models is a sharp
@@ -25,7 +25,7 @@ the run climbs into the band with steps small enough to land in it. Near the
 transition even one step at a tenth of the learning rate can move greedy
 pass@1 by a point or more (measured on tiny-moe), so the finer checks matter
 more than the smaller rate. The measured band over seeds is in
-``docs/warmstart.md``. The checks use the fast engine's greedy decoding
+``results/warmstart-band.md`` (``warmstart --seeds N --markdown`` writes it). The checks use the fast engine's greedy decoding
 (identical tokens to ``generate``'s, tested), which is what makes them cheap.
 """
 
@@ -38,7 +38,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -48,7 +48,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from gspo_bench import tables
 from gspo_bench.config import ModelConfig, TaskOptions, WarmStartConfig
 from gspo_bench.rollout.engine import generate
-from gspo_bench.models import build_builtin, classify_model_ref, load_pretrained
+from gspo_bench.models import BUILTIN_MODELS, build_builtin, classify_model_ref, load_pretrained
 from gspo_bench.paths import cache_dir
 from gspo_bench.tasks import Task
 
@@ -73,7 +73,7 @@ def cache_key(task: Task, model_cfg: ModelConfig, ws: WarmStartConfig, seed: int
                  if not (k == "max_prompt_tokens" and v is None) and k not in ("chat", "system")},
         "model": model_cfg.name,
         "dtype": model_cfg.dtype,
-        "warmstart": asdict(ws),
+        "warmstart": asdict(for_model(ws, model_cfg.name)),  # what warm_start does with it
         "seed": seed,
     }
     if task.prompt_format is not None:  # prompts rendered through a chat template: its digest
@@ -81,6 +81,13 @@ def cache_key(task: Task, model_cfg: ModelConfig, ws: WarmStartConfig, seed: int
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
     slug = Path(model_cfg.name).name.replace("/", "_")
     return f"{task.name}-{slug}-s{seed}-{digest}"
+
+
+def for_model(ws: WarmStartConfig, model: str) -> WarmStartConfig:
+    """``ws``, switched off for a built-in model that is never warm-started (``BuiltinModel.warm_start``:
+    qwen3-0.6b-arch, whose supervised climb would take days on a CPU and whose random weights are the point)."""
+    spec = BUILTIN_MODELS.get(model)
+    return replace(ws, enabled=False) if ws.enabled and spec is not None and not spec.warm_start else ws
 
 
 def load_base(model_cfg: ModelConfig, seed: int):
@@ -183,6 +190,7 @@ def _restore(model, opt, snap: dict) -> None:
 def warm_start(task: Task, model_cfg: ModelConfig, ws: WarmStartConfig, seed: int, max_new_tokens: int,
                progress: bool = True, device: str | torch.device = "cpu", log=print) -> WarmStart:
     """Return the cached warm-start checkpoint for this key, creating it if needed."""
+    ws = for_model(ws, model_cfg.name)
     root = cache_dir() / "warmstart"
     path = root / cache_key(task, model_cfg, ws, seed)
     if (cached := _cached(path)) is not None:

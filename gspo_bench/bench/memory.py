@@ -1,0 +1,215 @@
+"""``bench --memory``: the memory one RL step adds, with and without each memory control.
+
+Each (controls, rollout size) runs in a child process of its own, so one measurement's freed memory never
+lowers the next one's: the model (by default ``qwen3-0.6b-arch``, Qwen3-0.6B's shape with its 151,936-token
+vocabulary) and its optimiser, then two RL steps of the configured algorithm through Lightning, as ``run``
+takes them. The first step allocates AdamW's states; the second is measured:
+
+- on a CPU, the process's peak resident memory during the step (the kernel's high-water mark, reset at the
+  step's start through ``/proc/self/clear_refs``) minus its resident memory when the step starts;
+- on a GPU, torch's peak allocated memory during the step minus what was allocated when it started.
+
+The step is the update: old log-probs, advantages, every minibatch's forward and backward, the optimiser
+steps. The rollout is sampled before it starts (its KV cache is not counted) and held-out evaluation is off.
+Nothing here is asserted by a test; ``results/memory.md`` is what the command wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from gspo_bench import tables
+
+CONTROLS: dict[str, dict] = {
+    "none": {"micro_batch_tokens": 0, "logit_chunk_tokens": 0, "activation_checkpointing": False},
+    "micro": {"micro_batch_tokens": 1024, "logit_chunk_tokens": 0, "activation_checkpointing": False},
+    "chunk": {"micro_batch_tokens": 0, "logit_chunk_tokens": 1024, "activation_checkpointing": False},
+    "ckpt": {"micro_batch_tokens": 0, "logit_chunk_tokens": 0, "activation_checkpointing": True},
+    "all": {"micro_batch_tokens": 1024, "logit_chunk_tokens": 1024, "activation_checkpointing": True},
+}
+"""The ``train.`` settings of each named set of controls. ``micro``: gradient accumulation over micro-batches
+of at most 1,024 real tokens; ``chunk``: log-probs and entropy over 1,024 response tokens at a time;
+``ckpt``: each decoder layer's activations recomputed in the backward."""
+
+DEFAULT_SETTINGS = ("model.name=qwen3-0.6b-arch", "rollout.group_size=4", "rollout.max_new_tokens=32",
+                    "rollout.old_logp_source=recompute", "train.minibatches=1", "train.eval_prompts=2",
+                    "train.eval_samples=0", "train.checkpoint_every=0", "warmstart.enabled=false")
+"""What the measurement runs unless ``--set`` says otherwise: the real-vocabulary model from random weights, 4
+samples of at most 32 tokens per prompt, the old log-probs recomputed (a forward the step includes), one
+optimiser step per rollout, so that the step's whole rollout is one minibatch."""
+
+COLUMNS = ["controls", "prompts x samples", "response tokens", "step adds (GiB)", "peak (GiB)", "step s"]
+
+
+def parse_controls(names: list[str]) -> list[str]:
+    unknown = [n for n in names if n not in CONTROLS]
+    if unknown or not names:
+        from gspo_bench.config import ConfigError
+
+        raise ConfigError(f"--memory: unknown controls {', '.join(unknown) or '(none given)'} "
+                          f"(allowed: {', '.join(CONTROLS)})")
+    return list(dict.fromkeys(names))
+
+
+# -- in the child ---------------------------------------------------------------------------------------
+def _status_kib(field: str) -> int:
+    return int(re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1))
+
+
+class StepMemory(L.Callback):
+    """Measures training step ``index`` (0-based): what it adds over the memory in use when it starts."""
+
+    def __init__(self, index: int):
+        self.index, self.result = index, None
+        self._start = self._t0 = 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx != self.index:
+            return
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self._start = torch.cuda.memory_allocated()
+        else:
+            # writing 5 resets the process's peak resident set (VmHWM) to its current size
+            Path("/proc/self/clear_refs").write_text("5")
+            self._start = _status_kib("VmRSS") * 1024
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx != self.index:
+            return
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated()
+        else:
+            peak = _status_kib("VmHWM") * 1024
+        mask = batch.response_mask
+        self.result = {"added": peak - self._start, "peak": peak, "seconds": time.perf_counter() - self._t0,
+                       "rows": int(mask.shape[0]), "response_tokens": int(mask.sum()),
+                       "device": str(pl_module.device)}
+
+
+def measure_step(preset: str, overrides: dict, algo: str) -> dict:
+    """One measurement (in this process): build the run's objects as ``run`` does, take two RL steps, measure
+    the second."""
+    from gspo_bench import algorithms
+    from gspo_bench.config import load_config
+    from gspo_bench.rollout.datamodule import RolloutDataModule
+    from gspo_bench.tasks import load_task
+    from gspo_bench.train.runner import quiet
+    from gspo_bench.train.warmstart import warm_start
+    from transformers import AutoTokenizer
+
+    cfg = load_config(preset, (), overrides)
+    quiet()
+    task = load_task(cfg.task, cfg.seeds[0], cfg.model, cfg.rollout.response_cap(), lambda *_: None,
+                     cfg.task_options)
+    ws = warm_start(task, cfg.model, cfg.warmstart, cfg.seeds[0], task.spec.max_new_tokens, progress=False,
+                    log=lambda *_: None)
+    cls = algorithms.get(algo)
+    settings = cfg.resolve(algo, cls.recipe, task.spec.max_new_tokens)
+    L.seed_everything(0, verbose=False)
+    module = cls(cfg, ws.path, 0, settings)
+    tok = AutoTokenizer.from_pretrained(ws.path)
+    dm = RolloutDataModule(task, tok, settings.rollout, steps=2, seed=0, eval_prompts=cfg.train.eval_prompts,
+                           eval_samples=0)
+    module.evaluate_now = lambda: None  # the held-out evaluation is not part of an RL step
+    probe = StepMemory(index=1)
+    trainer = L.Trainer(max_epochs=1, logger=False, callbacks=[probe], accelerator=cfg.train.accelerator, devices=1,
+                        precision=cfg.train.precision, num_sanity_val_steps=0, enable_checkpointing=False,
+                        enable_model_summary=False, enable_progress_bar=False)
+    trainer.fit(module, datamodule=dm)
+    return probe.result
+
+
+# -- in the parent --------------------------------------------------------------------------------------
+def child_overrides(settings: tuple[str, ...], controls: str, prompts: int) -> tuple[str, ...]:
+    """The ``--set`` items of one measurement: the defaults, the command's own, the controls, the size."""
+    own = tuple(f"train.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in CONTROLS[controls].items())
+    return (*DEFAULT_SETTINGS, *settings, *own, f"rollout.prompts_per_step={prompts}")
+
+
+def measure(preset: str, settings: tuple[str, ...], controls: str, prompts: int, algo: str,
+            timeout: float = 3600) -> dict:
+    """One measurement in a child process of its own; its result, or its failure and the end of its output."""
+    sets = child_overrides(settings, controls, prompts)
+    spec = json.dumps({"preset": preset, "sets": sets, "algo": algo})
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "gspo_bench.bench.memory", spec], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+    row = {"controls": controls, "prompts": prompts, "wall_s": time.perf_counter() - t0}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("MEMORY ")]
+    if proc.returncode != 0 or not lines:
+        return {**row, "error": (proc.stdout + proc.stderr)[-2000:]}
+    return {**row, **json.loads(lines[-1][len("MEMORY "):])}
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f}"
+
+
+def rows(results: list[dict], group_size: int) -> list[list[str]]:
+    return [[r["controls"], f"{r['prompts']} x {group_size}", str(r.get("response_tokens", "-")),
+             _gib(r["added"]) if "added" in r else "failed", _gib(r["peak"]) if "peak" in r else "-",
+             f"{r['seconds']:.1f}" if "seconds" in r else "-"] for r in results]
+
+
+def ratios(results: list[dict]) -> list[str]:
+    """The two bounds the controls are built for, as sentences with their numbers."""
+    by = {(r["controls"], r["prompts"]): r.get("added") for r in results}
+    sizes = sorted({r["prompts"] for r in results})
+    out = []
+    if len(sizes) >= 2:
+        small, large = sizes[0], sizes[-1]
+        for c in CONTROLS:
+            a, b = by.get((c, small)), by.get((c, large))
+            if a and b:
+                out.append(f"`{c}`: the {large}-prompt rollout's step adds {b / a:.2f}x what the {small}-prompt "
+                           f"one's adds")
+    for size in sizes:
+        none, every = by.get(("none", size)), by.get(("all", size))
+        if none and every:
+            out.append(f"{size} prompts: every control on, the step adds {every / none:.2f}x what it adds with none")
+    return out
+
+
+def markdown(results: list[dict], group_size: int, command: str, commit: str, machine: str) -> str:
+    device = next((r["device"] for r in results if "device" in r), "?")
+    what = ("torch's peak allocated GPU memory during the step minus what was allocated at its start"
+            if device.startswith("cuda") else
+            "peak resident memory during the step (VmHWM, reset at its start) minus resident memory at its start")
+    lines = [f"# Memory of one RL step\n", f"`{command}` at commit `{commit}`, on {machine} ({device}).\n",
+             f"What one RL step adds: {what}, the second step of each measurement (weights, gradients and "
+             "AdamW states already allocated), each in a process of its own. Settings: "
+             f"{', '.join(f'`{s}`' for s in DEFAULT_SETTINGS)}, then the command's `--set`.\n",
+             tables.markdown(COLUMNS, rows(results, group_size)), ""]
+    lines += [f"- {s}" for s in ratios(results)]
+    for r in results:
+        if "error" in r:
+            lines.append(f"\n`{r['controls']}` at {r['prompts']} prompts failed:\n\n```\n{r['error'][-800:]}\n```")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The child: ``python -m gspo_bench.bench.memory '{"preset": ..., "sets": [...], "algo": ...}'``."""
+    from gspo_bench import algorithms  # noqa: F401  (each algorithm registers itself)
+    from gspo_bench.config import parse_sets
+
+    spec = json.loads((argv or sys.argv[1:])[0])
+    result = measure_step(spec["preset"], parse_sets(list(spec["sets"])), spec["algo"])
+    print("MEMORY " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""Micro-batches (``train.micro_batch_tokens``, the shared RL step in ``algorithms/base.py``): one minibatch
+backpropagated in parts gives the gradients (the critic's too) and every metric of the whole minibatch, for
+every registered algorithm; a NaN in one part skips the whole minibatch; a bad value is one line, exit 2.
+Two processes with micro-batches against one without are in ``test_distributed.py``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gspo_bench import algorithms
+from gspo_bench.algorithms.base import StepTrace, micro_batches, minibatch_units
+from gspo_bench.cli.main import main
+from gspo_bench.config import ConfigError, load_config
+from gspo_bench.core.losses import LOSSES
+from gspo_bench.core.metrics import StepStats
+from gspo_bench.models import build_builtin
+from gspo_bench.rollout.datamodule import RolloutBatch
+from tests.test_fastlm import grouped_batch
+
+# the minibatch: all 8 rows of ``grouped_batch`` (groups sharing a prompt), shuffled; their real tokens
+# (prompt + response) are 9, 9, 12, 4, 9, 3, 2, 6
+ROWS = torch.tensor([3, 0, 5, 7, 1, 6, 2, 4])
+LIMITS = {20: 3, 8: 7}  # micro_batch_tokens -> parts: [9 9] [12 4] [9 3 2 6]; and every row over 8 alone
+
+
+def test_micro_batches_cut_rows_in_order_under_the_limit():
+    rows, tokens = torch.tensor([5, 1, 4, 0, 2]), [3, 4, 9, 2, 2]
+    parts = micro_batches(rows, tokens, 7)
+    assert [p.tolist() for p in parts] == [[5, 1], [4], [0, 2]]  # 9 > 7 is a part of its own
+    assert torch.equal(torch.cat(parts), rows)
+    assert [p.tolist() for p in micro_batches(rows, tokens, 0)] == [rows.tolist()]  # off: one part
+    assert [p.tolist() for p in micro_batches(rows, tokens, 100)] == [rows.tolist()]
+    assert [len(p) for p in micro_batches(rows, tokens, 1)] == [1] * 5
+
+
+def test_minibatch_units_count_tokens_and_non_empty_responses():
+    mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    assert minibatch_units(mask) == {"token": 3.0, "sequence": 2.0}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-dense")
+    model, tok = build_builtin("tiny-dense", 0)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def one_minibatch(algo: str, limit: int, model_dir: str):
+    """The gradients, metrics and traced log-probs of one minibatch of every row, and the forwards it took.
+
+    The KL to a reference, a tis correction and off-policy sequence masking are on, and the old and sampler
+    log-probs are moved off the policy's, so clips bind, weights differ from 1 and some sequences are masked.
+    """
+    cls = algorithms.get(algo)
+    cfg = load_config("smoke", overrides={"loss": {"kl_coef": 0.05},
+                                          "rollout": {"correction": "tis", "opsm_threshold": 0.0},
+                                          "train": {"micro_batch_tokens": limit}})
+    ids, attn, P = grouped_batch(5)
+    mask = attn[:, P:].float()
+    B, T = mask.shape
+    torch.manual_seed(0)
+    module = cls(cfg, model_dir, 0, cfg.resolve(algo, cls.recipe, T))
+    if algo == "ppo":  # a nonzero value head, so the critic's trunk has a gradient too
+        torch.nn.init.normal_(module.critic.head.weight, std=0.5)
+    module.manual_backward = lambda loss: loss.backward()  # no Trainer here: a plain backward
+    forwards, real_forward = [], module.minibatch_forward
+
+    def counted_forward(batch, prep, rows):
+        forwards.append(len(rows))
+        return real_forward(batch, prep, rows)
+
+    module.minibatch_forward = counted_forward
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+    adv = torch.randn(B) if cls.group_advantages else None
+    batch = RolloutBatch(ids, attn, P, mask, None, rewards, rewards, adv, [""] * B, [""] * B)
+    prep = module.prepare(batch, StepStats())
+    prep["old_logp"] = (prep["old_logp"] + 0.2 * torch.randn(B, T)) * mask
+    batch.rollout_logp = (prep["old_logp"] + 0.2 * torch.randn(B, T)) * mask
+    module.trace = StepTrace(old_logp=prep["old_logp"])
+    stats = StepStats()
+    finite = module.minibatch_backward(batch, prep, ROWS, stats, None)
+    grads = {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
+    return finite, grads, stats.reduce(), module.trace.minibatches, forwards
+
+
+@pytest.mark.parametrize("algo", list(LOSSES))
+def test_micro_batches_give_the_whole_minibatchs_gradients_and_metrics(algo, model_dir):
+    finite, grads, metrics, trace, forwards = one_minibatch(algo, 0, model_dir)
+    assert finite and forwards == [len(ROWS)]
+    assert {"train/loss", "loss/policy", "loss/kl", "clip/frac", "ratio/token_log_std", "ratio/seq_max",
+            "mismatch/is_weight_mean", "mismatch/opsm_frac", "policy/entropy"} <= set(metrics)
+    assert metrics["ratio/min"] < 0.9 and metrics["ratio/max"] > 1.1  # the ratios have left 1
+    if algo == "ppo":
+        assert "critic/value_loss" in metrics
+        assert any(n.startswith("critic.trunk.") and g.abs().max() > 0 for n, g in grads.items())
+    assert any(n.startswith("policy.") and g.abs().max() > 0 for n, g in grads.items())
+    for limit, n_parts in LIMITS.items():
+        ok, split, split_metrics, split_trace, split_forwards = one_minibatch(algo, limit, model_dir)
+        assert ok and len(split_forwards) == n_parts, split_forwards
+        assert split.keys() == grads.keys()
+        for name, g in grads.items():
+            gap = float((split[name] - g).abs().max())
+            assert gap <= 1e-5 * float(g.abs().max()) + 1e-8, f"{name}: {gap:.2e} off at {limit} tokens"
+        assert split_metrics.keys() == metrics.keys()
+        for key, value in metrics.items():
+            assert split_metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+        [(rows, logp)], [(split_rows, split_logp)] = trace, split_trace
+        assert torch.equal(rows, split_rows)
+        torch.testing.assert_close(split_logp, logp, rtol=1e-5, atol=1e-6)
+
+
+def test_a_nan_in_one_micro_batch_skips_the_whole_minibatch(model_dir, monkeypatch):
+    """The second of three parts has a NaN loss: the first part's gradient is dropped, the third is not
+    backpropagated, and the minibatch's loss reads NaN."""
+    import gspo_bench.algorithms.base as base
+
+    real, calls = base.policy_loss, {"n": 0}
+
+    def second_is_nan(*a, **k):
+        loss, st = real(*a, **k)
+        calls["n"] += 1
+        return (loss * float("nan") if calls["n"] == 2 else loss), st
+
+    monkeypatch.setattr(base, "policy_loss", second_is_nan)
+    finite, grads, metrics, _, forwards = one_minibatch("grpo", 20, model_dir)
+    assert not finite and len(forwards) == 3
+    assert grads == {}  # nothing left for clip_and_step, which then skips the step
+    assert math.isnan(metrics["train/loss"])
+
+
+@pytest.mark.parametrize("value, needle", [("-1", "train.micro_batch_tokens=-1 must be an int >= 1, or 0 (off)"),
+                                           ("1.5", "train.micro_batch_tokens takes int, got float 1.5"),
+                                           ("many", "train.micro_batch_tokens takes int, got str 'many'"),
+                                           ("true", "train.micro_batch_tokens takes int, got bool True")])
+def test_a_bad_micro_batch_tokens_is_one_line_exit_2(value, needle, tmp_path, capsys):
+    code = main(["run", "--tracking-uri", f"sqlite:///{tmp_path}/m.db", "--no-progress",
+                 "--set", f"train.micro_batch_tokens={value}"])
+    out = capsys.readouterr()
+    text = (out.out + out.err).strip()
+    assert code == 2 and len(text.splitlines()) == 1 and "error" in text and needle in text, text
+    assert not (tmp_path / "m.db").exists()
+
+
+def test_micro_batches_refuse_fsdp_and_take_zero_as_off():
+    assert load_config("smoke").train.micro_batch_tokens == 0
+    assert load_config("smoke", overrides={"train": {"micro_batch_tokens": 512}}).train.micro_batch_tokens == 512
+    for bad in (-8, 2.5, True):  # what a config file can hold, checked where the dataclass is built
+        with pytest.raises(ConfigError, match="train.micro_batch_tokens=.* must be an int >= 1, or 0"):
+            load_config("smoke", overrides={"train": {"micro_batch_tokens": bad}})
+    with pytest.raises(ConfigError, match="micro_batch_tokens needs one process or --strategy ddp"):
+        load_config("smoke", overrides={"train": {"micro_batch_tokens": 512, "strategy": "fsdp"}})
