@@ -42,10 +42,12 @@ of at most 1,024 real tokens; ``chunk``: log-probs and entropy over 1,024 respon
 
 DEFAULT_SETTINGS = ("model.name=qwen3-0.6b-arch", "rollout.group_size=4", "rollout.max_new_tokens=32",
                     "rollout.old_logp_source=recompute", "train.minibatches=1", "train.eval_prompts=2",
-                    "train.eval_samples=0", "train.checkpoint_every=0", "warmstart.enabled=false")
+                    "train.eval_samples=0", "train.checkpoint_every=0", "warmstart.enabled=false",
+                    "task.params={n_eval: 2}")
 """What the measurement runs unless ``--set`` says otherwise: the real-vocabulary model from random weights, 4
 samples of at most 32 tokens per prompt, the old log-probs recomputed (a forward the step includes), one
-optimiser step per rollout, so that the step's whole rollout is one minibatch."""
+optimiser step per rollout, so that the step's whole rollout is one minibatch; an eval split of 2 prompts, since the
+starting point's greedy check is not part of a step."""
 
 COLUMNS = ["controls", "prompts x samples", "response tokens", "step adds (GiB)", "peak (GiB)", "step s"]
 
