@@ -1,4 +1,5 @@
-"""The documentation agrees with the code: the metrics table of docs/algorithms.md, relative links, the README layout.
+"""The documentation agrees with the code: the metrics table of docs/algorithms.md, relative links, the package
+layout of docs/layout.md, and the MkDocs site builds strictly.
 
 - Metrics: two short real runs (``ppo`` and ``dapo`` on ``tiny-moe``, 2 steps, a collapse forced by an
   impossible entropy floor) between them log every conditional metric: PPO's critic, DAPO's dynamic sampling,
@@ -10,15 +11,20 @@
 - Links: every relative Markdown link ``[text](target)`` in README.md and docs/*.md resolves to an existing
   file or folder inside the repository (http(s)/mailto links and bare ``#anchors`` are skipped; a
   ``#fragment`` after a path is dropped).
-- Layout: README.md's "Layout" code block names every Python module of the package, in this format: one
-  module per line, the line's first word being the module's path relative to ``gspo_bench/`` (e.g.
+- Layout: the code block under "## Modules" in docs/layout.md names every Python module of the package, in this
+  format: one module per line, the line's first word being the module's path relative to ``gspo_bench/`` (e.g.
   ``rollout/engine.py``, ``__init__.py``), followed by a short description. Every such first word must be an
   existing module, so the block can neither miss a module nor keep a stale one.
+- Site: ``mkdocs build --strict`` over mkdocs.yml exits 0, so every page is in the nav and every link and anchor
+  between pages resolves (links out of docs/ are checked above and shown as repository paths by mkdocs_hooks.py).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import mlflow
@@ -32,6 +38,7 @@ from tests.conftest import tiny_overrides
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 ALGORITHMS_DOC = ROOT / "docs" / "algorithms.md"
+LAYOUT_DOC = ROOT / "docs" / "layout.md"
 PACKAGE = ROOT / "gspo_bench"
 
 # logged only by ``tune`` (a trial's run, the study's parent run): checked in the source, not by a run
@@ -178,22 +185,39 @@ def test_readme_links_the_algorithms_doc():
     assert ALGORITHMS_DOC.is_file()
 
 
-# -- the README's layout block --------------------------------------------------------------------------------
+# -- the package layout block of docs/layout.md ----------------------------------------------------------------
 def layout_modules() -> list[str]:
-    """First words ending in ``.py`` of the lines of the README's "Layout" code block."""
-    section = README.read_text().split("\n## Layout\n", 1)[1]
+    """First words ending in ``.py`` of the lines of the code block under "## Modules" in docs/layout.md."""
+    section = LAYOUT_DOC.read_text().split("\n## Modules\n", 1)[1]
     block = section.split("```", 2)[1]
     words = [line.split()[0] for line in block.splitlines() if line.split()]
     return [w for w in words if w.endswith(".py")]
 
 
-def test_readme_layout_names_every_module():
+def test_layout_doc_names_every_module():
     named = layout_modules()
     modules = sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
                      if "__pycache__" not in p.parts)
     assert len(named) == len(set(named)), f"named twice: {sorted({n for n in named if named.count(n) > 1})}"
-    assert sorted(set(modules) - set(named)) == [], "modules missing from README.md's Layout block"
-    assert sorted(set(named) - set(modules)) == [], "Layout block names modules that do not exist"
+    assert sorted(set(modules) - set(named)) == [], "modules missing from the Modules block of docs/layout.md"
+    assert sorted(set(named) - set(modules)) == [], "the Modules block of docs/layout.md names modules that do not exist"
+
+
+def test_readme_links_the_layout_doc():
+    assert "docs/layout.md" in {t.split("#", 1)[0] for t in LINK.findall(README.read_text())}
+
+
+# -- the documentation site ------------------------------------------------------------------------------------
+def test_mkdocs_site_builds_strictly(tmp_path):
+    # skipped only where the docs extra is not installed; the test extra includes it, so CI builds the site
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # Material's notice about its successor, not a warning
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
+                           "-d", str(tmp_path / "site")], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "site" / "index.html").is_file()
 
 
 # -- tests named in the docs ---------------------------------------------------------------------------------------

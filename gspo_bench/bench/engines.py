@@ -68,7 +68,11 @@ def bench_vllm(model, tok, prompts, max_new_tokens: int, temperature: float, war
         model.save_pretrained(folder)
         tok.save_pretrained(folder)
         width = getattr(model.config, "moe_intermediate_size", None) if is_moe(model) else None
-        engine = VllmEngine(folder, dtype=dtype, max_model_len=model.config.max_position_embeddings, seed=0,
+        # this batch's longest prompt and length cap, not the model's whole context, whose KV cache can outgrow
+        # vLLM's budget on a CPU (qwen3-0.6b-arch's 40,960 positions)
+        longest = max(map(len, tok(prompts, add_special_tokens=False)["input_ids"]), default=1)
+        engine = VllmEngine(folder, dtype=dtype, max_model_len=min(model.config.max_position_embeddings,
+                                                                   longest + max_new_tokens), seed=0,
                             moe_expert_width=width)
     try:
         torch.manual_seed(0)

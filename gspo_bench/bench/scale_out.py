@@ -1,6 +1,6 @@
 """What scaling out can show on one small machine: per-rank work and the cost of talking.
 
-Two commands (README, "Scaling out"; ``results/scale-out.md``)::
+Two commands (docs/scaling-out.md; ``results/scale-out.md``)::
 
     torchrun --nproc-per-node N -m gspo_bench.bench.scale_out measure OUT.json [--steps S]
     python -m gspo_bench.bench.scale_out report ONE.json TWO.json --out results/scale-out.md
@@ -191,7 +191,7 @@ def main(argv=None) -> None:
     r.add_argument("one")
     r.add_argument("two")
     r.add_argument("--out", default="results/scale-out.md")
-    r.add_argument("--command", default="see README: Scaling out")
+    r.add_argument("--command", default="see docs/scaling-out.md")
     args = p.parse_args(argv)
     if args.cmd == "measure":
         measure(args.out, args.steps)

@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--devices", type=int, help="processes per machine (Lightning devices; default 1): each "
                    "samples its share of every step's prompts")
     r.add_argument("--strategy", help="auto | ddp | fsdp (GPU only); auto is ddp with more than one process")
-    r.add_argument("--num-nodes", type=int, help="machines, launched by torchrun or SLURM (README: Scaling out)")
+    r.add_argument("--num-nodes", type=int, help="machines, launched by torchrun or SLURM (docs/scaling-out.md)")
     r.add_argument("--resume", action="store_true", help="continue each algorithm x seed's unfinished run "
                    "(KILLED, FAILED, or RUNNING with its process gone) with the same settings in this experiment, "
                    "as the same MLflow run, from its last checkpoint (train.checkpoint_every); a run without one "
