@@ -142,3 +142,17 @@ def vllm_ready():
         if os.environ.get("GSPO_BENCH_CI"):
             pytest.fail(f"CI installs vLLM, yet: {reason}")
         pytest.skip(reason)
+
+
+def nan_loss_on_call(monkeypatch, n: int) -> None:
+    """Make the ``n``-th call (1-based) of the policy loss in the RL step return NaN, the others as they are."""
+    import gspo_bench.algorithms.base as base
+
+    real, calls = base.policy_loss, {"n": 0}
+
+    def nth_is_nan(*a, **k):
+        loss, st = real(*a, **k)
+        calls["n"] += 1
+        return (loss * float("nan") if calls["n"] == n else loss), st
+
+    monkeypatch.setattr(base, "policy_loss", nth_is_nan)

@@ -14,7 +14,7 @@ from gspo_bench.algorithms.base import minibatch_indices
 from gspo_bench.config import AUTO, load_config, read_yaml
 from gspo_bench.core.losses import LOSSES
 from gspo_bench.train.runner import run
-from tests.conftest import tiny_overrides
+from tests.conftest import nan_loss_on_call, tiny_overrides
 
 
 @pytest.mark.parametrize("B, n, sizes", [(6, 4, [2, 2, 1, 1]), (10, 4, [3, 3, 2, 2]), (128, 4, [32] * 4),
@@ -64,16 +64,7 @@ def _grpo(task, uri, exp, **extra):
 
 def test_nan_loss_in_one_minibatch_is_counted_and_fires_an_event(mixed_task, tracking_uri, monkeypatch):
     """Losses [nan, x, y, z] in one step: the step's loss is NaN, 1/4 of the updates were skipped, an event fires."""
-    import gspo_bench.algorithms.base as base
-
-    real, calls = base.policy_loss, {"n": 0}
-
-    def first_is_nan(*a, **k):
-        loss, st = real(*a, **k)
-        calls["n"] += 1
-        return (loss * float("nan") if calls["n"] == 1 else loss), st
-
-    monkeypatch.setattr(base, "policy_loss", first_is_nan)
+    nan_loss_on_call(monkeypatch, 1)
     cfg = _grpo(mixed_task, tracking_uri, "nan-minibatch",
                 train={"steps": 1, "minibatches": 4, "eval_every": 10, "eval_samples": 0})
     [res] = run(cfg, log=lambda *a: None, keep_modules=True)

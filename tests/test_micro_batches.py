@@ -18,6 +18,7 @@ from gspo_bench.core.losses import LOSSES
 from gspo_bench.core.metrics import StepStats
 from gspo_bench.models import build_builtin
 from gspo_bench.rollout.datamodule import RolloutBatch
+from tests.conftest import nan_loss_on_call
 from tests.test_fastlm import grouped_batch
 
 # the minibatch: all 8 rows of ``grouped_batch`` (groups sharing a prompt), shuffled; their real tokens
@@ -117,16 +118,7 @@ def test_micro_batches_give_the_whole_minibatchs_gradients_and_metrics(algo, mod
 def test_a_nan_in_one_micro_batch_skips_the_whole_minibatch(model_dir, monkeypatch):
     """The second of three parts has a NaN loss: the first part's gradient is dropped, the third is not
     backpropagated, and the minibatch's loss reads NaN."""
-    import gspo_bench.algorithms.base as base
-
-    real, calls = base.policy_loss, {"n": 0}
-
-    def second_is_nan(*a, **k):
-        loss, st = real(*a, **k)
-        calls["n"] += 1
-        return (loss * float("nan") if calls["n"] == 2 else loss), st
-
-    monkeypatch.setattr(base, "policy_loss", second_is_nan)
+    nan_loss_on_call(monkeypatch, 2)
     finite, grads, metrics, _, forwards = one_minibatch("grpo", 20, model_dir)
     assert not finite and len(forwards) == 3
     assert grads == {}  # nothing left for clip_and_step, which then skips the step
