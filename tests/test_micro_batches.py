@@ -146,3 +146,49 @@ def test_micro_batches_refuse_fsdp_and_take_zero_as_off():
             load_config("smoke", overrides={"train": {"micro_batch_tokens": bad}})
     with pytest.raises(ConfigError, match="micro_batch_tokens needs one process or --strategy ddp"):
         load_config("smoke", overrides={"train": {"micro_batch_tokens": 512, "strategy": "fsdp"}})
+
+
+@pytest.mark.parametrize("model_name, replay", [("tiny-dense", "none"), ("tiny-moe", "r3"), ("tiny-moe", "r2")])
+def test_the_recompute_and_reference_passes_run_in_micro_batches_with_the_same_log_probs(tmp_path, model_name,
+                                                                                       replay):
+    """``prepare``'s passes over the whole rollout (old log-probs, the reference's, the router's own routes) go
+    part by part under ``train.micro_batch_tokens``, each part no larger than the update's, with the log-probs
+    and routes of the all-at-once pass."""
+    from gspo_bench.rollout.routing import empty_grid
+
+    model, tok = build_builtin(model_name, 0)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    ids, attn, P = grouped_batch(5)
+    mask = attn[:, P:].float()
+    B, T = mask.shape
+    results = {}
+    for limit in (0, 8):
+        cls = algorithms.get("grpo")
+        cfg = load_config("smoke", overrides={"loss": {"kl_coef": 0.05}, "moe": {"routing_replay": replay},
+                                              "rollout": {"old_logp_source": "recompute"},
+                                              "train": {"micro_batch_tokens": limit}})
+        torch.manual_seed(0)
+        module = cls(cfg, str(tmp_path), 0, cfg.resolve("grpo", cls.recipe, T))
+        seen, real = [], module.response_logp
+
+        def counted(model, batch, rows=None, **kw):
+            seen.append(len(batch) if rows is None else len(rows))
+            return real(model, batch, rows=rows, **kw)
+
+        module.response_logp = counted
+        routes = None
+        if replay == "r3":  # the sampler's experts: random, so replaying them differs from the router's own
+            routes = empty_grid(module.policy, B, ids.shape[1])
+            routes.random_(0, module.policy.config.num_experts)
+        batch = RolloutBatch(ids, attn, P, mask, None, torch.zeros(B), torch.zeros(B), torch.randn(B),
+                             [""] * B, [""] * B, routes=routes)
+        prep = module.prepare(batch, StepStats())
+        results[limit] = (prep, seen)
+    (whole, seen_whole), (parts, seen_parts) = results[0], results[8]
+    assert seen_whole == [B] * len(seen_whole)
+    assert len(seen_parts) == 7 * len(seen_whole) and max(seen_parts) < B  # every pass in 7 parts (LIMITS)
+    for key in ("old_logp", "ref_logp"):
+        torch.testing.assert_close(parts[key], whole[key], atol=1e-5, rtol=1e-5)
+    if replay != "none":
+        assert torch.equal(parts["routes"], whole["routes"])

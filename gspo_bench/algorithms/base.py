@@ -328,18 +328,30 @@ class PolicyModule(HeldOutEval, L.LightningModule):
             if self.settings.rollout.old_logp_source == "rollout" and batch.rollout_logp is not None:
                 old = batch.rollout_logp
                 if natural is not None:  # no recompute pass: one forward just for the routes
-                    self.response_logp(self.policy, batch, record=natural)
+                    self.rollout_logp(self.policy, batch, record=natural)
             else:
                 # r3: the recompute pass already replays the sampler's experts
-                old, _ = self.response_logp(self.policy, batch, replay=batch.routes if self.replay == "r3" else None,
-                                            record=natural)
+                old = self.rollout_logp(self.policy, batch, replay=batch.routes if self.replay == "r3" else None,
+                                        record=natural)
             out = {"old_logp": old * mask, "advantages": batch.advantages,
                    "routes": {"r2": natural, "r3": batch.routes}.get(self.replay)}
             if self.ref is not None:
-                out["ref_logp"], _ = self.response_logp(self.ref, batch)
+                out["ref_logp"] = self.rollout_logp(self.ref, batch)
         if natural is not None and batch.routes is not None:
             stats.add({"moe/routing_mismatch": routing_mismatch(batch.routes, natural, batch.attention_mask.bool())})
         return out
+
+    def rollout_logp(self, model, batch: RolloutBatch, replay: torch.Tensor | None = None,
+                     record: torch.Tensor | None = None) -> torch.Tensor:
+        """Response log-probs (B, T) of every row of the rollout (the recompute and reference passes, no
+        gradient), in micro-batches of at most ``train.micro_batch_tokens`` real tokens like the update's, so
+        these passes grow no larger than one micro-batch either (0: all rows at once)."""
+        limit = self.cfg.train.micro_batch_tokens
+        rows = torch.arange(len(batch), device=batch.input_ids.device)
+        parts = micro_batches(rows, batch.attention_mask.sum(-1).tolist(), limit) if limit else [None]
+        # the parts are the rows in order, so their outputs stacked are the rollout's rows
+        return torch.cat([self.response_logp(model, batch, rows=part, replay=replay, record=record)[0]
+                          for part in parts])
 
     def minibatch_backward(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor, stats: StepStats,
                            units: dict[str, float] | None = None) -> bool:
