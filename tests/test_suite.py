@@ -106,6 +106,17 @@ def test_warm_start_key_is_the_runs_own_and_a_dry_run_with_warm_starts_plans(tmp
     assert not (tmp_path / "mlflow.db").exists()
 
 
+def test_a_model_that_is_never_warm_started_is_charged_no_warm_start(tmp_path, monkeypatch):
+    from gspo_bench.suite.run import make_plan
+
+    monkeypatch.setenv("GSPO_BENCH_CACHE", str(tmp_path / "cache"))  # nothing cached: a warm start would be built
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    charged = {model: make_plan(SuiteRequest(scenarios=("stale",), algos=("grpo",), seeds=[0], tracking_uri=tracking,
+                                             sets=(f"model.name={model}",))).scenarios[0].warmstart_s
+               for model in ("tiny-dense", "qwen3-0.6b-arch")}
+    assert charged["tiny-dense"][0] > 0 and charged["qwen3-0.6b-arch"] == {0: 0.0}
+
+
 # -- the command, end to end -------------------------------------------------------------------------------------
 def _argv(root: Path, task: str, *extra: str, progress: bool = False) -> list[str]:
     sets = ["warmstart.enabled=false", "rollout.prompts_per_step=4", "rollout.group_size=4", "train.steps=2",

@@ -48,6 +48,7 @@ from gspo_bench.config.loading import deep_merge
 from gspo_bench.config.sections import repeated
 from gspo_bench.tracking.redact import redact
 from gspo_bench.suite.cost import ALGO_COST, WARMSTART_S, cell_seconds, warmstart_key
+from gspo_bench.train.warmstart import for_model
 from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE
 from gspo_bench.reporting.frame import FINISHED
 from gspo_bench.tracking.ui import benchmark_run
@@ -219,7 +220,8 @@ def make_plan(req: SuiteRequest) -> Plan:
     charged: set[str] = set()  # scenarios sharing task, model and warm-start config share the checkpoint
     for sp in plan.scenarios:
         for seed in dict.fromkeys(seed for _, seed in sp.todo):
-            key = warmstart_key(sp.cfg, seed) if sp.cfg.warmstart.enabled else None
+            # a built-in model that is never warm-started (qwen3-0.6b-arch) costs none, whatever the config says
+            key = warmstart_key(sp.cfg, seed) if for_model(sp.cfg.warmstart, sp.cfg.model.name).enabled else None
             sp.warmstart_s[seed] = WARMSTART_S if key and key not in charged else 0.0
             charged.add(key or "")
     return plan
