@@ -374,13 +374,14 @@ def cmd_report(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # report: a bar per small download is noise
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # its "View run at <uri>" has the password
-    args = build_parser().parse_args(argv)  # the files stating the command get it redacted; args keep the real values
-    args.argv = [redact(a) for a in (sys.argv[1:] if argv is None else argv)]
     from gspo_bench.cli.environment import broken_companions
 
-    if (broken := broken_companions()) is not None:  # else a 100-line traceback from deep inside an import
+    # first, before the parser (whose defaults come from modules that load transformers): else a 100-line traceback
+    if (broken := broken_companions()) is not None:
         console.print(f"gspo-bench: error: {broken}", style="red", soft_wrap=True, markup=False)
         return 2
+    args = build_parser().parse_args(argv)  # the files stating the command get it redacted; args keep the real values
+    args.argv = [redact(a) for a in (sys.argv[1:] if argv is None else argv)]
     commands = {"run": cmd_run, "tune": cmd_tune, "list": cmd_list, "leaderboard": cmd_leaderboard,
                 "report": cmd_report, "bench": cmd_bench, "warmstart": cmd_warmstart, "suite": cmd_suite,
                 "collapse-check": cmd_collapse_check, "claims": cmd_claims}

@@ -48,7 +48,6 @@ from gspo_bench.config.loading import deep_merge
 from gspo_bench.config.sections import repeated
 from gspo_bench.tracking.redact import redact
 from gspo_bench.suite.cost import ALGO_COST, WARMSTART_S, cell_seconds, warmstart_key
-from gspo_bench.train.warmstart import for_model
 from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE
 from gspo_bench.reporting.frame import FINISHED
 from gspo_bench.tracking.ui import benchmark_run
@@ -217,6 +216,8 @@ def make_plan(req: SuiteRequest) -> Plan:
     algos = list(dict.fromkeys(req.algos or algorithms.names()))
     plan = Plan([plan_scenario(n, req, algos) for n in dict.fromkeys(req.scenarios)], algos,
                 list(dict.fromkeys(req.seeds)))
+    from gspo_bench.train.warmstart import for_model  # here: the parser imports this module, transformers stays unloaded
+
     charged: set[str] = set()  # scenarios sharing task, model and warm-start config share the checkpoint
     for sp in plan.scenarios:
         for seed in dict.fromkeys(seed for _, seed in sp.todo):
