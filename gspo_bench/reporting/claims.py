@@ -26,6 +26,7 @@ from gspo_bench import tables
 from gspo_bench.reporting.claim_specs import EXPERIMENTS, Claim, Part, Term
 from gspo_bench.reporting.frame import FINISHED, RunData
 from gspo_bench.reporting.paired import PairedStat, paired_summary, signed_sum_by_seed
+from gspo_bench.reporting.seeds import RUNS, SEED, per_seed, run_table
 
 REPRODUCED, REFUTED, UNDECIDED, NOT_RUN = "reproduced", "refuted", "not decided", "not run"
 METRICS = ("eval/pass1",)  # always loaded; ``needed_metrics`` adds what the claims measure and draw
@@ -82,15 +83,19 @@ def measure(run: RunData, name: str) -> float | None:
 
 
 def select(runs: list[RunData], where: tuple[tuple[str, str], ...]) -> dict[str, RunData]:
-    """seed -> the FINISHED run whose tags include ``where``; two such runs for one seed is an error."""
-    out: dict[str, RunData] = {}
-    for r in runs:
-        if r.status == FINISHED and all(r.tags.get(k) == v for k, v in where):
-            if r.seed in out:
-                raise ValueError(f"two FINISHED runs match {dict(where)} at seed {r.seed}: "
-                                 f"{out[r.seed].run_id} and {r.run_id}")
-            out[r.seed] = r
-    return out
+    """seed -> the FINISHED run whose tags include ``where``. Several runs of one seed are counted by the rule
+    of ``seeds.py``; a seed it still counts more than one run for (runs of different settings, both matching
+    ``where``) is a ValueError naming the first two: a term names one setting, and a mean over settings it
+    does not name would test something the claim does not say."""
+    mine = [r for r in runs if r.status == FINISHED and r.seed != "?" and all(r.tags.get(k) == v for k, v in where)]
+    table = run_table(mine, lambda r: {"run_id": r.run_id})
+    counts = per_seed(table, [], values=[])[RUNS]
+    if (counts > 1).any():
+        # the first seed whose second run comes earliest in ``runs``, as the runs are listed
+        seed = table.loc[table.duplicated(SEED), SEED].iloc[0]
+        first, second = table.loc[table[SEED] == seed, "run_id"].iloc[:2]
+        raise ValueError(f"two FINISHED runs match {dict(where)} at seed {seed}: {first} and {second}")
+    return {r.seed: r for r in mine}
 
 
 def verdict(ci: tuple[float, float] | None, region: tuple[float, float]) -> str:

@@ -27,7 +27,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator, PercentFormatter
 
 from gspo_bench.reporting.frame import RunData
 from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE
-from gspo_bench.reporting.paired_table import POWER
+from gspo_bench.reporting.pairing import POWER
 
 CLIP_FLOOR = 1e-5  # clip/frac is drawn on a log axis: a step with no clipped token is drawn here
 ARTICLE_CLIP = {"gspo": 0.15, "grpo": 0.0013}  # GSPO article: ~15 % vs ~0.13 % of tokens clipped

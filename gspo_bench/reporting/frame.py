@@ -1,6 +1,7 @@
 """The runs of an experiment as one long table: run x step x metric, with each run's tags and settings as
 columns. Every reading of results goes through it: the leaderboard, the paired and split tables, the report,
-the suite's summary and the claims are views of it (``runs_of`` gives them its runs one by one).
+the suite's summary and the claims are views of it (``runs_of`` gives them its runs one by one; the paired views
+then group them per seed with pandas, ``seeds.py``).
 
 Columns: ``run_id``, ``status``, ``experiment``, ``artifact_uri``, ``tags.<name>`` for every run tag but
 MLflow's own (``mlflow.*``), ``params.<name>`` for every param, then ``metric``, ``step``, ``value``. Rows:
@@ -296,7 +297,7 @@ def newest_counts(runs: list[RunData]) -> list[RunData]:
     """``runs`` with every FINISHED run but the newest of its (experiment, leaderboard group, settings, algorithm,
     seed) marked ``SUPERSEDED``: a second FINISHED run of one seed (a command run twice) is never counted as
     another seed. Newest: the latest ``start_time``; without one, the first in ``runs`` (MLflow lists runs newest
-    first, and a runs table keeps that order)."""
+    first, and a runs table keeps that order). Step 1 of the rule for several runs of one seed (``seeds.py``)."""
     newest: dict[tuple, int] = {}
     for i, r in enumerate(runs):
         if r.status != FINISHED:

@@ -25,10 +25,11 @@ over the group's algorithms, per metric (``holm``): a Holm p below 0.05 is a
 finding for the whole family, a mark alone is a screen.
 
 Pure functions (no MLflow), the one place the project pairs and tests: the
-leaderboard's paired table (``paired_table.py``), the split comparisons
-(``split_pairs.py``), the suite's best/worst tests (``suite_summary.py``) and
+paired tables (``pairing.py``, viewed by ``paired_table.py`` and
+``split_pairs.py``), the suite's best/worst tests (``suite_summary.py``) and
 the claims (``claims.py``) all pair with ``pair_by_seed`` and summarise with
-``paired_summary``. The interval is scipy's (``ttest_1samp`` on the
+``paired_summary``; several runs of one seed reach them counted by the one
+rule of ``seeds.py``. The interval is scipy's (``ttest_1samp`` on the
 differences, i.e. ``ttest_rel`` on the pairs); the MDE is solved exactly from
 the noncentral t (statsmodels' ``TTestPower``).
 """

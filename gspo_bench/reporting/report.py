@@ -61,7 +61,8 @@ from gspo_bench.reporting.frame import (FINISHED, RUNS_FILE, RunData, experiment
 from gspo_bench.reporting.leaderboard import (DEFAULT_BASELINE, DEFAULT_EXPERIMENT, NOTES, no_runs_message, render,
                                               slug, summarise)
 from gspo_bench.reporting.paired import seed_key
-from gspo_bench.reporting.paired_table import PairedGroup, check_baseline, group_title, paired_groups, render_paired
+from gspo_bench.reporting.paired_table import PairedGroup, check_baseline, paired_groups, render_paired
+from gspo_bench.reporting.pairing import group_title
 from gspo_bench.reporting.split_pairs import (check_split_value, parse_split_baseline, split_pair_groups,
                                               split_pairs_section)
 

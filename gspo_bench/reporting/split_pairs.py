@@ -16,17 +16,18 @@ replay r3 vs none?"). ``leaderboard --by routing_replay,correction
   none/none. Splits whose TAG value is VALUE are baselines, not compared.
 - Per group, algorithm A and split S with TAG != VALUE: ``d_s = metric(A, S,
   s) - metric(A, baseline split, s)`` over the seeds where both have a
-  FINISHED run, for ``paired_table.PAIRED_METRICS`` (final pass@1, AUC, steps
+  FINISHED run, for ``pairing.PAIRED_METRICS`` (final pass@1, AUC, steps
   to +10 pts; there only seeds where both reached it), with the same mean, 95 %
   t interval, significance (interval excludes 0, no multiple-comparison
   correction) and MDE as the algorithm table (``paired.paired_summary``);
-  several FINISHED runs of one seed count as their mean. When A has no
-  FINISHED run in the baseline split the pair (A, S) gets one note row
-  saying so (``row["note"]``, no metric) instead of its three rows.
+  several FINISHED runs of one seed count by the rule of ``seeds.py``.
+  When A has no FINISHED run in the baseline split the pair (A, S) gets one
+  note row saying so (``row["note"]``, no metric) instead of its three rows.
 - Per group also an MDE line for final pass@1 (pooled sd over the (A, S)
   comparisons with >= 2 pairs, their smallest n), as in the algorithm table.
 
-``split_pair_groups`` computes them from ``leaderboard.RunData`` runs;
+``split_pair_groups`` computes them from ``frame.RunData`` runs, a view of
+the paired-comparison core in ``pairing.py`` as the algorithm table is;
 ``render_split_pairs`` (``md``, ``table``, ``csv``) and ``split_pairs_rich``
 draw them; ``render_with_split_pairs`` is the leaderboard followed by them
 (the CLI's ``leaderboard`` without ``--paired``); ``split_pairs_section`` is
@@ -41,10 +42,11 @@ from dataclasses import dataclass
 
 from gspo_bench import tables
 from gspo_bench.config import ConfigError
-from gspo_bench.reporting.grouping import MISSING, flat, split_values, with_by
-from gspo_bench.reporting.leaderboard import _plain, render, rich_table
-from gspo_bench.reporting.frame import FINISHED, RunData
-from gspo_bench.reporting.paired_table import ALPHA, POWER, _seed_values, compare, group_title, pooled_mde
+from gspo_bench.reporting.frame import RunData
+from gspo_bench.reporting.grouping import MISSING, split_values, with_by
+from gspo_bench.reporting.leaderboard import _plain
+from gspo_bench.reporting.pairing import (ALPHA, POWER, Pooled, cell, compare, csv_text, group_title, markdown,
+                                          mde_text, pooled_mde, rich, seed_table, stat_cells, with_leaderboard)
 
 
 def parse_split_baseline(baseline: str | None, by: tuple[str, ...]) -> tuple[str, str] | None:
@@ -101,16 +103,14 @@ def split_pair_groups(runs: list[RunData], tag: str, value: str, by: tuple[str, 
     differences to the same algorithm's baseline split (see the module docstring). Rows are ordered by
     algorithm, then split values, then metric; they carry ``row["by"]`` = the compared split's {tag: value}."""
     i = by.index(tag)
-    groups: dict[tuple, dict[str, dict[tuple, list[RunData]]]] = {}
-    for r in runs:
-        if r.status == FINISHED and r.seed != "?":
-            groups.setdefault(r.group, {}).setdefault(r.algo, {}).setdefault(split_values(r.tags, by), []).append(r)
+    table = seed_table(runs, by)
     out = []
-    for key in sorted(groups):
+    for key, seeds in table.groupby(level=[0, 1, 2, 3], sort=True):
         task, model, preset, config = key
         rows, compared = [], 0
-        for algo in sorted(groups[key]):
-            splits = groups[key][algo]
+        for algo in sorted(seeds.index.unique("algo")):
+            # the algorithm's splits: the ``by`` values it has FINISHED runs under (index: group, by, algo, seed)
+            splits = {v[4:-2] for v in seeds.index if v[-2] == algo}
             for vals in sorted(v for v in splits if v[i] != value):
                 base_vals = (*vals[:i], value, *vals[i + 1:])
                 head = {"task": task, "model": model, "preset": preset, "config": config, "algo": algo,
@@ -124,8 +124,8 @@ def split_pair_groups(runs: list[RunData], tag: str, value: str, by: tuple[str, 
                     continue
                 compared += 1
                 # d_s = metric(algo, S, s) - metric(algo, baseline split of S, s)
-                rows += [{**head, **r} for r in compare(_seed_values(splits[vals]), _seed_values(splits[base_vals]),
-                                                        alpha, power)]
+                rows += [{**head, **r} for r in compare(cell(table, (*key, *vals, algo)),
+                                                        cell(table, (*key, *base_vals, algo)), alpha, power)]
         g = SplitGroup(key, tag, value, by, rows)
         if not rows:
             g.note = f"every split has {tag}={value}, nothing to compare with it"
@@ -153,40 +153,24 @@ def split_pairs_title(tag: str, value: str) -> str:
 
 def _cells(row: dict, skip: int = 0) -> list[str]:
     """A row's cells; ``skip`` leaves out the first four (task, model, preset, config) in the report."""
-    vals = list(row["by"].values())
+    head = [row["task"], row["model"], row["preset"], row["config"], row["algo"], *row["by"].values(),
+            row["baseline_split"]]
     if row["note"]:
-        cells = [row["task"], row["model"], row["preset"], row["config"], row["algo"], *vals,
-                 row["baseline_split"], row["note"], "0", "-", "-", "-", "-"]
-        return cells[skip:]
-    scale = row["scale"]
+        return [*head, row["note"], "0", "-", "-", "-", "-"][skip:]
+    return [*head, *stat_cells(row)][skip:]
 
-    def num(x, sign="+"):
-        return "-" if x is None else f"{scale * x:{sign}.1f}"
 
-    n = str(row["n"]) if row["n"] == row["common"] else f"{row['n']} of {row['common']}"
-    has_ci = row["ci_low"] is not None
-    cells = [row["task"], row["model"], row["preset"], row["config"], row["algo"], *vals, row["baseline_split"],
-             f"{row['label']} ({row['unit']})", n, num(row["mean_diff"]),
-             f"[{num(row['ci_low'])}, {num(row['ci_high'])}]" if has_ci else "-",
-             ("yes" if row["significant"] else "no") if has_ci else "-", num(row["mde"], "")]
-    return cells[skip:]
+SPLITS = Pooled("algorithm x split comparison", "algorithm x split comparisons", "no split")
 
 
 def split_mde_line(g: SplitGroup, with_title: bool = True) -> str:
     """The group's one line: its MDE for final pass@1 over the split comparisons, or why there is none."""
     head = f"{group_title(g.key)}: " if with_title else ""
-    if g.note:
-        return f"{head}no paired differences vs {g.baseline}: {g.note}."
-    if g.mde is None:
-        return f"{head}MDE (final pass@1): not available, no split has 2 or more seeds paired with {g.baseline}."
-    return (f"{head}MDE (final pass@1, {g.mde_n} seeds, 95 % / 80 % power): {100 * g.mde:.1f} points "
-            f"(pooled sd of the paired differences {100 * g.mde_sd:.1f} points over {g.mde_pairs} algorithm x "
-            f"split comparison{'s' if g.mde_pairs != 1 else ''})")
+    return mde_text(head, g.baseline, g.note, g.mde, g.mde_n, g.mde_sd, g.mde_pairs, SPLITS)
 
 
-def _md_table(rows: list[dict], by: tuple[str, ...], skip: int = 0) -> list[str]:
-    text = tables.markdown(with_by(SPLIT_COLUMNS, by, after="algo")[skip:], (_cells(r, skip) for r in rows))
-    return text.rstrip("\n").split("\n")
+def _columns(by: tuple[str, ...], skip: int = 0) -> tuple[str, ...]:
+    return with_by(SPLIT_COLUMNS, by, after="algo")[skip:]
 
 
 def render_split_pairs(groups: list[SplitGroup], fmt: str = "md", with_title: bool = True) -> str:
@@ -194,53 +178,31 @@ def render_split_pairs(groups: list[SplitGroup], fmt: str = "md", with_title: bo
     (Rich) or ``csv`` (raw: pass@1 units and steps, every row, note rows with an empty metric)."""
     by = groups[0].by if groups else ()
     if fmt == "csv":
-        # significant: true / false, empty without an interval (fewer than 2 pairs, or a note row)
-        records = [{**r, "significant": None if r["ci_low"] is None else str(r["significant"]).lower()}
-                   for r in (flat(r) for g in groups for r in g.rows)]
-        return tables.csv_text(with_by(SPLIT_CSV_FIELDS, by, after="algo"), records)
+        return csv_text(with_by(SPLIT_CSV_FIELDS, by, after="algo"), [r for g in groups for r in g.rows])
     if fmt == "table":
         return _plain(*split_pairs_rich(groups))
     if fmt != "md":
         raise ConfigError(f"format {fmt!r} is not one of: table, md, csv")
-    lines = [f"**{split_pairs_title(groups[0].tag, groups[0].value)}.**", ""] if with_title and groups else []
-    shown = [r for g in groups for r in g.rows]
-    if shown:
-        lines += _md_table(shown, by) + [""]
-    lines += [f"- {split_mde_line(g)}" for g in groups] or ["No finished run: no paired differences."]
-    return "\n".join(lines) + "\n"
+    title = split_pairs_title(groups[0].tag, groups[0].value) if with_title and groups else None
+    return markdown(title, _columns(by), [_cells(r) for g in groups for r in g.rows],
+                    [split_mde_line(g) for g in groups])
 
 
 def split_pairs_rich(groups: list[SplitGroup]) -> list:
     """Rich renderables: the table (a section per group with rows), then one MDE line per group."""
-    from rich.table import Table
-    from rich.text import Text
-
-    out = []
     shown = [g for g in groups if g.rows]
-    if shown:
-        by = shown[0].by
-        t = Table(title=split_pairs_title(shown[0].tag, shown[0].value))
-        cols = with_by(SPLIT_COLUMNS, by, after="algo")
-        for col in cols:
-            t.add_column(col, justify="left" if col in cols[:7 + len(by)] else "right")
-        for n, g in enumerate(shown):
-            if n:
-                t.add_section()
-            for r in g.rows:
-                t.add_row(*_cells(r), style="bold" if r["significant"] else ("dim" if r["note"] else None))
-        out.append(t)
-    out += [Text(split_mde_line(g)) for g in groups] or [Text("No finished run: no paired differences.")]
-    return out
+    by = shown[0].by if shown else ()
+    title = split_pairs_title(shown[0].tag, shown[0].value) if shown else ""
+    sections = [[(_cells(r), "bold" if r["significant"] else ("dim" if r["note"] else None)) for r in g.rows]
+                for g in shown]
+    return rich(title, _columns(by), 7 + len(by), sections, [split_mde_line(g) for g in groups])
 
 
 def render_with_split_pairs(rows: list[dict], fmt: str, groups: list[SplitGroup], title: str | None = None) -> str:
     """The leaderboard ``rows``, then in ``table`` and ``md`` the split differences; ``csv``: the leaderboard
     alone (``--paired`` prints the split CSV instead)."""
-    if fmt == "md":
-        return render(rows, "md") + "\n" + render_split_pairs(groups, "md")
-    if fmt == "table":
-        return _plain(rich_table(rows, title), *split_pairs_rich(groups))
-    return render(rows, fmt, title)
+    return with_leaderboard(rows, fmt, title, lambda: render_split_pairs(groups, "md"),
+                            lambda: split_pairs_rich(groups))
 
 
 def split_pairs_section(g: SplitGroup | None) -> list[str]:
@@ -255,5 +217,5 @@ def split_pairs_section(g: SplitGroup | None) -> list[str]:
           "over the seeds where both reached it. Mean, 95 % t interval; significant = the interval excludes 0, "
           "with no correction for the number of comparisons. pass@1 differences in points.", ""]
     if g.rows:
-        md += _md_table(g.rows, g.by, skip=4) + [""]
+        md += tables.markdown(_columns(g.by, 4), [_cells(r, 4) for r in g.rows]).split("\n")
     return md + [split_mde_line(g, with_title=False) + ("" if g.note else "."), ""]

@@ -3,8 +3,8 @@ and ``suite.json``.
 
 Ranking (``rank_scenario``, pure): within one scenario each algorithm's
 score is its mean final eval pass@1 (``eval/pass1`` at the last eval step)
-over its FINISHED seeds, a seed run twice counting once with the mean of its
-runs. Rank 1 = the highest mean; ties share the average of their places
+over its FINISHED seeds, several runs of one seed counted by the rule of
+``seeds.py``. Rank 1 = the highest mean; ties share the average of their places
 (two algorithms tied for first both get 1.5). An algorithm with no FINISHED
 seed gets no rank in that scenario.
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import statistics
 
+import pandas as pd
 from scipy.stats import rankdata
 
 from gspo_bench import tables
@@ -36,6 +37,7 @@ from gspo_bench.reporting.leaderboard import NOTES, run_summary
 from gspo_bench.reporting.frame import FINISHED, RunData, set_aside
 from gspo_bench.reporting.paired import pair_by_seed, paired_summary
 from gspo_bench.reporting.paired_table import check_baseline, paired_groups, render_with_paired
+from gspo_bench.reporting.seeds import per_seed, run_table
 from gspo_bench.tracking.redact import redact
 
 ALPHA = 0.05
@@ -109,27 +111,25 @@ def rank_suite(per_scenario: dict[str, dict[str, dict[str, float]]], collapses: 
 
 # -- from MLflow runs --------------------------------------------------------------------------------------------
 def finals_of(runs: list[RunData], algos: list[str]) -> dict[str, dict[str, float]]:
-    """{algo: {seed: final pass@1}} from FINISHED runs (a seed run twice: the mean); every ``algos`` listed."""
-    got: dict[str, dict[str, list[float]]] = {a: {} for a in algos}
-    for r in runs:
-        if r.status == FINISHED and r.algo in got:
-            final = run_summary(r)["final"]
-            if final is not None:
-                got[r.algo].setdefault(r.seed, []).append(final)
-    return {a: {s: statistics.fmean(v) for s, v in d.items()} for a, d in got.items()}
+    """{algo: {seed: final pass@1}} from FINISHED runs, several runs of one seed counted by the rule of
+    ``seeds.py`` (a seed whose final pass@1 is missing is left out); every ``algos`` listed."""
+    table = per_seed(run_table([r for r in runs if r.algo in algos],
+                               lambda r: {"algo": r.algo, "final": run_summary(r)["final"]}), ["algo"], ["final"])
+    finals = table["final"].dropna()
+    return {a: {seed: final for (algo, seed), final in finals.items() if algo == a} for a in algos}
 
 
 def collapses_of(runs: list[RunData]) -> dict[str, int]:
-    """Collapse events per algorithm over all ``runs`` (FINISHED: as the leaderboard counts; others: their tag)."""
-    out: dict[str, int] = {}
-    for r in runs:
+    """Collapse events per algorithm over all ``runs`` (FINISHED: as the leaderboard counts; others: their tag),
+    the algorithms in the order their first run comes."""
+    def events(r: RunData) -> int:
         if r.status == FINISHED:
-            n = run_summary(r)["collapses"]
-        else:
-            t = r.tags.get("collapse.count", "")
-            n = int(t) if t.isdigit() else 0
-        out[r.algo] = out.get(r.algo, 0) + n
-    return out
+            return run_summary(r)["collapses"]
+        t = r.tags.get("collapse.count", "")
+        return int(t) if t.isdigit() else 0
+
+    table = pd.DataFrame({"algo": [r.algo for r in runs], "events": [events(r) for r in runs]}, dtype=object)
+    return {a: int(n) for a, n in table.groupby("algo", sort=False)["events"].sum().items()}
 
 
 def leaderboard_md(runs: list[RunData], scenario: str, experiment: str, baseline: str,
