@@ -143,11 +143,12 @@ NEW_ALGORITHM = '''
 """A made-up algorithm in a file of its own: a loss and a class, registered nowhere else."""
 from gspo_bench.algorithms.base import PolicyModule, register_algorithm
 from gspo_bench.config import Recipe
+from gspo_bench.core.loss_params import clip_band
 from gspo_bench.core.losses import clipped_token_loss, register_loss
 
 
-@register_loss("halfclip", ratio="token", loss="max(-A r, -A clip(r))", aggregation="token-mean", eps_low=0.1,
-               eps_high=0.1, paper="none, https://arxiv.org/abs/0000.00000")
+@register_loss("halfclip", ratio="token", loss="max(-A r, -A clip(r))", aggregation="token-mean",
+               params=clip_band(0.1, 0.1), paper="none, https://arxiv.org/abs/0000.00000")
 def halfclip_loss(logp, old_logp, advantages, mask, **clip):
     return clipped_token_loss(logp, old_logp, advantages, mask, **clip)
 

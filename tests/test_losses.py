@@ -6,11 +6,13 @@ the contract asks for and which pits two different implementations against
 each other.
 """
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
+from gspo_bench.core.loss_params import DUAL_CLIP_C, LossParam, clip_band
 from gspo_bench.core.losses import BASE_DEFAULTS, LOSSES, agg_loss, kl_penalty, policy_loss, register_loss
 
 e = math.exp
@@ -406,12 +408,21 @@ def test_registry_matches_contract_table():
         assert (spec.eps_low, spec.eps_high, spec.aggregation) == want[name]
         assert dict(spec.defaults) == own.get(name, {})
         assert spec.name == name and "arxiv.org" in spec.paper
-    assert BASE_DEFAULTS == {"dual_clip_c": None, "kl_coef": 0.0, "kl_estimator": "k3"}
+    assert BASE_DEFAULTS == {"kl_coef": 0.0, "kl_estimator": "k3"} and DUAL_CLIP_C.default is None
     with pytest.raises(ValueError, match="already"):
-        register_loss("ppo", ratio="token", loss="x", aggregation="token-mean", eps_low=0.2, eps_high=0.2,
+        register_loss("ppo", ratio="token", loss="x", aggregation="token-mean", params=clip_band(0.2, 0.2),
                       paper="p")
     with pytest.raises(ValueError, match="aggregation"):
-        register_loss("new", ratio="token", loss="x", aggregation="sum", eps_low=0.2, eps_high=0.2, paper="p")
+        register_loss("new", ratio="token", loss="x", aggregation="sum", params=clip_band(0.2, 0.2), paper="p")
+    with pytest.raises(ValueError, match="not declared"):
+        register_loss("new", ratio="token", loss="x", aggregation="token-mean", paper="p",
+                      params=(LossParam("undeclared", 1.0, "A parameter loss_params.py does not know."),))
+    with pytest.raises(ValueError, match="not declared"):  # a declared name with a range of its own
+        register_loss("new", ratio="token", loss="x", aggregation="token-mean", paper="p",
+                      params=(dataclasses.replace(DUAL_CLIP_C, low=0.0),))
+    with pytest.raises(ValueError, match="outside their declared ranges"):
+        register_loss("new", ratio="token", loss="x", aggregation="token-mean", paper="p",
+                      params=clip_band(1.5, 0.2))
     assert "new" not in LOSSES
 
 

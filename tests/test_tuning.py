@@ -55,8 +55,8 @@ def test_search_space_ranges_and_overrides_load(algo):
         study.tell(trial, 0.0)
         load_config("smoke", overrides={**over, "algos": [algo]})  # every sample is a valid config
         # each sampled parameter lies in the algorithm's declared range, and only searched ones are sampled
-        ranges = cls.search_ranges()
-        assert set(over["loss"]) == set(cls.searched_by_default) & set(ranges), over
+        ranges = LOSSES[algo].search_ranges()
+        assert set(over["loss"]) == set(LOSSES[algo].searched_by_default()) & set(ranges), over
         for name, value in over["loss"].items():
             low, high, _ = ranges[name]
             assert low <= value <= high, (name, value)
@@ -80,13 +80,13 @@ def test_search_space_ranges_and_overrides_load(algo):
 def test_chosen_params_defaults_lr_and_errors():
     from gspo_bench.config import ConfigError
 
-    assert chosen_params(algorithms.get("gspo"), None, False) == ("eps_low", "eps_high")
-    assert chosen_params(algorithms.get("cispo"), None, True) == ("eps_high", "lr")
-    assert chosen_params(algorithms.get("dapo"), ("eps_high",), False) == ("eps_high",)
+    assert chosen_params(LOSSES["gspo"], None, False) == ("eps_low", "eps_high")
+    assert chosen_params(LOSSES["cispo"], None, True) == ("eps_high", "lr")
+    assert chosen_params(LOSSES["dapo"], ("eps_high",), False) == ("eps_high",)
     with pytest.raises(ConfigError, match="empty search space"):
-        chosen_params(algorithms.get("gspo"), (), False)
+        chosen_params(LOSSES["gspo"], (), False)
     with pytest.raises(ConfigError, match="eps_mid"):
-        chosen_params(algorithms.get("gspo"), ("eps_mid",), False)
+        chosen_params(LOSSES["gspo"], ("eps_mid",), False)
 
 
 def test_pruners_wait_for_the_halfway_step_except_threshold():

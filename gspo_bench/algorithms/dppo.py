@@ -19,21 +19,9 @@ class DPPOTV(PolicyModule):
 
     name = "dppo_tv"
 
-    @classmethod
-    def search_ranges(cls) -> dict[str, tuple[float, float, bool]]:
-        """The two thresholds on p - p_old, each log-uniform over 0.02 .. 0.5 (published 0.15), and the
-        truncation c over 2 .. 100 (published 20; ``--params`` only)."""
-        return {"eps_low": (0.02, 0.5, True), "eps_high": (0.02, 0.5, True), "trunc_c": (2.0, 100.0, True)}
-
 
 @register_algorithm
 class DPPOKL(PolicyModule):
     """DPPO-KL: as DPPO-TV with the binary KL as the divergence, token-mean."""
 
     name = "dppo_kl"
-
-    @classmethod
-    def search_ranges(cls) -> dict[str, tuple[float, float, bool]]:
-        """The two thresholds on the binary KL, each log-uniform over 0.005 .. 0.5 (published 0.05), and the
-        truncation c over 2 .. 100 (published 20; ``--params`` only)."""
-        return {"eps_low": (0.005, 0.5, True), "eps_high": (0.005, 0.5, True), "trunc_c": (2.0, 100.0, True)}

@@ -16,9 +16,3 @@ class GMPO(PolicyModule):
     """GMPO: -A_i exp(mean_t of the clipped token log-ratios), seq-mean."""
 
     name = "gmpo"
-
-    @classmethod
-    def search_ranges(cls) -> dict[str, tuple[float, float, bool]]:
-        """Log-ratio offsets, each uniform over 0.1 .. 0.9 around the published 0.4 (the config keeps eps_low
-        below 1), independently."""
-        return {"eps_low": (0.1, 0.9, False), "eps_high": (0.1, 0.9, False)}

@@ -2,7 +2,7 @@
 
 GSPO clips one length-normalised ratio per sequence; GSPO-token (section 4.3,
 TRL PR 3820) has the same ratio value with a gradient path per token, so it
-can take per-token advantages. Both share the search ranges below.
+can take per-token advantages. Both share one clip band and its search ranges (the loss registrations').
 """
 
 from __future__ import annotations
@@ -16,15 +16,9 @@ class GSPO(PolicyModule):
 
     name = "gspo"
 
-    @classmethod
-    def search_ranges(cls) -> dict[str, tuple[float, float, bool]]:
-        """Sequence ratios sit within ~1e-3 of 1, so both offsets are log-uniform over 1e-5 .. 1e-2
-        (the published 3e-4 / 4e-4 in the middle), independently."""
-        return {"eps_low": (1e-5, 1e-2, True), "eps_high": (1e-5, 1e-2, True)}
-
 
 @register_algorithm
-class GSPOToken(GSPO):
+class GSPOToken(PolicyModule):
     """GSPO-token: GSPO's ratio value with per-token gradient paths, seq-mean-token-mean."""
 
     name = "gspo_token"

@@ -2,18 +2,17 @@
 
 GSPO's clipped sequence surrogate, scaled by the response length ``|y_i|``
 before the mean over sequences: GSPO's length-normalised ratio gives every
-response the same weight whatever its length, which LUSPO undoes. Same ratio
-and band as GSPO, so the same search ranges.
+response the same weight whatever its length, which LUSPO undoes. Same ratio,
+band and search ranges as GSPO (the loss registration's).
 """
 
 from __future__ import annotations
 
-from gspo_bench.algorithms.base import register_algorithm
-from gspo_bench.algorithms.gspo import GSPO
+from gspo_bench.algorithms.base import PolicyModule, register_algorithm
 
 
 @register_algorithm
-class LUSPO(GSPO):
+class LUSPO(PolicyModule):
     """LUSPO: |y_i| max(-A_i s_i, -A_i clip(s_i)), seq-mean."""
 
     name = "luspo"

@@ -16,11 +16,3 @@ class VESPO(PolicyModule):
     """VESPO: -sg(phi_i) A log p, token-mean, no clip band."""
 
     name = "vespo"
-    searched_by_default = ("k_pos", "lam_pos", "k_neg", "lam_neg")
-
-    @classmethod
-    def search_ranges(cls) -> dict[str, tuple[float, float, bool]]:
-        """Each k and lambda log-uniform over 0.5 .. 8 (published 2 / 3 and 3 / 2): phi peaks at w = k / lam
-        and narrows as both grow."""
-        return {"k_pos": (0.5, 8.0, True), "lam_pos": (0.5, 8.0, True), "k_neg": (0.5, 8.0, True),
-                "lam_neg": (0.5, 8.0, True)}

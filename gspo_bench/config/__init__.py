@@ -8,8 +8,9 @@ overrides and merges them; ``uris.py`` checks tracking URIs; ``names.py`` owns
 the name lists the fields are checked against (engines, replay modes,
 precisions).
 
-May import: core's name lists (``core/names.py``) and paths only; importing the
-config loads neither torch nor anything of the layers above.
+May import: core's name lists (``core/names.py``), the loss parameters'
+declarations (``core/loss_params.py``) and paths only; importing the config
+loads neither torch nor anything of the layers above.
 """
 
 from gspo_bench.config.loading import (PRESET_DIR, deep_merge, flatten, load_config, load_yaml, parse_sets, presets,

@@ -6,6 +6,7 @@ each ``--config`` file, ``--set`` overrides, dedicated CLI flags.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from dataclasses import fields
@@ -59,14 +60,19 @@ def _build(cls, data: dict, where: str):
     """Instantiate dataclass ``cls`` from a (partial) dict, recursing into sections."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where or 'config'} must be a mapping, got {type(data).__name__}")
-    known = {f.name: f for f in fields(cls)}
+    known = _field_types(cls)
     unknown = set(data) - set(known)
     if unknown:
         raise ConfigError(f"unknown key(s) {sorted(unknown)} in {where or 'config'} (allowed: {', '.join(known)})")
+    own = {f.name for f in fields(cls)}
+    spread = next((f.name for f in fields(cls) if f.metadata.get("spread")), None)
     kwargs = {}
     for name, value in data.items():
         sub = _section_type(cls, name)
-        kwargs[name] = _build(sub, value, f"{where}.{name}".strip(".")) if sub else value
+        if name not in own:  # a loss parameter: gathered in the section's SPREAD field
+            kwargs.setdefault(spread, {})[name] = value
+        else:
+            kwargs[name] = _build(sub, value, f"{where}.{name}".strip(".")) if sub else value
     try:
         return cls(**kwargs)
     except TypeError as e:
@@ -128,10 +134,18 @@ def load_config(preset: str = "default", config_files: tuple = (), overrides: di
 
 
 def _field_types(cls) -> dict[str, Any]:
+    """The keys a section takes and the annotation each value must fit; a SPREAD field (the loss section's
+    parameters) stands for its keys, in its place."""
     from typing import get_type_hints
 
     hints = get_type_hints(cls)
-    return {f.name: hints[f.name] for f in fields(cls)}
+    out: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.metadata.get("spread"):
+            out.update(cls.param_types())
+        else:
+            out[f.name] = hints[f.name]
+    return out
 
 
 def _is_union(tp) -> bool:
@@ -227,7 +241,18 @@ def _one_line(text: str) -> str:
 
 
 def to_dict(cfg) -> dict:
-    return dataclasses.asdict(cfg)
+    """A config, a section or a ``LossSettings`` as plain nested dicts (``dataclasses.asdict``), with a SPREAD
+    field's keys written in its section, as YAML and ``--set`` name them (``loss.eps_high``)."""
+    if not dataclasses.is_dataclass(cfg):
+        return copy.deepcopy(cfg)
+    out: dict = {}
+    for f in fields(cfg):
+        value = to_dict(getattr(cfg, f.name))
+        if f.metadata.get("spread"):
+            out.update(value)
+        else:
+            out[f.name] = value
+    return out
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

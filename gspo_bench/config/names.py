@@ -2,7 +2,8 @@
 precisions."""
 
 ENGINES = ("auto", "fast", "compiled", "hf", "vllm")
-"""``rollout.engine`` (``rollout/engine.py`` resolves ``auto``)."""
+"""``rollout.engine``: ``auto`` and the registered engines (``rollout/engines/``, which resolves ``auto``). Config
+sits below rollout and cannot read its registry; tests/test_engines.py checks the two agree."""
 REPLAY_MODES = ("none", "r2", "r3")
 """``moe.routing_replay`` (``rollout/routing.py``)."""
 MOE_KERNELS = ("auto", "grouped", "batched", "loop")

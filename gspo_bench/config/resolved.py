@@ -7,7 +7,27 @@ replaced by a value), shared by the module and the datamodule of a run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class LossParamFields:
+    """The declared loss parameters (``core/loss_params.py``) read as fields: ``cfg.loss.eps_high``.
+
+    A class with this mixin keeps them in its ``params`` field, a mapping declared with ``SPREAD``
+    metadata: ``to_dict`` writes them as keys of the section itself (``loss.eps_high``), where YAML and
+    ``--set`` put them.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        params = self.__dict__.get("params")  # not set yet while unpickling
+        if params is not None and name in params:
+            return params[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+
+SPREAD = {"spread": True}
+"""Field metadata: ``to_dict`` writes the field's mapping as keys of its section, not under its own name."""
 
 
 @dataclass(frozen=True)
@@ -20,40 +40,27 @@ class Recipe:
     """DAPO's dynamic sampling: drop groups whose rewards all agree and resample."""
     overlong_shaping: bool = False
     """DAPO's overlong shaping, with buffer max_new_tokens // 4."""
-    clip: tuple | None = None
-    """(eps_low, eps_high) of its loss: what ``auto`` clip offsets resolve to. ``register_algorithm`` fills it
-    from the loss registry, so the config never imports the losses."""
-    loss_defaults: tuple = ()
-    """(name, value) pairs of its loss's own parameters (sapo's temperatures, vespo's k and lambda, dppo's
-    truncation): what those ``auto`` fields resolve to; ``register_algorithm`` fills it from the registry."""
+    loss_defaults: tuple | None = None
+    """(name, default) of every parameter its loss takes (the clip band, sapo's temperatures, vespo's k and
+    lambda, dppo's truncation): what those ``auto`` keys resolve to. ``register_algorithm`` fills it from the
+    loss registry, so the config never imports the losses (None: not registered)."""
     advantage_scale: str = "group"
     """What ``rollout.advantage_scale: auto`` resolves to (Dr. GRPO: none)."""
 
 
 @dataclass(frozen=True)
-class LossSettings:
+class LossSettings(LossParamFields):
     """The loss hyper-parameters of one algorithm, every ``auto`` resolved."""
 
-    eps_low: float | None
-    eps_high: float | None
-    dual_clip_c: float | None
-    kl_coef: float
-    kl_estimator: str
-    tau_pos: float | None = None
-    tau_neg: float | None = None
-    k_pos: float | None = None
-    lam_pos: float | None = None
-    k_neg: float | None = None
-    lam_neg: float | None = None
-    trunc_c: float | None = None
+    params: dict = field(default_factory=dict, metadata=SPREAD)
+    """Every declared loss parameter: its value, or None where its loss does not take it (``eps_high``, ...)."""
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
 
     def hparams(self) -> dict:
         """Keyword arguments of ``losses.policy_loss`` (the KL weight goes in only with a reference model); the
         caller keeps those its loss takes."""
-        return {"eps_low": self.eps_low, "eps_high": self.eps_high, "dual_clip_c": self.dual_clip_c,
-                "kl_estimator": self.kl_estimator, "tau_pos": self.tau_pos, "tau_neg": self.tau_neg,
-                "k_pos": self.k_pos, "lam_pos": self.lam_pos, "k_neg": self.k_neg, "lam_neg": self.lam_neg,
-                "trunc_c": self.trunc_c}
+        return {**self.params, "kl_estimator": self.kl_estimator}
 
 
 @dataclass(frozen=True)

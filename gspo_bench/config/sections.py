@@ -6,8 +6,8 @@ and baselines (``baselines/*.yaml``) are partial RunConfigs merged over the
 dataclass defaults; CLI flags are merged last.
 
 ``"auto"`` means "the algorithm's own default": its loss registration
-(``losses.py``) for the clip range, its ``Recipe`` (on its class in
-``algorithms/``) for everything else. ``RunConfig.resolve`` turns a config
+(``losses.py``, ``loss_params.py``) for the loss's parameters, its ``Recipe``
+(on its class in ``algorithms/``) for everything else. ``RunConfig.resolve`` turns a config
 into one algorithm's concrete settings, so one config drives every algorithm side by
 side and no other layer resolves ``auto``.
 """
@@ -21,13 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from gspo_bench.config.names import CHAT_MODES, ENGINES, MOE_KERNELS, PRECISIONS, REPLAY_MODES, ROLLOUT_DTYPES
-from gspo_bench.config.resolved import LossSettings, Recipe, Resolved
+from gspo_bench.config.resolved import SPREAD, LossParamFields, LossSettings, Recipe, Resolved
+from gspo_bench.core.loss_params import PARAMS, LossParam
 from gspo_bench.core.names import (ADVANTAGE_BASELINES, ADVANTAGE_SCALES, CORRECTION_LEVELS, CORRECTIONS,
                                    KL_ESTIMATORS)
 
 AUTO = "auto"
-LOSS_OWN_PARAMS = ("tau_pos", "tau_neg", "k_pos", "lam_pos", "k_neg", "lam_neg", "trunc_c")
-"""The ``loss.`` fields that belong to one loss each (``auto`` = that loss's default, None for the others)."""
 
 
 class ConfigError(ValueError):
@@ -212,14 +211,22 @@ class RolloutConfig:
         _choice("rollout.vllm_enforce_eager", self.vllm_enforce_eager, (True, False, None))
 
 
+def loss_param_type(p: LossParam):
+    """The values ``loss.<name>`` takes as YAML reads them: a number, ``auto`` where the loss's default is
+    asked for, null where the declaration says what it means (``--set`` checks a value against it)."""
+    types = (float,) + ((str,) if p.auto else ()) + ((type(None),) if p.null is not None else ())
+    return Union[types]
+
+
 @dataclass
-class LossConfig:
-    eps_low: Union[float, str, None] = AUTO
-    """Lower clip offset (band [1-eps_low, 1+eps_high]); null = no lower bound; auto = algorithm default."""
-    eps_high: Union[float, str] = AUTO
-    """Upper clip offset; auto = algorithm default."""
-    dual_clip_c: Union[float, None] = None
-    """PPO dual clip c (3.0 is usual); null = off."""
+class LossConfig(LossParamFields):
+    """The ``loss`` section: one key per declared loss parameter (``core/loss_params.py``: ``eps_low``,
+    ``eps_high``, ``dual_clip_c``, ``tau_pos``, ...; ``auto`` = the algorithm's loss's default), then the
+    fields below."""
+
+    params: dict = field(default_factory=dict, metadata=SPREAD)
+    """The loss parameters' keys as given (``_build`` gathers them here); the others are set to their
+    config default in ``__post_init__``."""
     kl_coef: Union[float, str] = AUTO
     """KL-to-reference weight; auto = 0.05 for ppo (in the reward), 0 otherwise (in the loss)."""
     kl_estimator: str = "k3"
@@ -232,41 +239,28 @@ class LossConfig:
     """PPO critic loss weight (the critic has its own optimiser; this scales its loss)."""
     value_clip: Union[float, None] = 0.2
     """PPO value clipping range; null = off."""
-    tau_pos: Union[float, str] = AUTO
-    """SAPO gate temperature where A > 0; auto = the loss's default (1.0)."""
-    tau_neg: Union[float, str] = AUTO
-    """SAPO gate temperature where A <= 0; auto = the loss's default (1.05)."""
-    k_pos: Union[float, str] = AUTO
-    """VESPO power k where A >= 0; auto = 2."""
-    lam_pos: Union[float, str] = AUTO
-    """VESPO decay lambda where A >= 0; auto = 3."""
-    k_neg: Union[float, str] = AUTO
-    """VESPO power k where A < 0; auto = 3."""
-    lam_neg: Union[float, str] = AUTO
-    """VESPO decay lambda where A < 0; auto = 2."""
-    trunc_c: Union[float, str] = AUTO
-    """DPPO: the importance weight is truncated at this; auto = 20."""
+
+    @staticmethod
+    def param_types() -> dict:
+        """``loss.<name>`` of each declared loss parameter and the values it takes (what ``--set`` checks)."""
+        return {name: loss_param_type(p) for name, p in PARAMS.items()}
 
     def __post_init__(self):
+        unknown = sorted(set(self.params) - set(PARAMS))
+        _check(not unknown, f"unknown key(s) {unknown} in loss (loss parameters: {', '.join(PARAMS)})")
+        # every declared parameter, in declaration order: auto (its loss's default) or its fixed default
+        self.params = {name: self.params.get(name, AUTO if p.auto else p.default) for name, p in PARAMS.items()}
+        for name, p in PARAMS.items():
+            v = self.params[name]
+            _check((p.auto and v == AUTO) or p.valid(v),
+                   f"loss.{name}={v!r} must be {p.range_text(auto=True)}")
         _numbers("loss", self, "gamma", "lam", "vf_coef")
         _check(self.vf_coef >= 0, f"loss.vf_coef={self.vf_coef} must be >= 0")
         _check(self.value_clip is None or (isinstance(self.value_clip, (int, float)) and self.value_clip > 0),
                f"loss.value_clip={self.value_clip!r} must be > 0 or null")
-        lo, hi = self.eps_low, self.eps_high
-        _check(lo in (None, AUTO) or (isinstance(lo, (int, float)) and 0 <= lo < 1),
-               f"loss.eps_low={lo!r} must satisfy 0 <= eps_low < 1 (or null for no lower bound, or auto)")
-        _check(hi == AUTO or (isinstance(hi, (int, float)) and 0 <= hi and math.isfinite(hi)),
-               f"loss.eps_high={hi!r} must be a finite number >= 0 (or auto)")
-        _check(self.dual_clip_c is None or self.dual_clip_c > 1, f"loss.dual_clip_c={self.dual_clip_c} must be > 1")
         _check(self.kl_coef == AUTO or (isinstance(self.kl_coef, (int, float)) and self.kl_coef >= 0),
                f"loss.kl_coef={self.kl_coef!r} must be >= 0 (or auto)")
         _choice("loss.kl_estimator", self.kl_estimator, KL_ESTIMATORS)
-        for key in LOSS_OWN_PARAMS:
-            v = getattr(self, key)
-            positive = not key.startswith("k_")  # vespo's powers k may be any real; the rest are scales
-            _check(v == AUTO or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                                 and (v > 0 or not positive)),
-                   f"loss.{key}={v!r} must be a finite number{' > 0' if positive else ''} (or auto)")
         _check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "loss.gamma and loss.lam must be in [0, 1]")
 
 
@@ -517,20 +511,17 @@ class RunConfig:
     def resolve(self, algo: str, recipe: "Recipe", task_max_new_tokens: int) -> "Resolved":
         """This config as algorithm ``algo`` runs it: ``auto`` becomes the recipe's value (its loss's clip band,
         registered with the algorithm)."""
-        if recipe.clip is None:
-            raise ValueError(f"algorithm {algo!r}: its recipe has no clip band (register it with "
-                             "algorithms.register_algorithm, which takes it from its loss)")
+        if recipe.loss_defaults is None:
+            raise ValueError(f"algorithm {algo!r}: its recipe has no loss defaults (register it with "
+                             "algorithms.register_algorithm, which takes them from its loss)")
         lc, r = self.loss, self.rollout
-        loss = LossSettings(
-            eps_low=recipe.clip[0] if lc.eps_low == AUTO else lc.eps_low,
-            eps_high=recipe.clip[1] if lc.eps_high == AUTO else lc.eps_high,
-            dual_clip_c=lc.dual_clip_c,
-            kl_coef=recipe.kl_coef if lc.kl_coef == AUTO else float(lc.kl_coef),
-            kl_estimator=lc.kl_estimator,
-            # the loss's own parameters: auto -> its registered default, None where it has none
-            **{k: (dict(recipe.loss_defaults).get(k) if getattr(lc, k) == AUTO else float(getattr(lc, k)))
-               for k in LOSS_OWN_PARAMS},
-        )
+        defaults = dict(recipe.loss_defaults)
+        # each loss parameter: auto -> its loss's declared default (None where the loss does not take it); a
+        # value given is a float, as declared
+        params = {name: defaults.get(name) if v == AUTO else None if v is None else float(v)
+                  for name, v in lc.params.items()}
+        loss = LossSettings(params, kl_coef=recipe.kl_coef if lc.kl_coef == AUTO else float(lc.kl_coef),
+                            kl_estimator=lc.kl_estimator)
         max_new = task_max_new_tokens if r.max_new_tokens == AUTO else r.max_new_tokens
         buffer = r.overlong_buffer
         if buffer == AUTO:

@@ -13,7 +13,7 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 def resolve_tracking_uri(uri: str | None) -> str:
     """``uri``, else $MLFLOW_TRACKING_URI, else ``DEFAULT_TRACKING_URI``; a bare path is a ConfigError.
 
-    Shared by ``runner.tracking_uri`` (writing: the sqlite file's folder must
+    Shared by ``stores.writable_uri`` (writing: the sqlite file's folder must
     exist) and ``leaderboard.read_uri`` (reading: the sqlite file must exist).
     """
     import os

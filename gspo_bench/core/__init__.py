@@ -7,9 +7,10 @@ corrections), ``advantages.py`` (group z-scores, GAE, shaping), ``metrics.py``
 entropy through the LM head in token chunks), ``collectives.py`` (sums, gathers
 and shares across the processes of a multi-process run), ``rng.py`` (every
 random generator's state), ``names.py`` (the name lists the config checks,
-torch-free).
+torch-free), ``loss_params.py`` (each loss parameter's declaration: default,
+range, search range, doc; torch-free, the config reads it).
 
 May import: torch (and torchmetrics, numpy) only; nothing else of gspo_bench.
 This package's ``__init__`` imports none of its modules, so ``core/names.py``
-loads without torch.
+and ``core/loss_params.py`` load without torch.
 """

@@ -1,7 +1,8 @@
 """Policy-gradient losses of every registered algorithm (minimise the result).
 
 The contract is the "Losses" section of ``docs/algorithms.md``. Each loss is registered by ``@register_loss`` directly
-above its function, with its ratio unit, aggregation, default clip and paper;
+above its function, with its ratio unit, aggregation, parameters (``loss_params.py``: defaults, ranges,
+search ranges) and paper;
 ``policy_loss`` is the one entry point. The statistics each call returns
 (clip fractions, ratio spread, ``kl/old``) come from ``ratios.py``.
 
@@ -67,6 +68,8 @@ from typing import Callable
 
 import torch
 
+from gspo_bench.core.loss_params import (DUAL_CLIP_C, EPS_HIGH, EPS_LOW, K_NEG, K_POS, LAM_NEG, LAM_POS, PARAMS,
+                                         TAU_NEG, TAU_POS, TRUNC_C, LossParam, clip_band)
 from gspo_bench.core.names import KL_ESTIMATORS
 from gspo_bench.core.ratios import (apply_correction, check_correction, compute_dtype, correction_stats, is_weights,
                                    masked_delta, masked_mean, off_policy_sequences, ratio_stats, seq_logratio)
@@ -79,34 +82,60 @@ AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean", "seq-mean-token
 # sequence-token (gspo_token) -> per token, sequence-product (vespo) -> per sequence, the product.
 RATIO_UNITS = ("token", "sequence", "sequence-token", "sequence-product")
 UNIT_LEVELS = {"token": "token", "sequence": "geometric", "sequence-token": "token", "sequence-product": "sequence"}
-# Every **hparams keyword policy_loss accepts (the correction has its own keywords, see CORRECTIONS).
-HPARAMS = ("eps_low", "eps_high", "dual_clip_c", "kl_coef", "ref_logp", "kl_estimator", "tau_pos", "tau_neg",
-           "max_new_tokens", "k_pos", "lam_pos", "k_neg", "lam_neg", "trunc_c")
-# Keywords every loss takes (the KL to a reference); the others belong to the losses that list them in ``params``.
+# Keywords every loss takes (the KL to a reference), and their defaults; a loss's own are its ``params``.
 SHARED_HPARAMS = ("kl_coef", "ref_logp", "kl_estimator")
-# Defaults every loss shares (the clip range and a loss's own parameters are its registration's).
-BASE_DEFAULTS = {"dual_clip_c": None, "kl_coef": 0.0, "kl_estimator": "k3"}
-# The surrogate's parameters (clip band, dual clip), the ``params`` of a loss that does not say otherwise.
+BASE_DEFAULTS = {"kl_coef": 0.0, "kl_estimator": "k3"}
+# The clip band's parameters: the README table's band column, the rest of ``params`` its "own" ones.
 CLIP_PARAMS = ("eps_low", "eps_high", "dual_clip_c")
-# Parameters of the aggregation rather than the per-unit loss (dr_grpo's T_max).
-AGG_PARAMS = ("max_new_tokens",)
+# Parameters of the aggregation rather than the per-unit loss: dr_grpo's T_max, the rollout's length cap, given
+# to every loss whose aggregation needs it.
+AGG_PARAMS = {"seq-mean-token-sum-norm": ("max_new_tokens",)}
 
 
 @dataclass(frozen=True)
 class LossSpec:
-    """One registered loss: its function and the facts the README table and ``list`` show."""
+    """One registered loss: its function, its parameters and the facts the README table and ``list`` show."""
 
     name: str  # registry key, also the algorithm's name
-    fn: Callable  # (logp, old_logp, adv, mask, **its params but AGG_PARAMS) -> (loss, high_BT, low_BT)
+    fn: Callable  # (logp, old_logp, adv, mask, **its params) -> (loss, high_BT, low_BT)
     ratio: str  # one of RATIO_UNITS
     loss: str  # human formula for the README table
     aggregation: str  # one of AGGREGATIONS
-    eps_low: float | None  # default lower offset/threshold, None = no lower bound (or no band at all)
-    eps_high: float | None  # default upper offset/threshold, None for a loss without a band
     paper: str  # title + URL
-    params: tuple[str, ...] = CLIP_PARAMS  # the keywords of HPARAMS the loss takes, beside SHARED_HPARAMS
-    defaults: tuple[tuple[str, object], ...] = ()  # its own parameters' defaults (tau_pos, k_pos, trunc_c, ...)
+    params: tuple[LossParam, ...]  # the parameters it takes beside SHARED_HPARAMS, each with this loss's default
     band: str | None = "ratio"  # what eps_low / eps_high bound: the ratio, the log-ratio, a probability gap, or None
+
+    @property
+    def keywords(self) -> tuple[str, ...]:
+        """Every ``policy_loss`` keyword it takes beside the KL ones: its parameters, then its aggregation's."""
+        return tuple(p.name for p in self.params) + AGG_PARAMS.get(self.aggregation, ())
+
+    @property
+    def eps_low(self) -> float | None:
+        """Default lower offset/threshold; None = no lower bound, or no band at all."""
+        return dict(self.param_defaults()).get("eps_low")
+
+    @property
+    def eps_high(self) -> float | None:
+        """Default upper offset/threshold; None for a loss without a band."""
+        return dict(self.param_defaults()).get("eps_high")
+
+    @property
+    def defaults(self) -> tuple[tuple[str, object], ...]:
+        """Its own parameters' defaults, beyond the band and the dual clip (tau_pos, k_pos, trunc_c, ...)."""
+        return tuple((p.name, p.default) for p in self.params if p.name not in CLIP_PARAMS)
+
+    def param_defaults(self) -> tuple[tuple[str, object], ...]:
+        """(name, default) of every parameter it takes: what the config's ``auto`` resolves to."""
+        return tuple((p.name, p.default) for p in self.params)
+
+    def search_ranges(self) -> dict[str, tuple[float, float, bool]]:
+        """(low, high, log scale) of each parameter ``tune`` can search, in the order it samples them."""
+        return {p.name: p.search for p in self.params if p.search is not None}
+
+    def searched_by_default(self) -> tuple[str, ...]:
+        """The parameters ``tune`` searches when ``--params`` does not say."""
+        return tuple(p.name for p in self.params if p.search is not None and p.searched)
 
     def ratio_band(self, eps_low: float | None, eps_high: float | None) -> tuple[float | None, float | None]:
         """The trust band as offsets of the ratio r from 1 (what a ratio histogram draws): the offsets
@@ -122,23 +151,27 @@ class LossSpec:
 
     def defaults_text(self) -> str:
         """The defaults column of the README table and ``list``: the band (eps_low / eps_high), then its own."""
-        parts = [f"{self.eps_low} / {self.eps_high}"] if "eps_high" in self.params else []
+        parts = [f"{self.eps_low} / {self.eps_high}"] if "eps_high" in self.keywords else []
         return "; ".join(parts + [f"{k} {v:g}" for k, v in self.defaults])
 
 
 LOSSES: dict[str, LossSpec] = {}
 
 
-def register_loss(name: str, *, ratio: str, loss: str, aggregation: str, eps_low: float | None,
-                  eps_high: float | None, paper: str, params: tuple[str, ...] = CLIP_PARAMS,
-                  defaults: dict | None = None, band: str | None = "ratio") -> Callable[[Callable], Callable]:
+def _declared(param: LossParam) -> bool:
+    """``param`` is a declared parameter, or a loss's copy of one: the default and the search range may be its
+    own, the range, the doc and the config's handling are the declaration's."""
+    decl = PARAMS.get(param.name)
+    return decl is not None and param.at(decl.default, search=decl.search, searched=decl.searched) == decl
+
+
+def register_loss(name: str, *, ratio: str, loss: str, aggregation: str, paper: str,
+                  params: tuple[LossParam, ...], band: str | None = "ratio") -> Callable[[Callable], Callable]:
     """Decorator: add the function below to ``LOSSES`` under ``name`` with its table facts.
 
-    ``params``: the hyper-parameters it takes (keywords of ``HPARAMS``; the KL
-    ones are every loss's), ``defaults`` the defaults of those beyond the band
-    and the dual clip. ``dual_clip_c``, ``kl_coef`` and ``kl_estimator`` share
-    one default for every loss (``BASE_DEFAULTS``). ``band``: what its eps bound (``LossSpec.band``). A duplicate
-    name is an error.
+    ``params``: the parameters it takes (declared in ``loss_params.PARAMS``, specialised with ``LossParam.at``
+    or ``clip_band`` for this loss's defaults and search ranges; the KL ones are every loss's). ``band``: what
+    its eps bound (``LossSpec.band``). A duplicate name, or an undeclared parameter, is an error.
     """
     if name in LOSSES:
         raise ValueError(f"loss {name!r} is already registered")
@@ -146,13 +179,16 @@ def register_loss(name: str, *, ratio: str, loss: str, aggregation: str, eps_low
         raise ValueError(f"aggregation {aggregation!r} not in {AGGREGATIONS}")
     if ratio not in RATIO_UNITS:
         raise ValueError(f"ratio {ratio!r} not in {RATIO_UNITS}")
-    unknown = sorted(set(params) - set(HPARAMS) | set(defaults or {}) - set(params))
+    unknown = [p.name for p in params if not _declared(p)]
     if unknown:
-        raise ValueError(f"loss {name!r}: params/defaults {unknown} are not its parameters (allowed: {HPARAMS})")
+        raise ValueError(f"loss {name!r}: parameters {unknown} are not declared (declare them in "
+                         f"core/loss_params.py; declared: {', '.join(PARAMS)})")
+    bad = [f"{p.name}={p.default!r}" for p in params if not p.valid(p.default)]
+    if bad:
+        raise ValueError(f"loss {name!r}: defaults {', '.join(bad)} are outside their declared ranges")
 
     def add(fn: Callable) -> Callable:
-        LOSSES[name] = LossSpec(name, fn, ratio, loss, aggregation, eps_low, eps_high, paper, tuple(params),
-                                tuple((defaults or {}).items()), band)
+        LOSSES[name] = LossSpec(name, fn, ratio, loss, aggregation, paper, tuple(params), band)
         return fn
 
     return add
@@ -205,31 +241,36 @@ def clipped_token_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, d
     return loss_BT, high_BT & valid_BT, low_BT & valid_BT
 
 
-@register_loss("ppo", ratio="token", loss="max(-A r, -A clip(r))", aggregation="token-mean", eps_low=0.2,
-               eps_high=0.2, paper="Proximal Policy Optimization Algorithms, https://arxiv.org/abs/1707.06347")
+@register_loss("ppo", ratio="token", loss="max(-A r, -A clip(r))", aggregation="token-mean", params=clip_band(0.2, 0.2),
+               paper="Proximal Policy Optimization Algorithms, https://arxiv.org/abs/1707.06347")
 def ppo_loss(logp, old_logp, advantages, mask, **clip):
     """PPO: the token clipped surrogate, token-mean (advantages from GAE, per token)."""
     return clipped_token_loss(logp, old_logp, advantages, mask, **clip)
 
 
 @register_loss("grpo", ratio="token", loss="max(-A r, -A clip(r))", aggregation="seq-mean-token-mean",
-               eps_low=0.2, eps_high=0.2, paper="DeepSeekMath: Pushing the Limits of Mathematical Reasoning in "
+               params=clip_band(0.2, 0.2), paper="DeepSeekMath: Pushing the Limits of Mathematical Reasoning in "
                "Open Language Models, https://arxiv.org/abs/2402.03300")
 def grpo_loss(logp, old_logp, advantages, mask, **clip):
     """GRPO: the token clipped surrogate, each sequence's token mean, then the mean over sequences."""
     return clipped_token_loss(logp, old_logp, advantages, mask, **clip)
 
 
-@register_loss("dapo", ratio="token", loss="max(-A r, -A clip(r))", aggregation="token-mean", eps_low=0.2,
-               eps_high=0.28, paper="DAPO: An Open-Source LLM Reinforcement Learning System at Scale, "
+@register_loss("dapo", ratio="token", loss="max(-A r, -A clip(r))", aggregation="token-mean",
+               params=clip_band(0.2, 0.28), paper="DAPO: An Open-Source LLM Reinforcement Learning System at Scale, "
                "https://arxiv.org/abs/2503.14476")
 def dapo_loss(logp, old_logp, advantages, mask, **clip):
     """DAPO: the token clipped surrogate with clip-higher (0.28 above), token-mean over the minibatch."""
     return clipped_token_loss(logp, old_logp, advantages, mask, **clip)
 
 
+# Sequence ratios sit within ~1e-3 of 1, so tune searches both offsets log-uniformly over 1e-5 .. 1e-2 (the
+# published 3e-4 / 4e-4 in the middle), independently; gspo_token and luspo share the ratio, the band and the range.
+_GSPO_BAND = clip_band(3e-4, 4e-4, search_low=(1e-5, 1e-2, True), search_high=(1e-5, 1e-2, True))
+
+
 @register_loss("gspo", ratio="sequence", loss="max(-A_i s_i, -A_i clip(s_i))", aggregation="seq-mean",
-               eps_low=3e-4, eps_high=4e-4, paper=_GSPO_PAPER)
+               params=_GSPO_BAND, paper=_GSPO_PAPER)
 def gspo_sequence_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_clip_c=None):
     """GSPO: clipped surrogate on the length-normalised sequence ratio. Returns (loss_B, high_BT, low_BT)."""
     if advantages.dim() != 1:
@@ -247,7 +288,7 @@ def gspo_sequence_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, d
 
 
 @register_loss("gspo_token", ratio="sequence-token", loss="max(-A_it s_it, -A_it clip(s_it))",
-               aggregation="seq-mean-token-mean", eps_low=3e-4, eps_high=4e-4, paper=_GSPO_PAPER + " (section 4.3)")
+               aggregation="seq-mean-token-mean", params=_GSPO_BAND, paper=_GSPO_PAPER + " (section 4.3)")
 def gspo_token_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_clip_c=None):
     """GSPO-token (GSPO paper, section 4.3). Returns (loss_BT, high_BT, low_BT)."""
     delta_BT = masked_delta(logp, old_logp, mask)
@@ -260,8 +301,13 @@ def gspo_token_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual
     return loss_BT, high_BT & valid_BT, low_BT & valid_BT
 
 
-@register_loss("cispo", ratio="token", loss="-sg(clip(r)) A log p", aggregation="token-mean", eps_low=None,
-               eps_high=4.0, paper="MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention, "
+# The weight cap 1 + eps_high: tune searches eps_high log-uniformly over 0.5 .. 10 (published 4.0). The lower bound
+# is off as published and searched (uniformly over 0.1 .. 0.9) only when --params names it; eps_high comes first,
+# the order tune samples them in.
+@register_loss("cispo", ratio="token", loss="-sg(clip(r)) A log p", aggregation="token-mean",
+               params=(EPS_HIGH.at(4.0, search=(0.5, 10.0, True)),
+                       EPS_LOW.at(None, search=(0.1, 0.9, False), searched=False), DUAL_CLIP_C),
+               paper="MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention, "
                "https://arxiv.org/abs/2506.13585")
 def cispo_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_clip_c=None):
     """CISPO (MiniMax-M1): REINFORCE with a truncated, stop-gradient IS weight. Returns (loss_BT, high_BT, low_BT)."""
@@ -288,8 +334,7 @@ def _by_sign(cond: Tensor, pos: float, neg: float, like: Tensor) -> Tensor:
 
 
 @register_loss("sapo", ratio="token", loss="-A (4 / tau) sigmoid(tau (r - 1))", aggregation="seq-mean-token-mean",
-               eps_low=None, eps_high=None, params=("tau_pos", "tau_neg"), defaults={"tau_pos": 1.0, "tau_neg": 1.05},
-               band=None,
+               params=(TAU_POS, TAU_NEG), band=None,
                paper="Soft Adaptive Policy Optimization, https://arxiv.org/abs/2511.20347")
 def sapo_loss(logp, old_logp, advantages, mask, *, tau_pos, tau_neg):
     """SAPO: a sigmoid gate on the token ratio instead of a hard clip. Returns (loss_BT, high_BT, low_BT).
@@ -313,8 +358,10 @@ def sapo_loss(logp, old_logp, advantages, mask, *, tau_pos, tau_neg):
 
 
 @register_loss("gmpo", ratio="sequence", loss="-A_i exp(mean_t sign(A_i) min(sign(A_i) delta, sign(A_i) "
-               "clamp(delta)))", aggregation="seq-mean", eps_low=0.4, eps_high=0.4, params=("eps_low", "eps_high"),
-               band="log-ratio",
+               "clamp(delta)))", aggregation="seq-mean", band="log-ratio",
+               # log-ratio offsets, each uniform over 0.1 .. 0.9 around the published 0.4, independently
+               params=clip_band(0.4, 0.4, search_low=(0.1, 0.9, False), search_high=(0.1, 0.9, False),
+                                dual_clip=False),
                paper="Geometric-Mean Policy Optimization, https://arxiv.org/abs/2507.20673")
 def gmpo_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high):
     """GMPO: the geometric mean of the clipped token ratios, clipped on the log-ratio ``[-eps_low, eps_high]``.
@@ -340,7 +387,7 @@ def gmpo_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high):
 
 
 @register_loss("dr_grpo", ratio="token", loss="max(-A r, -A clip(r))", aggregation="seq-mean-token-sum-norm",
-               eps_low=0.2, eps_high=0.2, params=(*CLIP_PARAMS, "max_new_tokens"),
+               params=clip_band(0.2, 0.2),
                paper="Understanding R1-Zero-Like Training: A Critical Perspective, https://arxiv.org/abs/2503.20783")
 def dr_grpo_loss(logp, old_logp, advantages, mask, **clip):
     """Dr. GRPO: the token clipped surrogate summed and divided by B * max_new_tokens (no length bias), with
@@ -349,7 +396,7 @@ def dr_grpo_loss(logp, old_logp, advantages, mask, **clip):
 
 
 @register_loss("luspo", ratio="sequence", loss="abs(y_i) max(-A_i s_i, -A_i clip(s_i))", aggregation="seq-mean",
-               eps_low=3e-4, eps_high=4e-4,
+               params=_GSPO_BAND,
                paper="Length-Unbiased Sequence Policy Optimization, https://arxiv.org/abs/2602.05261")
 def luspo_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_clip_c=None):
     """LUSPO: GSPO's clipped sequence surrogate scaled by the response length. Returns (loss_B, high_BT, low_BT)."""
@@ -362,8 +409,7 @@ def luspo_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_clip
 
 
 @register_loss("vespo", ratio="sequence-product", loss="-sg(phi_i) A log p", aggregation="token-mean",
-               eps_low=None, eps_high=None, params=("k_pos", "lam_pos", "k_neg", "lam_neg"),
-               defaults={"k_pos": 2.0, "lam_pos": 3.0, "k_neg": 3.0, "lam_neg": 2.0}, band=None,
+               params=(K_POS, LAM_POS, K_NEG, LAM_NEG), band=None,
                paper="Variational Sequence-Level Soft Policy Optimization, https://arxiv.org/abs/2602.10693")
 def vespo_loss(logp, old_logp, advantages, mask, *, k_pos, lam_pos, k_neg, lam_neg):
     """VESPO: REINFORCE weighted by a gamma-shaped function of the sequence's product ratio, without gradient.
@@ -413,9 +459,11 @@ def _probs(logp, old_logp, mask):
             torch.exp(torch.where(valid_BT, old_logp.detach(), 0.0)))
 
 
+# The two thresholds on p - p_old, each log-uniform over 0.02 .. 0.5 (published 0.15)
 @register_loss("dppo_tv", ratio="token", loss="-A sg(min(r, c)) v log p, v: p - p_old within eps",
-               aggregation="token-mean", eps_low=0.15, eps_high=0.15, params=("eps_low", "eps_high", "trunc_c"),
-               defaults={"trunc_c": 20.0}, band="probability", paper=_DPPO_PAPER + " (DPPO, total variation)")
+               aggregation="token-mean", band="probability",
+               params=(*clip_band(0.15, 0.15, search_low=(0.02, 0.5, True), search_high=(0.02, 0.5, True),
+                                  dual_clip=False), TRUNC_C), paper=_DPPO_PAPER + " (DPPO, total variation)")
 def dppo_tv_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, trunc_c):
     """DPPO-TV: a token keeps its truncated-IS gradient unless its probability moved more than the band allows
     in the direction the advantage pushes it. Returns (loss_BT, high_BT, low_BT)."""
@@ -426,9 +474,11 @@ def dppo_tv_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, trunc_c
     return _dppo_loss(logp, old_logp, advantages, mask, keep_pos_BT, keep_neg_BT, trunc_c)
 
 
+# The two thresholds on the binary KL, each log-uniform over 0.005 .. 0.5 (published 0.05)
 @register_loss("dppo_kl", ratio="token", loss="-A sg(min(r, c)) v log p, v: binary KL within eps",
-               aggregation="token-mean", eps_low=0.05, eps_high=0.05, params=("eps_low", "eps_high", "trunc_c"),
-               defaults={"trunc_c": 20.0}, band="probability", paper=_DPPO_PAPER + " (DPPO, binary KL)")
+               aggregation="token-mean", band="probability",
+               params=(*clip_band(0.05, 0.05, search_low=(0.005, 0.5, True), search_high=(0.005, 0.5, True),
+                                  dual_clip=False), TRUNC_C), paper=_DPPO_PAPER + " (DPPO, binary KL)")
 def dppo_kl_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, trunc_c):
     """DPPO-KL: as DPPO-TV with the binary KL between Bernoulli(p_old) and Bernoulli(p) as the divergence.
     Returns (loss_BT, high_BT, low_BT)."""
@@ -518,28 +568,11 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
 # ----------------------------------------------------------------------------- entry point
 
 
-def _positive(hp: dict, key: str, minimum: float = 0.0) -> None:
-    v = hp[key]
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (math.isfinite(v) and v > minimum):
-        raise ValueError(f"{key} must be a finite number > {minimum:g}, got {v!r}")
-
-
 def _check(spec: LossSpec, hp: dict, logp, old_logp, advantages, mask) -> None:
-    eps_low, eps_high = hp["eps_low"], hp["eps_high"]
-    if "eps_high" in spec.params:
-        if eps_high is None or not (math.isfinite(eps_high) and eps_high >= 0):
-            raise ValueError(f"eps_high must be a finite float >= 0, got {eps_high!r}")
-        if eps_low is not None and not 0 <= eps_low < 1:
-            raise ValueError(f"eps_low must be None or in [0, 1), got {eps_low!r}")
-    if hp["dual_clip_c"] is not None and not hp["dual_clip_c"] > 1:
-        raise ValueError(f"dual_clip_c must be None or > 1, got {hp['dual_clip_c']!r}")
-    for key in ("tau_pos", "tau_neg", "lam_pos", "lam_neg", "trunc_c"):
-        if key in spec.params:
-            _positive(hp, key)
-    for key in ("k_pos", "k_neg"):
-        if key in spec.params:
-            _positive(hp, key, minimum=-math.inf)
-    if "max_new_tokens" in spec.params:
+    for p in spec.params:
+        if not p.valid(hp[p.name]):
+            raise ValueError(f"{spec.name}: {p.name}={hp[p.name]!r} must be {p.range_text()}")
+    if "max_new_tokens" in spec.keywords:
         t_max = hp.get("max_new_tokens")
         if not isinstance(t_max, int) or isinstance(t_max, bool) or t_max < 1:
             raise ValueError(f"{spec.name} needs max_new_tokens (the rollout's length cap, T_max), a positive int; "
@@ -567,9 +600,10 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
                 **hparams) -> tuple[Tensor, dict[str, Tensor]]:
     """Loss of algorithm ``name`` (a key of ``LOSSES``) and its detached 0-dim stats.
 
-    ``hparams``: the keywords of ``HPARAMS`` the loss takes (its ``params``,
-    e.g. ``eps_low``, ``eps_high``, ``dual_clip_c``; ``tau_pos``, ``tau_neg``
-    for sapo; ``max_new_tokens`` for dr_grpo, required) and the KL ones
+    ``hparams``: the keywords the loss takes (its ``params``, declared in
+    ``loss_params.py``, e.g. ``eps_low``, ``eps_high``, ``dual_clip_c``;
+    ``tau_pos``, ``tau_neg`` for sapo; ``max_new_tokens`` for dr_grpo's
+    aggregation, required) and the KL ones
     (``kl_coef``, ``ref_logp``, ``kl_estimator``); missing ones take the
     loss's defaults. A keyword another loss takes may be passed as None; with
     a value it is an error.
@@ -598,18 +632,18 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
     """
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; allowed: {', '.join(LOSSES)}")
-    unknown = sorted(set(hparams) - set(HPARAMS))
+    allowed = (*PARAMS, *sorted({k for ks in AGG_PARAMS.values() for k in ks}), *SHARED_HPARAMS)
+    unknown = sorted(set(hparams) - set(allowed))
     if unknown:
-        raise TypeError(f"unknown hparam(s) {unknown} for policy_loss; allowed: {', '.join(HPARAMS)}")
+        raise TypeError(f"unknown hparam(s) {unknown} for policy_loss; allowed: {', '.join(allowed)}")
     spec = LOSSES[name]
-    foreign = sorted(k for k, v in hparams.items() if v is not None and k not in spec.params
+    foreign = sorted(k for k, v in hparams.items() if v is not None and k not in spec.keywords
                      and k not in SHARED_HPARAMS)
     if foreign:
         raise ValueError(f"{name} does not take {', '.join(foreign)} (its parameters: "
-                         f"{', '.join(spec.params + SHARED_HPARAMS)})")
-    hp = {"eps_low": spec.eps_low, "eps_high": spec.eps_high, "ref_logp": None, "max_new_tokens": None,
-          **BASE_DEFAULTS, **dict(spec.defaults), **{k: v for k, v in hparams.items() if k in spec.params
-                                                    or k in SHARED_HPARAMS}}
+                         f"{', '.join(spec.keywords + SHARED_HPARAMS)})")
+    hp = {"ref_logp": None, "max_new_tokens": None, **BASE_DEFAULTS, **dict(spec.param_defaults()),
+          **{k: v for k, v in hparams.items() if k in spec.keywords or k in SHARED_HPARAMS}}
     _check(spec, hp, logp, old_logp, advantages, mask)
     cap, floor = check_correction(correction, correction_cap, rollout_logp, logp.shape, correction_min,
                                   correction_level)
@@ -624,7 +658,7 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
     mask_BT = mask.to(dtype)  # (B, T)
 
     unit_loss, high_BT, low_BT = spec.fn(logp_BT, old_logp_BT, adv, mask_BT,
-                                         **{k: hp[k] for k in spec.params if k not in AGG_PARAMS})
+                                         **{p.name: hp[p.name] for p in spec.params})
     extra_stats = {}
     if correction != "none" and rollout_logp is not None:
         level = UNIT_LEVELS[spec.ratio] if correction_level == "unit" else correction_level

@@ -1,7 +1,7 @@
 """``tune``: Optuna studies over clip ranges, pruned, resumable, shared by many workers, linked to MLflow.
 
 One study per algorithm. A trial samples the algorithm's ``search_space``
-(on each algorithm's class in ``algorithms/``; ``--tune-lr`` adds the learning rate,
+(its loss's parameters' declared search ranges, ``core/loss_params.py``; ``--tune-lr`` adds the learning rate,
 log-uniform within 5x of the config's), trains it from the shared warm start
 with ``runner.run_one`` and returns the objective. Storage is any SQLAlchemy
 URL (default ``sqlite:///optuna.db``); workers pointed at the same storage
@@ -210,16 +210,17 @@ def make_pruner(spec: str, steps: int = 0):
     raise ConfigError(f"pruner {spec!r} is not allowed (allowed: {PRUNERS})")
 
 
-def chosen_params(module_cls, params: tuple[str, ...] | None, tune_lr: bool) -> tuple[str, ...]:
-    """The parameters a study searches; unknown names or an empty selection are ConfigErrors."""
-    allowed = (*module_cls.search_ranges(), "lr")
-    chosen = tuple(module_cls.searched_by_default if params is None else params) + (("lr",) if tune_lr else ())
+def chosen_params(spec, params: tuple[str, ...] | None, tune_lr: bool) -> tuple[str, ...]:
+    """The parameters a study of the algorithm of loss ``spec`` (``losses.LossSpec``) searches: its declared
+    search ranges, and ``lr``. Unknown names or an empty selection are ConfigErrors."""
+    allowed = (*spec.search_ranges(), "lr")
+    chosen = tuple(spec.searched_by_default() if params is None else params) + (("lr",) if tune_lr else ())
     unknown = [p for p in chosen if p not in allowed]
     if unknown:
-        raise ConfigError(f"--params {','.join(unknown)}: not in {module_cls.name}'s search space "
+        raise ConfigError(f"--params {','.join(unknown)}: not in {spec.name}'s search space "
                           f"(allowed: {', '.join(allowed)})")
     if not chosen:
-        raise ConfigError(f"empty search space for {module_cls.name}: --params selects nothing "
+        raise ConfigError(f"empty search space for {spec.name}: --params selects nothing "
                           f"(allowed: {', '.join(allowed)})")
     return tuple(dict.fromkeys(chosen))
 

@@ -20,6 +20,7 @@ def tune(req: TuneRequest, log=print) -> list[StudyOutcome]:
     import optuna
 
     from gspo_bench import algorithms
+    from gspo_bench.core.losses import LOSSES
     from gspo_bench.train.runner import quiet, validate
 
     quiet()
@@ -39,7 +40,7 @@ def tune(req: TuneRequest, log=print) -> list[StudyOutcome]:
         req.trials = 8
     cfg = load_config(req.preset, req.config_files, {**req.overrides, "algos": algos})
     uri = validate(cfg)
-    spaces = {a: chosen_params(algorithms.get(a), req.params, req.tune_lr) for a in algos}
+    spaces = {a: chosen_params(LOSSES[a], req.params, req.tune_lr) for a in algos}
     make_pruner(req.pruner, cfg.train.steps)
     storage = open_storage(req.storage, req.heartbeat, req.retries, uri,
                            connect_timeout_s=cfg.tracking.connect_timeout_s)
