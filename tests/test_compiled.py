@@ -7,7 +7,8 @@ import torch
 
 from gspo_bench.models import build_builtin
 from gspo_bench.rollout import compiled
-from gspo_bench.rollout.engine import fast_generate, forward_response, generate, resolve_engine
+from gspo_bench.rollout.engine import fast_generate, forward_response
+from gspo_bench.rollout.engines import generate, resolve_engine
 from tests.conftest import sharpen
 
 # 16 rows (4 prompts x 4 samples): buckets 16 then 8 as rows finish

@@ -11,6 +11,7 @@ import torch
 from gspo_bench.config import RolloutConfig
 from gspo_bench.rollout.datamodule import RolloutDataModule, merge_generations, select
 from gspo_bench.rollout.engine import Generation, forward_response
+from gspo_bench.rollout.engines import Capabilities, InProcessEngine
 from gspo_bench.models import build_builtin
 from gspo_bench.tasks import Task, TaskSpec, generate_arith
 
@@ -27,14 +28,29 @@ def task():
     return Task(TaskSpec(name="arith-small", kind="arith"), train, eval_)
 
 
-def make_dm(task, policy, seed=0, eval_samples=0, **kw):
+class Scripted(InProcessEngine):
+    """An engine that hands back what ``fn(engine, model, tokenizer, prompts, **kw)`` makes (a hand-made
+    generation)."""
+
+    name = "scripted"
+    capabilities = Capabilities(free_logp=False, records_routes=False)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def sample(self, model, tokenizer, prompts, **kw):
+        return self.fn(self, model, tokenizer, prompts, **kw)
+
+
+def make_dm(task, policy, seed=0, eval_samples=0, sampler=None, **kw):
+    """``sampler``: an engine object to sample with (default: the ``engine`` named in ``kw``, hf)."""
     model, tok = policy
     # a resolved rollout config (no auto left), on transformers' generate
     s = dict(prompts_per_step=2, group_size=3, max_new_tokens=4, temperature=1.0, engine="hf",
              dynamic_sampling=False, overlong_buffer=None, advantage_scale="group")
     s.update(kw)
     dm = RolloutDataModule(task, tok, RolloutConfig(**s), steps=3, seed=seed, eval_prompts=8,
-                           eval_samples=eval_samples)
+                           eval_samples=eval_samples, engine=sampler)
     dm.policy = model
     return dm
 
@@ -320,7 +336,7 @@ def test_evaluate_pass1_and_sampled_reward(task, policy):
     greedy = hf_generate(model, tok, prompts, max_new_tokens=4, greedy=True).texts
     # make the first and last answers exactly what greedy decoding says, the middle one impossible
     answers = [greedy[0], "not-a-number", greedy[2]]
-    out = dm.evaluate(model, {"prompt": prompts, "answer": answers})
+    out = dm.evaluator.evaluate(dm, model, {"prompt": prompts, "answer": answers})
     assert out["pass1"].shape == (3,)
     assert out["pass1"].tolist() == [1.0, 0.0, 1.0]
     assert out["reward"].shape == (6,)
@@ -329,26 +345,24 @@ def test_evaluate_pass1_and_sampled_reward(task, policy):
     assert out["pass1_sampled"].tolist() == out["reward"].tolist()
     # under partial credit the mean reward and the sampled pass@1 part ways
     dm.score = lambda texts, answers: torch.tensor([0.5, 1.0] * (len(texts) // 2))
-    part = dm.evaluate(model, {"prompt": prompts, "answer": answers})
+    part = dm.evaluator.evaluate(dm, model, {"prompt": prompts, "answer": answers})
     assert part["reward"].mean().item() == 0.75 and part["pass1_sampled"].mean().item() == 0.5
 
     dm0 = make_dm(task, policy, eval_samples=0)
-    out0 = dm0.evaluate(model, {"prompt": prompts, "answer": answers})
+    out0 = dm0.evaluator.evaluate(dm0, model, {"prompt": prompts, "answer": answers})
     assert set(out0) == {"pass1"} and out0["pass1"].tolist() == [1.0, 0.0, 1.0]
 
 
-def test_eval_dataloader_batches_the_eval_rows(task, policy):
+def test_the_evaluator_batches_the_eval_rows(task, policy):
     model, tok = policy
     dm = RolloutDataModule(task, tok, RolloutConfig(2, 2, 4, engine="hf", dynamic_sampling=False, overlong_buffer=None), steps=1, seed=0, eval_prompts=5, eval_batch=2)
-    batches = list(dm.eval_dataloader())
+    batches = list(dm.evaluator.batches())
     assert [len(b["prompt"]) for b in batches] == [2, 2, 1]
     assert sum((b["prompt"] for b in batches), []) == list(task.eval["prompt"])[:5]
     assert sum((b["answer"] for b in batches), []) == list(task.eval["answer"])[:5]
 
 
-def test_truncated_frac_counts_only_responses_without_eos(task, policy, monkeypatch):
-    import gspo_bench.rollout.datamodule as data_mod
-
+def test_truncated_frac_counts_only_responses_without_eos(task, policy):
     _, tok = policy
     E, PAD = tok.eos_token_id, tok.pad_token_id
 
@@ -358,8 +372,7 @@ def test_truncated_frac_counts_only_responses_without_eos(task, policy, monkeypa
                                [[*ids(tok, "12"), E], ids(tok, "123"), [*ids(tok, "1"), E, PAD]],
                                [[1, 1, 1], [1, 1, 1], [1, 1, 0]], None)
 
-    monkeypatch.setattr(data_mod, "generate", fake_generate)
-    dm = make_dm(task, policy, prompts_per_step=1, group_size=3, max_new_tokens=3)
+    dm = make_dm(task, policy, prompts_per_step=1, group_size=3, max_new_tokens=3, sampler=Scripted(fake_generate))
     dm.score = scripted([1.0, 0.0, 0.0])
     batch = dm.rollout(0)
     assert batch.texts == ["12", "123", "1"]
@@ -367,9 +380,7 @@ def test_truncated_frac_counts_only_responses_without_eos(task, policy, monkeypa
     assert batch.stats["response/truncated_frac"] == pytest.approx(1 / 3)
 
 
-def test_length_means_split_by_correctness(task, policy, monkeypatch):
-    import gspo_bench.rollout.datamodule as data_mod
-
+def test_length_means_split_by_correctness(task, policy):
     _, tok = policy
     E, PAD = tok.eos_token_id, tok.pad_token_id
 
@@ -379,8 +390,7 @@ def test_length_means_split_by_correctness(task, policy, monkeypatch):
                                [[*ids(tok, "12"), E], [E, PAD, PAD], [*ids(tok, "1"), E, PAD], ids(tok, "123")],
                                [[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]], None)
 
-    monkeypatch.setattr(data_mod, "generate", fake_generate)
-    dm = make_dm(task, policy, prompts_per_step=1, group_size=4, max_new_tokens=3)
+    dm = make_dm(task, policy, prompts_per_step=1, group_size=4, max_new_tokens=3, sampler=Scripted(fake_generate))
     # correct = score >= 1: the first two; partial credit (0.5) counts as wrong
     dm.score = scripted([1.0, 1.0, 0.5, 0.0])
     stats = dm.rollout(0).stats
@@ -401,11 +411,9 @@ def test_length_means_split_by_correctness(task, policy, monkeypatch):
     assert all(v == v for v in stats.values())
 
 
-def test_truncation_counts_every_eos_id_the_engine_stops_on(task, policy, monkeypatch):
+def test_truncation_counts_every_eos_id_the_engine_stops_on(task, policy):
     # a model whose generation config ends a response on two ids: "9" ends it as eos does
     import copy
-
-    import gspo_bench.rollout.datamodule as data_mod
 
     model, tok = policy
     model = copy.deepcopy(model)
@@ -416,8 +424,8 @@ def test_truncation_counts_every_eos_id_the_engine_stops_on(task, policy, monkey
         return hand_generation(tok, prompts, [[*ids(tok, "12"), nine], ids(tok, "123"), ids(tok, "129")],
                                [[1, 1, 1], [1, 1, 1], [1, 1, 1]], None)
 
-    monkeypatch.setattr(data_mod, "generate", fake_generate)
-    dm = make_dm(task, (model, tok), prompts_per_step=1, group_size=3, max_new_tokens=3)
+    dm = make_dm(task, (model, tok), prompts_per_step=1, group_size=3, max_new_tokens=3,
+                 sampler=Scripted(fake_generate))
     dm.score = scripted([1.0, 0.0, 0.0])
     # rows 0 and 2 stopped on "9", an eos of this model: only row 1 was truncated
     assert dm.rollout(0).stats["response/truncated_frac"] == pytest.approx(1 / 3)
@@ -448,7 +456,24 @@ def test_the_vllm_engine_is_sized_for_the_tasks_longest_prompt_not_the_models_co
     monkeypatch.setattr(model, "config", wide)
     dm = make_dm(task, policy, engine="vllm", max_new_tokens=7)
     dm.model_dir = str(tmp_path)  # no copy of the weights saved for it
-    dm._build_vllm(model)
+    dm.policy = model
+    dm.sampling_engine().build(model, tok)
     prompts = [*task.train["prompt"], *task.eval["prompt"]]
     longest = max(len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts)
     assert 4 <= longest <= 6 and got["max_model_len"] == longest + 7
+
+
+def test_resume_state_goes_in_through_load_state_dict(task, policy):
+    from gspo_bench.core.rng import rng_state
+
+    dm = make_dm(task, policy)
+    dm.timeouts = 2
+    state = {**dm.state_dict(), "rl_step": 2, "rng": rng_state()}
+    assert set(dm.state_dict()) == {"sampler", "verify_timeouts"}
+    fresh = make_dm(task, policy)
+    fresh.load_state_dict(state)
+    assert (fresh.start_step, fresh.timeouts, fresh.resume_rng) == (2, 2, state["rng"])
+    assert len(fresh.train_dataloader().dataset) == 1  # steps=3: only the last step is left
+    torch.rand(3)  # the RNG moves on; the first rollout puts the checkpoint's back
+    fresh.rollout(2)
+    assert fresh.resume_rng is None

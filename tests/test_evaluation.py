@@ -6,7 +6,7 @@ import torch
 
 from gspo_bench.algorithms import evaluation
 from gspo_bench.config import load_config
-from gspo_bench.rollout.datamodule import RolloutDataModule
+from gspo_bench.rollout.evaluation import Evaluator
 from gspo_bench.train import runner
 from gspo_bench.train.runner import run
 from tests.conftest import tiny_overrides
@@ -20,9 +20,9 @@ def _runs(mixed_task, tracking_uri, algos, experiment):
 
 def test_a_reused_start_eval_leaves_the_run_exactly_as_without_it(mixed_task, tracking_uri, monkeypatch):
     evaluated, shared = [], []
-    orig = RolloutDataModule.evaluate
-    monkeypatch.setattr(RolloutDataModule, "evaluate", lambda self, policy, rows: evaluated.append(len(rows["prompt"]))
-                        or orig(self, policy, rows))
+    orig = Evaluator.evaluate
+    monkeypatch.setattr(Evaluator, "evaluate", lambda self, data, policy, rows: evaluated.append(len(rows["prompt"]))
+                        or orig(self, data, policy, rows))
 
     class Seen(evaluation.StartEvals):  # the runner's, one per seed: kept here to look into
         def __init__(self, source):
@@ -64,8 +64,8 @@ class _DM:
         self.task = type("T", (), {"spec": spec})()
         self.s = type("S", (), {"engine": "auto", "max_new_tokens": 8, "temperature": 1.0, "verify_timeout": 1.0,
                                 "dynamic_sampling": False})()
-        self.eval_samples, self.eval_batch, self.rank, self.world = samples, 256, 0, 1
-        self.eval_rows = {"prompt": ["1+1="], "answer": ["2"]}
+        self.rank, self.world = 0, 1
+        self.evaluator = Evaluator({"prompt": ["1+1="], "answer": ["2"]}, self.s, samples=samples)
 
 
 def test_the_start_eval_key_changes_with_source_rows_settings_and_random_state():
@@ -90,7 +90,7 @@ def test_the_start_eval_key_changes_with_source_rows_settings_and_random_state()
     assert shared.key(_DM()) != key
     torch.manual_seed(0)
     dm = _DM()
-    dm.eval_rows = {"prompt": ["1+1="], "answer": ["3"]}
+    dm.evaluator.rows = {"prompt": ["1+1="], "answer": ["3"]}
     assert shared.key(dm) != key
     torch.manual_seed(0)  # another warm start: other weights
     assert evaluation.StartEvals("/cache/warmstart/arith-tiny-dense-s1").key(_DM()) != key

@@ -9,7 +9,8 @@ import torch
 import transformers
 
 from gspo_bench.rollout import engine, fastgen
-from gspo_bench.rollout.engine import fast_generate, forward_response, generate, hf_generate, resolve_engine
+from gspo_bench.rollout.engine import fast_generate, forward_response, hf_generate
+from gspo_bench.rollout.engines import generate, resolve_engine
 from gspo_bench.rollout.fastgen import FastDecoder, decode, sample
 from gspo_bench.models import build_builtin
 from tests.conftest import sharpen

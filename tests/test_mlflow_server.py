@@ -6,7 +6,7 @@ them as HTTP Basic auth. What is checked: the run comes back through the server 
 histories, params, tags, the experiment's kind), its artifacts are stored by the server under its
 ``--artifacts-destination`` and downloaded through it, and the password is in nothing anyone can read later.
 
-What ``run`` logs as artifacts (read from the code): ``config.yaml`` (``runner.make_logger``),
+What ``run`` logs as artifacts (read from the code): ``config.yaml`` (``runs.open_run``),
 ``collapse_events.json`` (``callbacks.collapse``, at the end of training), ``ratios/step_NNNN.json``
 (``callbacks.diagnostics.RatioSample``, at every evaluation step), and ``checkpoint/last.pt`` every
 ``train.checkpoint_every`` steps (1 here), which the server deletes again once the run is FINISHED. Figures

@@ -240,7 +240,7 @@ def test_wide_char_tokenizer_refuses_a_vocabulary_below_the_char_tokenizers():
 def test_qwen3_06b_arch_builds_and_samples_text_a_verifier_scores():
     """The one test that builds the full model (2.4 GB of float32): tied for real, and what random weights
     sample decodes to text the arith verifier reads (and scores 0)."""
-    from gspo_bench.rollout.engine import generate
+    from gspo_bench.rollout.engines import generate
     from gspo_bench.tasks import load_task
 
     model, wide = build_builtin("qwen3-0.6b-arch", 0)

@@ -69,7 +69,6 @@ def test_a_saved_checkpoint_keeps_its_template_and_load_task_renders_with_it(cha
 
 
 def test_warm_start_rollout_and_eval_see_the_same_prompt_strings(chat_model_dir, tmp_path, monkeypatch):
-    import gspo_bench.rollout.datamodule as dm_mod
     import gspo_bench.train.warmstart as ws_mod
     from gspo_bench.rollout.datamodule import RolloutDataModule
 
@@ -95,9 +94,9 @@ def test_warm_start_rollout_and_eval_see_the_same_prompt_strings(chat_model_dir,
                                          overlong_buffer=None, advantage_scale="group"),
                            steps=1, seed=0, eval_prompts=3)
     dm.policy = model
-    monkeypatch.setattr(dm_mod, "generate", spy("rollout", dm_mod.generate, 3))
+    monkeypatch.setattr(dm, "generate", spy("rollout", dm.generate, 1))
     batch = dm.rollout(0)
-    seen["eval"] = [p for rows in dm.eval_dataloader() for p in rows["prompt"]]
+    seen["eval"] = [p for rows in dm.evaluator.batches() for p in rows["prompt"]]
     for name, prompts in seen.items():
         assert prompts and set(prompts) <= rendered, name
         assert all(p.startswith("<|user|>\n") and p.endswith("\n<|assistant|>\n") for p in prompts), name

@@ -103,3 +103,33 @@ def test_ui_links_open_on_the_runs_table_without_credentials():
             == "https://mlflow.example.com/prefix/#/experiments/2/runs/abc?workflowType=machine_learning")
     assert ui_url("sqlite:///mlflow.db", "1") == "http://127.0.0.1:5000/#/experiments/1?workflowType=machine_learning"
     assert ui_url(None, "1").startswith("http://127.0.0.1:5000/#/")
+
+
+def test_a_rank_other_than_0_opens_no_run_and_records_nothing(tmp_path, monkeypatch):
+    from gspo_bench.tracking import runs
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    monkeypatch.setenv("RANK", "1")
+    assert runs.prior_run(uri, "e", "grpo", 0, "digest", True, print) == (None, None)
+    logger = runs.open_run(load_config("smoke"), uri, "grpo", 0, {}, "arith")
+    assert isinstance(logger, runs.OtherRankLogger) and logger.run_id is None
+    runs.tag_run(logger, {"moe": "false"})
+    runs.end_run(logger, "FAILED", 1.0, ("failed_reason", "x"))
+    assert not (tmp_path / "m.db").exists()  # the store was never opened
+
+
+def test_end_run_sets_the_reason_status_and_wall_time(tmp_path):
+    from gspo_bench.tracking import runs
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    client = mlflow.MlflowClient(uri)
+    run = client.create_run(client.create_experiment("e"))
+    logger = SimpleNamespace(experiment=client, run_id=run.info.run_id)
+    runs.tag_run(logger, {"engine": "hf"})
+    runs.end_run(logger, "KILLED", 12.5, ("killed_reason", "SIGTERM at RL step 3"))
+    got = client.get_run(run.info.run_id)
+    assert got.info.status == "KILLED" and got.data.metrics["time/wall_s"] == 12.5
+    assert got.data.tags["killed_reason"] == "SIGTERM at RL step 3" and got.data.tags["engine"] == "hf"
+    # no experiment yet: nothing to resume, and nothing said
+    said = []
+    assert runs.prior_run(uri, "new", "grpo", 0, "digest", True, said.append) == (None, None) and not said

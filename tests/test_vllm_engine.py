@@ -302,7 +302,7 @@ def test_r3_with_vllm_where_it_cannot_return_routes_is_one_line_exit_2(vllm_read
                 "--set", "moe.routing_replay=r3")
     out = (proc.stdout + proc.stderr).strip()
     assert proc.returncode == 2 and len(out.splitlines()) == 1, out
-    assert "moe.routing_replay=r3 with --engine vllm" in out and "r2" in out and "--engine fast or hf" in out
+    assert "moe.routing_replay=r3 with --engine vllm" in out and "r2" in out and "--engine fast" in out
     assert not (tmp_path / "m.db").exists()  # before any run
 
 

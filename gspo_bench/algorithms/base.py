@@ -1,9 +1,11 @@
 """``PolicyModule``: the RL step every algorithm shares, and the registry of algorithm classes.
 
 An algorithm is a small subclass (``grpo.py``, ``gspo.py``, ...) that names
-its loss (``name``, a key of ``losses.LOSSES``), its ``Recipe`` (the defaults
-its ``auto`` fields resolve to) and its Optuna search ranges, and registers
-with ``@register_algorithm``. Only PPO (critic, GAE) has real code of its own.
+its loss (``name``, a key of ``losses.LOSSES``) and its ``Recipe`` (the
+defaults its ``auto`` fields resolve to), and registers with
+``@register_algorithm``; its loss's parameters, their defaults and ``tune``'s
+search ranges are the loss registration's (``core/loss_params.py``). Only PPO
+(critic, GAE) has real code of its own.
 
 The RL step (``training_step``) reads top to bottom: old log-probs before any
 update, then one optimiser step per minibatch (loss, backward, clip, step),
@@ -68,9 +70,8 @@ def register_algorithm(cls: type["PolicyModule"]) -> type["PolicyModule"]:
                          f"(losses: {', '.join(LOSSES)})")
     if cls.name in ALGORITHMS and ALGORITHMS[cls.name] is not cls:
         raise ValueError(f"algorithm {cls.name!r} is already registered by {ALGORITHMS[cls.name].__name__}")
-    spec = LOSSES[cls.name]
-    # the config resolves ``auto`` clip offsets from the recipe: registered upward, from the loss's own defaults
-    cls.recipe = dataclasses.replace(cls.recipe, clip=(spec.eps_low, spec.eps_high), loss_defaults=spec.defaults)
+    # the config resolves a ``loss.`` key left at ``auto`` from the recipe: its loss's declared defaults
+    cls.recipe = dataclasses.replace(cls.recipe, loss_defaults=LOSSES[cls.name].param_defaults())
     ALGORITHMS[cls.name] = cls
     return cls
 
@@ -130,8 +131,6 @@ class PolicyModule(HeldOutEval, L.LightningModule):
     """The datamodule computes group z-score advantages; an algorithm with its own (PPO's GAE) turns it off."""
     kl_in_loss: ClassVar[bool] = True
     """False when the KL to the reference lives elsewhere (PPO: in the reward)."""
-    searched_by_default: ClassVar[tuple[str, ...]] = ("eps_low", "eps_high")
-    """``tune``: the loss parameters searched when ``--params`` does not say (see ``search_ranges``)."""
 
     def __init__(self, cfg: RunConfig, model_path: str, seed: int, settings: Resolved):
         """``settings``: ``cfg.resolve(name, recipe, ...)``, the same the datamodule samples with."""
@@ -162,8 +161,6 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         self.eval_history: list[tuple[int, float]] = []  # (rl_step, eval pass@1)
         self.eval_log: list[tuple[int, dict[str, float]]] = []  # (rl_step, every eval/* metric)
         self.eval_listeners: list = []  # fn(rl_step, eval metrics), e.g. the collapse detector
-        self._eval: dict = {}  # HeldOutEval's torchmetrics means
-        self._eval_seen: set[str] = set()
         self.checkpointer = None  # set by the runner: checkpoints, heartbeat, a signal's clean stop
         self.resume_state: dict | None = None  # set by the runner to continue a run from its checkpoint
         self.world = 1  # processes training together (set in setup)
@@ -179,37 +176,24 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         """The loss keyword arguments its loss takes (clip range, dual clip, its own parameters; dr_grpo's
         T_max, the rollout's length cap) and the KL estimator."""
         spec = LOSSES[self.name]
-        hp = {k: v for k, v in self.settings.loss.hparams().items() if k in spec.params or k == "kl_estimator"}
-        if "max_new_tokens" in spec.params:
+        hp = {k: v for k, v in self.settings.loss.hparams().items() if k in spec.keywords or k == "kl_estimator"}
+        if "max_new_tokens" in spec.keywords:
             hp["max_new_tokens"] = self.settings.rollout.max_new_tokens
         return hp
 
     # -- search space (``tune``) ----------------------------------------------------------------
     @classmethod
-    def search_ranges(cls) -> dict[str, tuple[float, float, bool]]:
-        """(low, high, log scale) of each loss parameter ``tune`` can search, by its ``loss.`` name.
-
-        Token-level clip (PPO, GRPO, DAPO): uniform around the published
-        offsets (p_lo, p_hi), split at their midpoint m = (p_lo + p_hi) / 2:
-        eps_low in [p_lo / 2, m], eps_high in [m, 1.5 p_hi]. So eps_high >=
-        eps_low always (DAPO's clip-higher; PPO's symmetric 0.2 / 0.2 is the
-        corner) while both ranges stay fixed: Optuna's parameter importance
-        refuses ranges that move from trial to trial.
-        """
-        spec = LOSSES[cls.name]
-        m = (spec.eps_low + spec.eps_high) / 2
-        return {"eps_low": (0.5 * spec.eps_low, m, False), "eps_high": (m, 1.5 * spec.eps_high, False)}
-
-    @classmethod
     def search_space(cls, trial, params=None) -> dict:
         """Config overrides for one Optuna trial, e.g. ``{"loss": {"eps_low": 0.13, "eps_high": 0.27}}``.
 
-        ``params`` picks which of ``search_ranges`` to sample (default
-        ``searched_by_default``); the others keep the algorithm's default.
+        The ranges are its loss's parameters' declared ``search`` ranges (``LossSpec.search_ranges``), sampled in
+        their order; ``params`` picks which (default ``LossSpec.searched_by_default``); the others keep the
+        algorithm's default.
         """
-        chosen = cls.searched_by_default if params is None else tuple(params)
+        spec = LOSSES[cls.name]
+        chosen = spec.searched_by_default() if params is None else tuple(params)
         return {"loss": {name: trial.suggest_float(name, low, high, log=log)
-                         for name, (low, high, log) in cls.search_ranges().items() if name in chosen}}
+                         for name, (low, high, log) in spec.search_ranges().items() if name in chosen}}
 
     # -- wiring ------------------------------------------------------------------------------------
     def configure_optimizers(self):
@@ -223,17 +207,15 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         rank, self.world = ddp.rank_world()
         dm = self.trainer.datamodule
         if dm is not None:
-            dm.policy = self.policy
             # the sampler records its experts on MoE models: moe/routing_mismatch, and what r3 replays
-            dm.record_routes = self.is_moe
-            dm.group_advantages = self.group_advantages
-            dm.rank, dm.world = rank, self.world
+            dm.attach(self.policy, record_routes=self.is_moe, group_advantages=self.group_advantages, rank=rank,
+                      world=self.world)
         if self.world > 1:
             # every rank samples its own responses (a seed per rank), and continues rank 0's checkpoint
             torch.manual_seed(self.seed * 1_000_003 + rank)
             self.resume_state = ddp.broadcast_object(self.resume_state)
-            if dm is not None and self.resume_state is not None:
-                dm.start_step = int(self.resume_state["rl_step"])
+        if dm is not None and self.resume_state is not None:  # before Lightning sizes the dataloader
+            dm.load_state_dict(self.resume_state)
 
     def optimizer_list(self) -> list:
         opts = self.optimizers()

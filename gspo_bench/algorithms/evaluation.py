@@ -1,12 +1,13 @@
-"""``HeldOutEval``: the held-out evaluation every algorithm shares (a mixin of ``PolicyModule``).
+"""``HeldOutEval``: when the held-out evaluation runs, and what becomes of its numbers (a mixin of
+``PolicyModule``).
 
 Our own loop, not Lightning's validation loop: before the first step (the
 warm-start score, at step 0), every ``eval_every`` steps and after the last,
 so a run resumed from a checkpoint evaluates at the same steps as an
-uninterrupted one. Greedy pass@1 over the eval prompts and, with
-``eval_samples`` k > 0, the mean reward and sampled pass@1 over k samples per
-prompt, aggregated with torchmetrics (on W > 1 processes each rank scores its
-share of the prompts, and ``compute`` averages over all of them).
+uninterrupted one. The evaluation itself (greedy pass@1, and with
+``eval_samples`` k > 0 the mean reward and sampled pass@1 over k samples per
+prompt) is the datamodule's ``rollout.evaluation.Evaluator``, on the run's
+engine and verifier.
 
 The step-0 evaluation scores the warm start, which every algorithm of a
 ``run`` shares for a seed. The runner hands the algorithms of one seed one
@@ -23,7 +24,6 @@ import hashlib
 import time
 
 import torch
-from torchmetrics.aggregation import MeanMetric
 
 
 class StartEvals:
@@ -38,38 +38,17 @@ class StartEvals:
         """What a step-0 evaluation's outcome depends on beside the weights: the eval rows, the task and
         sampling settings, and the random state the sampled completions draw from."""
         h = hashlib.blake2b(digest_size=20)
-        s = dm.s  # the settings ``RolloutDataModule.evaluate`` reads (not the training-only ones)
+        s, ev = dm.s, dm.evaluator  # the settings ``Evaluator.evaluate`` reads (not the training-only ones)
         h.update(repr((self.source, dm.task.spec, s.engine, s.max_new_tokens, s.temperature, s.verify_timeout,
-                       dm.eval_samples, dm.eval_batch, dm.rank, dm.world, list(dm.eval_rows["prompt"]),
-                       list(dm.eval_rows["answer"]))).encode())
+                       ev.samples, ev.batch_size, dm.rank, dm.world, list(ev.rows["prompt"]),
+                       list(ev.rows["answer"]))).encode())
         h.update(torch.get_rng_state().numpy().tobytes())
         return h.hexdigest()
 
 
 class HeldOutEval:
-    """Needs ``policy``, ``trainer.datamodule`` (``evaluate``, ``eval_dataloader``), ``logger``, ``rl_step``,
-    ``world``, ``clock``, ``eval_history``, ``eval_log`` and ``eval_listeners`` from the module."""
-
-    def eval_reset(self) -> None:
-        # torchmetrics means over every eval prompt (pass1) and every sampled completion (reward, pass1_sampled)
-        self._eval = {"pass1": MeanMetric(), "reward": MeanMetric(), "pass1_sampled": MeanMetric()}
-        self._eval_seen = set()
-
-    def eval_batch(self, batch: dict) -> None:
-        out = self.trainer.datamodule.evaluate(self.policy, batch)
-        for k, v in out.items():
-            self._eval[k].update(v.float().cpu())
-            self._eval_seen.add(k)
-
-    def record_eval(self) -> dict[str, float]:
-        """Compute ``eval/*`` (on W > 1 processes each rank scored its shard of the prompts, and torchmetrics'
-        ``compute`` averages over all of them), then publish them."""
-        metrics = {"eval/pass1": float(self._eval["pass1"].compute())}
-        if self.trainer.datamodule.eval_samples:
-            metrics["eval/reward_mean"] = float(self._eval["reward"].compute())
-            metrics["eval/pass1_sampled"] = float(self._eval["pass1_sampled"].compute())
-        self.publish_eval(metrics)
-        return metrics
+    """Needs ``policy``, ``trainer.datamodule`` (``evaluator``, ``rank``, ``world``, ``timeouts``), ``logger``,
+    ``rl_step``, ``world``, ``clock``, ``eval_history``, ``eval_log`` and ``eval_listeners`` from the module."""
 
     def publish_eval(self, metrics: dict[str, float]) -> None:
         """Log ``eval/*`` at the current RL step and tell the listeners."""
@@ -104,11 +83,9 @@ class HeldOutEval:
         before = dm.timeouts
         was_training = self.policy.training
         self.policy.eval()
-        self.eval_reset()
-        for batch in dm.eval_dataloader():
-            self.eval_batch(batch)
-        if "pass1" in self._eval_seen or (self.world > 1 and len(dm.eval_rows)):
-            metrics = self.record_eval()
+        metrics = dm.evaluator.run(dm, self.policy, dm.rank, dm.world)
+        if metrics is not None:
+            self.publish_eval(metrics)
             if key is not None:
                 shared.done[key] = (dict(metrics), torch.get_rng_state(), dm.timeouts - before)
         self.policy.train(was_training)

@@ -1,6 +1,9 @@
 """``bench --engines``: the rollout engines side by side, in one process, on the same model and batch.
 
-For each model (a built-in, random weights, no warm start):
+The engines are the registry's (``rollout.engines``); each is checked for
+this environment (``missing_reason``) before any work, and one that does not
+support a model (``supports``) is skipped with a note. For each model (a
+built-in, random weights, no warm start):
 
 - generation: every engine asked for samples the same prompts (the preset's
   ``prompts_per_step`` x ``group_size``, temperature, length cap), median of
@@ -24,9 +27,7 @@ import torch
 
 from gspo_bench import tables
 from gspo_bench.config import ConfigError
-from gspo_bench.rollout.engine import VLLM_AUTO_MIN_PARAMS
-
-ENGINE_NAMES = ("fast", "compiled", "hf", "vllm")
+from gspo_bench.rollout.engines import ENGINES, VLLM_AUTO_MIN_PARAMS, engine_names
 
 
 @dataclass
@@ -44,13 +45,12 @@ class EnginesResult:
 
 
 def check_engines(engines: tuple[str, ...]) -> None:
-    bad = [e for e in engines if e not in ENGINE_NAMES]
+    """Every name a registered engine that runs here (ConfigError: the CLI's exit 2)."""
+    bad = [e for e in engines if e not in ENGINES]
     if not engines or bad:
-        raise ConfigError(f"--engines {','.join(engines)!r}: allowed {', '.join(ENGINE_NAMES)}")
-    if "vllm" in engines:
-        from gspo_bench.rollout.vllm_engine import missing_reason
-
-        reason = missing_reason()
+        raise ConfigError(f"--engines {','.join(engines)!r}: allowed {', '.join(engine_names())}")
+    for e in engines:
+        reason = ENGINES[e].missing_reason()
         if reason:
             raise ConfigError(reason)
 
@@ -102,15 +102,15 @@ def bench_engines_generation(model, tok, prompts, max_new_tokens: int, temperatu
     their MoE experts run by ``moe_kernel``; vLLM builds its own engine in ``dtype`` from a saved copy."""
     from gspo_bench.bench.throughput import bench_generation
     from gspo_bench.rollout import compiled
-    from gspo_bench.rollout.engine import resolve_engine
 
     out, notes = {}, []
     own = []
     for e in engines:
-        if e == "vllm":
+        if ENGINES[e].capabilities.needs_model_dir:  # vLLM: its own engine, measured below
             continue
-        if e in ("fast", "compiled") and resolve_engine(e, model) == "hf":
-            notes.append(f"{e}: the fast engine does not support this model; skipped")
+        reason = ENGINES[e].supports(model)
+        if reason is not None:
+            notes.append(f"{e}: does not support this model ({reason}); skipped")
         elif e == "compiled" and not compiled.supported(model, False):
             notes.append("compiled: not for this model (MoE and route recording decode eagerly); skipped")
         else:

@@ -45,7 +45,8 @@ from gspo_bench.algorithms.base import adamw
 from gspo_bench.config import ConfigError, RunConfig, deep_merge, load_config
 from gspo_bench.rollout import compiled
 from gspo_bench.rollout.datamodule import RolloutDataModule
-from gspo_bench.rollout.engine import generate, resolve_engine, response_logp
+from gspo_bench.rollout.engine import response_logp
+from gspo_bench.rollout.engines import generate, resolve_engine
 from gspo_bench.rollout.precision import SamplerWeights
 from gspo_bench.tasks import load_task
 from gspo_bench.train.warmstart import warm_start

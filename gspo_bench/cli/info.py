@@ -26,11 +26,17 @@ def preset_description(path: Path) -> str:
     return text if end < 0 else text[:end + 1]
 
 
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
 def list_command(args, console) -> int:
-    """``list``: algorithms (a table), tasks, models, and presets with their one-line descriptions."""
+    """``list``: algorithms and rollout engines (tables), tasks, models, and presets with their one-line
+    descriptions."""
     from gspo_bench import algorithms
     from gspo_bench.core.losses import LOSSES
     from gspo_bench.models import BUILTIN_MODELS
+    from gspo_bench.rollout.engines import ENGINES
     from gspo_bench.tasks import builtin_tasks, resolve_task_spec
 
     t = Table(title="algorithms")
@@ -39,8 +45,16 @@ def list_command(args, console) -> int:
     for name in algorithms.names():
         s, cls = LOSSES[name], algorithms.get(name)
         recipe = ", ".join(f"{k}={v}" for k, v in vars(cls.recipe).items()
-                           if v and k not in ("clip", "loss_defaults") and (k, v) != ("advantage_scale", "group")) or "-"
+                           if v and k != "loss_defaults" and (k, v) != ("advantage_scale", "group")) or "-"
         t.add_row(s.name, cls.__name__, s.ratio, s.loss, s.aggregation, s.defaults_text(), recipe)
+    console.print(t)
+    t = Table(title="rollout engines (rollout.engine; auto takes the first that fits, lowest auto first)")
+    for col in ("name", "here", "free log-probs", "MoE routes", "devices", "model folder", "auto"):
+        t.add_column(col)
+    for name, cls in ENGINES.items():
+        c, missing = cls.capabilities, cls.missing_reason()
+        t.add_row(name, "yes" if missing is None else f"no: {missing}", _yes(c.free_logp), _yes(cls.routes_reason() is None),
+                  ", ".join(c.devices), _yes(c.needs_model_dir), "-" if c.auto_order is None else str(c.auto_order))
     console.print(t)
     def described(name: str) -> str:
         try:

@@ -1,10 +1,13 @@
-"""Rollouts: generation engines, the fast sampler and packed forward, and the shared datamodule.
+"""Rollouts: generation engines, the fast sampler and packed forward, the shared datamodule and the
+held-out evaluation.
 
-``engine.py`` (engine choice, log-probs) -> ``fastlm.py`` (functional Qwen3 forward) ->
-``fastgen.py`` (the fast KV-cache sampler) and ``compiled.py`` (its compiled decode step);
-``vllm_engine.py`` (vLLM in this process); ``precision.py`` (the sampler's weights in
-``rollout.dtype``); ``routing.py`` (MoE expert choices, Routing Replay); ``datamodule.py``
-(prompts, rewards, advantages).
+``engine.py`` (the rollout layout, transformers' and the fast sampler's generate, log-probs) ->
+``fastlm.py`` (functional Qwen3 forward) -> ``fastgen.py`` (the fast KV-cache sampler) and
+``compiled.py`` (its compiled decode step); ``vllm_engine.py`` (vLLM in this process);
+``engines/`` (the ``RolloutEngine`` seam, its registry and ``auto``, one file per engine);
+``precision.py`` (the sampler's weights in ``rollout.dtype``); ``routing.py`` (MoE expert
+choices, Routing Replay); ``datamodule.py`` (prompts, the run's engine, rewards, advantages);
+``evaluation.py`` (the held-out evaluation with the run's engine and verifier).
 
 May import: tasks, models, tracking, config, core.
 """

@@ -5,7 +5,11 @@ samples each from the *current* policy, verifier rewards, optional DAPO
 shaping/filtering, and group z-score advantages (docs/algorithms.md). Prompts for
 step ``s`` are drawn from a generator seeded by ``(seed, s)``, so every
 algorithm sees the same prompts in the same order: the comparison is on equal
-terms. Modules never touch the task: scoring and evaluation go through here.
+terms. Modules never touch the task: sampling and scoring go through here,
+and the held-out evaluation (``evaluation.Evaluator``) samples and scores
+through it too. The engine is one object from the registry
+(``rollout.engines``), built at the first rollout, when the policy it samples
+is known, unless one is handed in.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ from gspo_bench.core import advantages as adv
 from gspo_bench.core import collectives as ddp
 from gspo_bench.core.rng import set_rng_state
 from gspo_bench.config import RolloutConfig
-from gspo_bench.rollout.engine import Generation, eos_ids, generate, resolve_engine
+from gspo_bench.rollout.engine import Generation, eos_ids
+from gspo_bench.rollout.engines import (ENGINES, Capabilities, EngineSetup, RolloutEngine, build_engine,
+                                        resolve_engine)
+from gspo_bench.rollout.evaluation import Evaluator
 from gspo_bench.rollout.precision import SamplerWeights
 from gspo_bench.tasks import Task
 
@@ -110,86 +117,99 @@ class RolloutDataModule(L.LightningDataModule):
     """Prompts -> G samples from the current policy -> verifier rewards -> advantages."""
 
     def __init__(self, task: Task, tokenizer, settings: RolloutConfig, *, steps: int, seed: int,
-                 eval_prompts: int = 256, eval_samples: int = 0, eval_batch: int = 256, model_dir: str | None = None):
+                 eval_prompts: int = 256, eval_samples: int = 0, eval_batch: int = 256, model_dir: str | None = None,
+                 engine: RolloutEngine | None = None):
+        """``engine``: the engine to sample with; None: ``rollout.engine``'s, from the registry, at first use."""
         super().__init__()
-        self.model_dir = model_dir  # the policy's starting weights in Hugging Face format (the vllm engine's)
-        self.vllm = None  # the vllm engine (``vllm_engine.VllmEngine``), built at its first use
+        self.model_dir = model_dir  # the policy's starting weights in Hugging Face format (an engine that needs them)
+        self.engine = engine  # the engine that samples (``engines.RolloutEngine``)
+        self.engine_given = engine is not None  # handed in: never replaced by the registry's
         self.task, self.tokenizer, self.s = task, tokenizer, settings
         self.steps, self.seed = steps, seed
-        self.eval_rows = task.eval.select(range(min(eval_prompts, len(task.eval))))
-        self.eval_samples, self.eval_batch = eval_samples, eval_batch
-        self.policy = None  # set by the module in setup(); the engine samples from (a cast of) it
-        self.record_routes = False  # set by the module in setup(): keep the sampler's experts (MoE)
-        self.group_advantages = True  # set by the module in setup(): False when it computes its own (PPO)
+        self.evaluator = Evaluator(task.eval.select(range(min(eval_prompts, len(task.eval)))), settings,
+                                   samples=eval_samples, batch_size=eval_batch)
+        self.policy = None  # the module's (``attach``); the engine samples from (a cast of) it
+        self.record_routes = False  # keep the sampler's experts (MoE; ``attach``)
+        self.group_advantages = True  # False for an algorithm that computes its own (PPO; ``attach``)
         self.sampler = SamplerWeights(settings.dtype, settings.staleness)
         self.timeouts = 0  # verifier calls past their time limit since the last RL step's metrics
-        self.start_step = 0  # a resumed run's next RL step (checkpoint.restore)
-        self.rank, self.world = 0, 1  # set by the module in setup(): this process's share of the prompts
-        self.sampled = {"train": 0, "eval": 0}  # completions generated (``bench --whole``)
+        self.start_step = 0  # a resumed run's next RL step (load_state_dict)
+        self.rank, self.world = 0, 1  # this process's share of the prompts (``attach``)
+        self.train_sampled = 0  # completions generated for rollouts (``sampled``)
         self.resume_rng: dict | None = None  # RNG states a resumed run restores right before its first rollout
+
+    def attach(self, policy, *, record_routes: bool = False, group_advantages: bool = True, rank: int = 0,
+               world: int = 1) -> None:
+        """What the policy module tells the datamodule once it is set up (``PolicyModule.setup``): the policy
+        to sample from, whether the sampler records its MoE experts, whether group advantages are computed
+        here (False: the algorithm has its own, PPO's GAE), and this process's rank among ``world``."""
+        self.policy, self.record_routes, self.group_advantages = policy, record_routes, group_advantages
+        self.rank, self.world = rank, world
+
+    def state_dict(self) -> dict:
+        """Its part of a checkpoint: the sampler's queue of past policies and the verifier timeouts not logged
+        yet (the next RL step and the RNG states are the checkpoint's own ``rl_step`` and ``rng``)."""
+        return {"sampler": self.sampler.state_dict(), "verify_timeouts": self.timeouts}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a checkpoint (``train.checkpoint.capture``): its ``sampler`` and ``verify_timeouts``,
+        rollouts from RL step ``rl_step`` on (the steps done), and the RNG states ``rng`` put back right before
+        the first rollout samples (Lightning draws from them when it makes the dataloader's iterator, which an
+        uninterrupted run did once, at step 0). Called before Lightning sizes the dataloader (``setup``)."""
+        self.sampler.load_state_dict(state["sampler"])
+        self.timeouts = int(state["verify_timeouts"])
+        self.start_step = int(state["rl_step"])
+        self.resume_rng = state["rng"]
 
     def wants_rollout_logp(self) -> bool:
         """Keep the sampler's log-probs when training uses them (old log-probs, a correction), when the
         sampler's precision differs (the mismatch is the point), or when the engine gives them for free
-        (the fast engine and vLLM compute them anyway; ``generate`` would need every step's logits kept)."""
+        (``Capabilities.free_logp``: the fast engine and vLLM compute them anyway; transformers' ``generate``
+        would need every step's logits kept)."""
         return (self.s.old_logp_source == "rollout" or self.s.correction != "none" or self.s.dtype != "float32"
                 or self.s.opsm_threshold is not None
-                or self.s.staleness > 0 or self.engine_name() in ("fast", "compiled", "vllm"))
+                or self.s.staleness > 0 or self.engine_capabilities().free_logp)
+
+    @property
+    def sampled(self) -> dict[str, int]:
+        """Completions generated, for rollouts and for evaluations (``bench --whole``)."""
+        return {"train": self.train_sampled, "eval": self.evaluator.completions}
 
     # -- the engine --------------------------------------------------------------------------
     def engine_name(self) -> str:
-        """The engine that samples: ``rollout.engine`` resolved for the policy (``engine.resolve_engine``)."""
-        return resolve_engine(self.s.engine, self.policy, vllm_ok=True)
+        """The engine that samples: the one handed in, else ``rollout.engine`` resolved for the policy
+        (``engines.resolve_engine``)."""
+        if self.engine_given:
+            return self.engine.name
+        return resolve_engine(self.s.engine, self.policy, held=True)
+
+    def engine_capabilities(self) -> Capabilities:
+        """What the sampling engine declares (``engines.Capabilities``)."""
+        return type(self.engine).capabilities if self.engine_given else ENGINES[self.engine_name()].capabilities
+
+    def sampling_engine(self) -> RolloutEngine:
+        """The engine object, built from the registry at its first use (and again should the resolved name
+        change)."""
+        name = self.engine_name()
+        if self.engine is None or self.engine.name != name:
+            self.close_engine()
+            task = self.task
+            self.engine = build_engine(name, EngineSetup(
+                self.s, seed=self.seed, model_dir=self.model_dir, record_routes=self.record_routes,
+                prompts=lambda: [*task.train["prompt"], *task.eval["prompt"]],
+                max_prompt_tokens=task.spec.max_prompt_tokens))
+        return self.engine
 
     def generate(self, model, prompts: list[str], **kwargs) -> Generation:
-        """Sample ``prompts`` from ``model`` with this run's engine (``engine.generate``, or the vllm engine with
-        ``model``'s weights pushed into it first)."""
-        if self.engine_name() != "vllm":
-            return generate(self.s.engine, model, self.tokenizer, prompts, moe_kernel=self.s.moe_kernel, **kwargs)
-        from gspo_bench.rollout.vllm_engine import vllm_generate
-
-        if self.vllm is None:
-            self.vllm = self._build_vllm(model)
-        return vllm_generate(self.vllm, model, self.tokenizer, prompts, **kwargs)
-
-    def _build_vllm(self, model):
-        """The run's vLLM engine, from ``model_dir`` (or a copy of ``model`` saved for it), in ``rollout.dtype``,
-        with room for the task's longest prompt plus ``max_new_tokens``."""
-        import tempfile
-
-        from gspo_bench.models import is_moe
-        from gspo_bench.rollout.vllm_engine import VllmEngine, routes_supported
-
-        folder = self.model_dir
-        if folder is None:
-            folder = self._saved = tempfile.mkdtemp(prefix="gspo-bench-vllm-")
-            model.save_pretrained(folder)
-            self.tokenizer.save_pretrained(folder)
-        cfg, T = model.config, self.s.max_new_tokens
-        context = int(getattr(cfg, "max_position_embeddings", 0) or 4096)
-        # the task's own longest prompt, not the model's whole context: vLLM on a CPU refuses a max_model_len
-        # whose KV cache outgrows its budget (Qwen3-0.6B's 40,960 positions need 8.75 GiB of it)
-        prompts = [*self.task.train["prompt"], *self.task.eval["prompt"]]
-        longest = max(map(len, self.tokenizer(prompts, add_special_tokens=False)["input_ids"]), default=1)
-        prompt_cap = min(self.task.spec.max_prompt_tokens or context - T, context - T, longest)
-        s = self.s
-        return VllmEngine(folder, dtype=s.dtype, max_model_len=prompt_cap + T, seed=self.seed,
-                          gpu_memory_utilization=s.vllm_gpu_memory_utilization, kv_cache_mb=s.vllm_kv_cache_mb,
-                          # routes where this vLLM returns them (a GPU); on a CPU, moe/routing_mismatch is not logged
-                          enforce_eager=s.vllm_enforce_eager, record_routes=self.record_routes and routes_supported(),
-                          moe_expert_width=getattr(cfg, "moe_intermediate_size", None) if is_moe(model) else None)
+        """Sample ``prompts`` from ``model`` with this run's engine (an engine that holds its own copy of the
+        weights gets ``model``'s first, when they changed)."""
+        return self.sampling_engine().sample(model, self.tokenizer, prompts, **kwargs)
 
     def close_engine(self) -> None:
-        """Shut the vllm engine down (the end of a run); a later rollout would build it again."""
-        if self.vllm is not None:
-            self.vllm.close()
-            self.vllm = None
-        saved = getattr(self, "_saved", None)
-        if saved:
-            import shutil
-
-            shutil.rmtree(saved, ignore_errors=True)
-            self._saved = None
+        """Free what the engine holds (the end of a run: vLLM's engine, one lives at a time); a later rollout
+        would build it again."""
+        if self.engine is not None:
+            self.engine.close()
 
     def teardown(self, stage: str) -> None:
         self.close_engine()
@@ -277,7 +297,7 @@ class RolloutDataModule(L.LightningDataModule):
         eos = torch.tensor(eos_ids(self.policy, self.tokenizer), device=last_tok.device)
         truncated = (lengths >= self.s.max_new_tokens) & ~torch.isin(last_tok, eos)
         sampled = torch.cat(all_scores)
-        self.sampled["train"] += len(sampled)
+        self.train_sampled += len(sampled)
         stats = {
             "reward/mean": float(sampled.mean()),
             "reward/std": float(sampled.std(unbiased=False)),
@@ -301,43 +321,20 @@ class RolloutDataModule(L.LightningDataModule):
             if bool(part.any()):
                 # L_class = sum_{i in class} L_i / |class|
                 stats[key] = float(lengths[part].float().mean())
-        if self.vllm is not None:  # pushing the weights into vLLM: this rollout's, and an evaluation's before it
-            stats["time/weight_sync"] = self.vllm.take_sync_time()
+        # pushing the weights into an engine that holds its own copy (vLLM): this rollout's, and an evaluation's
+        # before it
+        sync = None if self.engine is None else self.engine.take_sync_time()
+        if sync is not None:
+            stats["time/weight_sync"] = sync
         if self.s.dynamic_sampling:
             stats.update({"dynamic/dropped_groups": float(dropped), "dynamic/gen_batches": float(rounds),
                           "dynamic/kept_groups": float(n_groups)})
         return RolloutBatch(gen.input_ids, gen.attention_mask, gen.prompt_len, gen.response_mask,
                             gen.rollout_logp, scores, rewards, advantages, gen.texts, kept_answers, stats, gen.routes)
 
-    # -- evaluation --------------------------------------------------------------------------
-    @torch.no_grad()
-    def evaluate(self, policy, rows: dict) -> dict[str, torch.Tensor]:
-        """Greedy pass@1 hits, and over ``eval_samples`` samples per prompt the mean reward and the
-        sampled pass@1 (fully correct), for a batch of eval rows."""
-        prompts, answers = rows["prompt"], rows["answer"]
-        greedy = self.generate(policy, prompts, max_new_tokens=self.s.max_new_tokens, greedy=True)
-        out = {"pass1": self.score(greedy.texts, answers)}
-        k = self.eval_samples
-        self.sampled["eval"] += len(prompts) * (1 + k)
-        if k:
-            sampled = self.generate(policy, [p for p in prompts for _ in range(k)], max_new_tokens=self.s.max_new_tokens,
-                                    temperature=self.s.temperature, return_logp=False)
-            reward = self.score(sampled.texts, [a for a in answers for _ in range(k)])
-            out["reward"] = reward
-            # pass@1 estimated from k samples: the fraction of sampled completions that fully verify
-            out["pass1_sampled"] = (reward >= 1.0).float()
-        return out
-
     # -- Lightning hooks ---------------------------------------------------------------------------
     def train_dataloader(self):
         return DataLoader(_RolloutStream(self), batch_size=None, collate_fn=lambda b: b)
-
-    def eval_dataloader(self):
-        """The held-out rows in batches (``PolicyModule.evaluate_now``; not Lightning's validation loop)."""
-        rows = [{"prompt": p, "answer": a} for p, a in zip(list(self.eval_rows["prompt"]), list(self.eval_rows["answer"]))]
-        rows = rows[self.rank::self.world]  # each rank scores its share; the eval metrics average over all
-        return DataLoader(rows, batch_size=self.eval_batch, shuffle=False,
-                          collate_fn=lambda b: {"prompt": [r["prompt"] for r in b], "answer": [r["answer"] for r in b]})
 
     def transfer_batch_to_device(self, batch, device, dataloader_idx):
         return batch.to(device) if isinstance(batch, RolloutBatch) else batch

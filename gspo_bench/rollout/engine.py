@@ -1,4 +1,4 @@
-"""Generation engines and token log-probs.
+"""The rollout layout, the two in-process samplers, and token log-probs (the training forward).
 
 A rollout is stored as one left-padded prompt block followed by a right-padded
 response block, so every response starts at the same column ``P``:
@@ -9,6 +9,10 @@ response block, so every response starts at the same column ``P``:
 first eos. Position ids are derived from the attention mask, as
 transformers' ``generate`` does, so a training forward pass sees the same
 positions the sampler saw.
+
+``hf_generate`` (transformers' ``generate``) and ``fast_generate`` (``fastgen``)
+sample in that layout; the engines that wrap them, and the choice among
+engines, are ``rollout.engines``.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ import torch.nn.functional as F
 
 from gspo_bench.rollout.routing import RouterHooks, empty_grid, pinned_routes, routers
 
-from gspo_bench.config.names import ENGINES
 from gspo_bench.config.sections import LOGIT_CHUNK_TOKENS
 from gspo_bench.core.lm_head import token_logp_entropy
 
@@ -183,7 +186,7 @@ def hf_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, te
     """Sample with transformers' ``generate`` (KV-cached), batch of already-repeated prompts.
 
     ``record_routes`` (MoE): keep the experts the router chose for every token fed to the model."""
-    enc, eos = _encode(model, tokenizer, prompts)
+    enc, eos = encode_prompts(model, tokenizer, prompts)
     kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
     calls: list[torch.Tensor] = []
     # every forward of generate routes the (B * P) prompt cells first, then one column of B cells per step
@@ -198,21 +201,21 @@ def hf_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, te
             output_logits=return_logp and not greedy,
             **kwargs,
         )
-    gen = _finish(tokenizer, enc, out.sequences[:, enc["input_ids"].shape[1]:], eos)
+    gen = finish_generation(tokenizer, enc, out.sequences[:, enc["input_ids"].shape[1]:], eos)
     if calls:
         B, P = enc["input_ids"].shape
         grid = empty_grid(model, B, gen.input_ids.shape[1], device=gen.input_ids.device)
         grid[:, :, :P] = calls[0].view(grid.shape[0], B, P, -1).to(grid.dtype)
         for j, step in enumerate(calls[1:grid.shape[2] - P + 1]):
             grid[:, :, P + j] = step.view(grid.shape[0], B, -1).to(grid.dtype)
-        gen.routes = _recorded_only(grid, gen.attention_mask)
+        gen.routes = recorded_only(grid, gen.attention_mask)
     if return_logp and not greedy and out.logits:
         logits = torch.stack(out.logits, dim=1)  # (B, T, V) raw logits
         gen.rollout_logp = token_logp(logits, gen.input_ids[:, gen.prompt_len:], temperature) * gen.response_mask
     return gen
 
 
-def _recorded_only(grid: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def recorded_only(grid: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     # routes of cells that are not real tokens of the final layout (padding, anything after eos) become -1
     return torch.where(attention_mask.bool()[None, :, :, None], grid, torch.full_like(grid, -1))
 
@@ -226,14 +229,14 @@ def eos_ids(model, tokenizer) -> list[int]:
     return [eos] if isinstance(eos, int) else list(eos)
 
 
-def _encode(model, tokenizer, prompts: list[str]):
+def encode_prompts(model, tokenizer, prompts: list[str]):
     """Left-padded prompt batch on the model's device, and the eos id(s) that end a response."""
     device = next(model.parameters()).device
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
     return enc, eos_ids(model, tokenizer)
 
 
-def _finish(tokenizer, enc, resp: torch.Tensor, eos: list[int]) -> Generation:
+def finish_generation(tokenizer, enc, resp: torch.Tensor, eos: list[int]) -> Generation:
     """The rollout layout from prompts and raw responses (B, T); rollout_logp left for the engine to fill."""
     rmask = response_mask_from(resp, eos, tokenizer.pad_token_id)
     # pad out anything after eos so stale tokens never leak into a training pass
@@ -252,7 +255,7 @@ def fast_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, 
     ``moe_kernel``: how MoE layers run their experts (``rollout.moe_kernel``)."""
     from gspo_bench.rollout.fastgen import decode
 
-    enc, eos = _encode(model, tokenizer, prompts)
+    enc, eos = encode_prompts(model, tokenizer, prompts)
     routes = None
     if record_routes and routers(model):
         B, P = enc["input_ids"].shape
@@ -260,54 +263,9 @@ def fast_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, 
     resp, logp = decode(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new_tokens,
                         eos_ids=eos, temperature=temperature, greedy=greedy, generator=generator, routes=routes,
                         compiled=compiled, moe_kernel=moe_kernel)
-    gen = _finish(tokenizer, enc, resp, eos)
+    gen = finish_generation(tokenizer, enc, resp, eos)
     if routes is not None:
-        gen.routes = _recorded_only(routes[:, :, :gen.input_ids.shape[1]], gen.attention_mask)
+        gen.routes = recorded_only(routes[:, :, :gen.input_ids.shape[1]], gen.attention_mask)
     if logp is not None and return_logp:
         gen.rollout_logp = logp * gen.response_mask
     return gen
-
-
-VLLM_AUTO_MIN_PARAMS = 10_000_000
-"""``engine: auto`` picks vLLM (when installed) for models of at least this many parameters, or any model on a
-GPU: below it the fast engine samples faster on a CPU. Measured on 2 cores (``bench --engines``,
-results/bench-engines.md): the fast engine 2.4x ahead on tiny-dense (1 M), vLLM 2.1x ahead on small-dense (44 M)
-at the same batch, crossing at about 8 M."""
-
-
-def prefers_vllm(model) -> bool:
-    """Whether ``auto`` should sample ``model`` with vLLM: it is installed, and the model is on a GPU or at least
-    ``VLLM_AUTO_MIN_PARAMS`` large."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        return False
-    p = next(model.parameters())
-    return p.is_cuda or sum(t.numel() for t in model.parameters()) >= VLLM_AUTO_MIN_PARAMS
-
-
-def resolve_engine(engine: str, model, vllm_ok: bool = False) -> str:
-    """``auto``: vLLM where ``vllm_ok`` (a caller that holds a vLLM engine: the rollout datamodule) and
-    ``prefers_vllm``, else the fast engine when it supports the model, else transformers' generate;
-    ``compiled`` the same with compiled decode steps (``fast_generate``)."""
-    if engine == "auto" and vllm_ok and prefers_vllm(model):
-        return "vllm"
-    if engine in ("auto", "compiled"):
-        from gspo_bench.rollout.fastgen import unsupported_reason
-
-        return ("fast" if engine == "auto" else engine) if unsupported_reason(model) is None else "hf"
-    return engine
-
-
-def generate(engine: str, model, *args, moe_kernel: str = "auto", **kwargs) -> Generation:
-    """Sample with ``engine`` (fast | compiled | hf | auto); vLLM needs its engine object and goes through
-    ``vllm_engine.vllm_generate`` (the rollout datamodule holds one). ``moe_kernel`` is the fast engine's
-    (``rollout.moe_kernel``); transformers runs its own experts."""
-    engine = resolve_engine(engine, model)
-    if engine in ("fast", "compiled"):
-        return fast_generate(model, *args, compiled=engine == "compiled", moe_kernel=moe_kernel, **kwargs)
-    if engine == "hf":
-        return hf_generate(model, *args, **kwargs)
-    if engine == "vllm":
-        raise ValueError("engine 'vllm' samples through a VllmEngine (rollout.vllm_engine.vllm_generate)")
-    raise ValueError(f"unknown engine {engine!r} (allowed: {', '.join(ENGINES)})")

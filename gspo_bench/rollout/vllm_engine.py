@@ -1,4 +1,5 @@
-"""The vLLM engine: rollouts sampled by vLLM's own engine, in this process, from the policy's current weights.
+"""The vLLM engine: rollouts sampled by vLLM's own engine, in this process, from the policy's current weights
+(registered as ``engine: vllm`` by ``engines/vllm.py``).
 
 One ``vllm.LLM`` per run, built in the trainer's process (colocated) from the
 run's model folder in Hugging Face format (the warm start's, or a ``--model``
@@ -43,7 +44,7 @@ import time
 import numpy as np
 import torch
 
-from gspo_bench.rollout.engine import Generation, _encode, _finish, _recorded_only
+from gspo_bench.rollout.engine import Generation, encode_prompts, finish_generation, recorded_only
 
 # vLLM reads these when it is imported: its engine in this process, and only its errors on the console (it warns
 # at every weight push that rotary embeddings have no weights to load)
@@ -237,7 +238,7 @@ def routes_grid(routed: list, prompt_lens: list[int], width: int, prompt_block: 
         start = prompt_block - n_prompt
         n = min(r.shape[0], width - start)
         grid[:, b, start:start + n] = r[:n].permute(1, 0, 2).to(grid.dtype)
-    return _recorded_only(grid.to(attention_mask.device), attention_mask)
+    return recorded_only(grid.to(attention_mask.device), attention_mask)
 
 
 @torch.no_grad()  # not inference mode: the training pass multiplies by these masks
@@ -247,7 +248,7 @@ def vllm_generate(engine: VllmEngine, model, tokenizer, prompts: list[str], *, m
     """Sample with ``engine`` holding ``model``'s weights (pushed first when they changed): the same contract
     as ``engine.hf_generate``."""
     engine.push(model)
-    enc, eos = _encode(model, tokenizer, prompts)
+    enc, eos = encode_prompts(model, tokenizer, prompts)
     distinct, counts = runs_of(prompts)
     starts = np.cumsum([0] + counts[:-1]).tolist()
     ids, mask = enc["input_ids"].cpu(), enc["attention_mask"].cpu().bool()
@@ -261,7 +262,7 @@ def vllm_generate(engine: VllmEngine, model, tokenizer, prompts: list[str], *, m
         resp[b, :len(toks)] = torch.tensor(toks, dtype=torch.long)
         if lps:
             logp[b, :len(lps)] = torch.tensor(lps)
-    gen = _finish(tokenizer, enc, resp.to(enc["input_ids"].device), eos)
+    gen = finish_generation(tokenizer, enc, resp.to(enc["input_ids"].device), eos)
     if return_logp and not greedy:
         gen.rollout_logp = logp.to(gen.response_mask.device) * gen.response_mask
     if record_routes and engine.record_routes and any(r[2] is not None for r in rows):

@@ -148,7 +148,7 @@ def cell_runs(uri: str, experiment: str) -> list:
     return [r for r in runs if benchmark_run(r.data.tags)]
 
 
-def _param_text(v) -> str:  # as runner.make_logger + Lightning's MLFlowLogger store a param
+def _param_text(v) -> str:  # as runs.open_run + Lightning's MLFlowLogger store a param
     return str("null" if v is None else v)[:250]
 
 

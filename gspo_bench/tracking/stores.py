@@ -14,6 +14,8 @@
   path, or a PostgreSQL advisory lock.
 - ``open_store``: the client and the experiment (if it exists), the tables
   made under that lock.
+- ``writable_uri``: the URI ``run`` writes to, a SQLite file's folder (and
+  the file, where it exists) checked for writes.
 - ``check_artifact_location``: the folder a run's artifacts and checkpoints
   go to must take files, checked before any run exists (for a new
   experiment MLflow's default is ``./mlruns`` in the working directory).
@@ -36,7 +38,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from gspo_bench.config import CONNECT_TIMEOUT_S, ConfigError
+from gspo_bench.config import CONNECT_TIMEOUT_S, ConfigError, resolve_tracking_uri
 from gspo_bench.paths import probe_writable_dir
 from gspo_bench.tracking.redact import redact
 
@@ -132,6 +134,26 @@ def ensure_experiment(uri: str, name: str, artifact_location: str | None = None)
             if exp is None:
                 raise
             return exp.experiment_id
+
+
+def writable_uri(setting: str | None) -> str:
+    """The URI runs are written to (``config.resolve_tracking_uri`` of ``tracking.tracking_uri``); a sqlite
+    file's folder must exist and, with the file if it exists, be writable."""
+    uri = resolve_tracking_uri(setting)
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):]).expanduser()
+        if not db.parent.resolve().is_dir():
+            raise ConfigError(f"tracking URI {uri!r}: directory {str(db.parent)!r} does not exist")
+        try:  # a real write (permission bits lie to root, and /proc-like folders refuse new files)
+            if db.exists():
+                with open(db, "ab"):
+                    pass
+            else:
+                probe_writable_dir(db.parent.resolve())
+        except OSError as e:
+            raise ConfigError(f"tracking URI {uri!r}: cannot write {str(db if db.exists() else db.parent)!r} "
+                              f"({e.strerror or e})") from None
+    return uri
 
 
 def _writable(path: Path) -> OSError | None:

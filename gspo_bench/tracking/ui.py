@@ -2,7 +2,7 @@
 
 - ``mark_experiment``: the experiment tag ``mlflow.experimentKind =
   custom_model_development`` ("Machine learning"), set on every experiment
-  gspo_bench creates or writes to (``runner.make_logger``, ``tune``'s
+  gspo_bench creates or writes to (``runs.open_run``, ``tune``'s
   experiment, ``report``'s run), unless someone already chose a kind: MLflow's
   record that these are training runs (metrics, charts), not GenAI traces.
 - ``run_description``: the run's ``mlflow.note.content`` tag, the Markdown

@@ -7,11 +7,12 @@ depends on, so a resumed run continues bit for bit on CPU:
 - the module's weights (policy, PPO's critic; not the frozen reference, which the warm start rebuilds) and
   every optimiser's state;
 - ``rl_step`` and the module's records (first/last metrics, the eval history);
-- the datamodule's position (the next RL step; prompts of step ``s`` are seeded by ``(seed, s)``) and the
-  sampler's queue of past policies (``rollout.staleness``); dynamic sampling fills each step within that
-  step, so it carries nothing over;
+- the datamodule's ``state_dict()``: the sampler's queue of past policies (``rollout.staleness``) and the
+  verifier timeouts not logged yet; its position is ``rl_step`` (prompts of step ``s`` are seeded by
+  ``(seed, s)``), and dynamic sampling fills each step within that step, so it carries nothing over;
 - every callback's ``state_dict()`` (the collapse detector's running means, bests and events);
-- the RNG states (torch, CUDA, Python, NumPy), restored just before the next rollout samples;
+- the RNG states (torch, CUDA, Python, NumPy), restored just before the next rollout samples (by the
+  datamodule, ``RolloutDataModule.load_state_dict``);
 - the wall time spent so far.
 
 Where: next to the run, ``<run's artifact dir>/checkpoint/step-<N>.pt`` when the artifact store is a local
@@ -61,15 +62,17 @@ def capture(module, elapsed_s: float, config_hash: str, settings: dict | None = 
         "weights": {k: v.detach().cpu() for k, v in module.state_dict().items() if not k.startswith("ref.")},
         "optimizers": [opt.optimizer.state_dict() for opt in module.optimizer_list()],
         "records": module.records_state(),
-        "sampler": dm.sampler.state_dict(), "verify_timeouts": dm.timeouts,
+        **dm.state_dict(),  # "sampler", "verify_timeouts"
         "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks if cb.state_dict()},
         "rng": rng_state(),
     }
 
 
 def restore(module, state: dict) -> None:
-    """Put ``state`` back into a module whose trainer has set up its optimisers (``on_train_start``)."""
-    trainer, dm = module.trainer, module.trainer.datamodule
+    """Put ``state`` back into a module whose trainer has set up its optimisers (``on_train_start``), and into
+    the trainer's callbacks. The datamodule took its part in ``PolicyModule.setup``
+    (``RolloutDataModule.load_state_dict``: its position sizes the dataloader, made before this hook)."""
+    trainer = module.trainer
     missing, unexpected = module.load_state_dict(state["weights"], strict=False)
     if unexpected or [k for k in missing if not k.startswith("ref.")]:
         raise RuntimeError(f"the checkpoint does not fit this model (missing {missing[:3]}, unexpected "
@@ -77,14 +80,9 @@ def restore(module, state: dict) -> None:
     for opt, sd in zip(module.optimizer_list(), state["optimizers"], strict=True):
         opt.optimizer.load_state_dict(sd)
     module.load_records_state(state["records"])
-    dm.sampler.load_state_dict(state["sampler"])
-    dm.timeouts = int(state["verify_timeouts"])
     for cb in trainer.callbacks:
         if cb.state_key in state["callbacks"]:
             cb.load_state_dict(state["callbacks"][cb.state_key])
-    # the RNG goes back right before the next rollout samples: Lightning draws from it when it makes the
-    # dataloader's iterator, which an uninterrupted run did once, at step 0
-    dm.resume_rng = state["rng"]
 
 
 # -- where it lives ----------------------------------------------------------------------------------------------

@@ -7,44 +7,40 @@ exception types a caller names in ``RunOptions.interrupts`` (``tune``:
 ``optuna.TrialPruned``) end the run KILLED instead and propagate, and so does
 a SIGINT/SIGTERM (``interrupts``), after a checkpoint. ``resume`` continues
 unfinished runs from their checkpoints (``lifecycle``, ``checkpoint``).
+
+The runner orchestrates; the MLflow run itself (opened or continued, tagged, ended, the run to resume
+found, orphans marked) is ``tracking.runs``'s, and what a checkpoint holds is ``train.checkpoint``'s.
 """
 
 from __future__ import annotations
 
-import logging
 import signal
 import traceback
-import warnings
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import lightning as L
-import yaml
 from lightning.pytorch.callbacks import RichProgressBar
-from lightning.pytorch.loggers.logger import DummyLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from transformers import AutoTokenizer
 
-from gspo_bench import __version__, algorithms
-from gspo_bench.tracking import stores
+from gspo_bench import algorithms
+from gspo_bench.tracking import runs, stores
 from gspo_bench.train import checkpoint
 from gspo_bench.train import distributed as ddp
 from gspo_bench.train import interrupts as signals
 from gspo_bench.algorithms.evaluation import StartEvals
 from gspo_bench.callbacks import CollapseCallback, MismatchProbe, MoEFlipProbe, RatioSample
 from gspo_bench.core.collectives import launch_rank_zero
-from gspo_bench.config import ConfigError, Resolved, RunConfig, flatten, resolve_tracking_uri, to_dict
-from gspo_bench.tracking.lifecycle import (ResumedLogger, RunLogger, config_digest, find_resumable, hashed_settings,
-                                  mark_orphans, owner_tags)
+from gspo_bench.config import ConfigError, Resolved, RunConfig, to_dict
+from gspo_bench.tracking.lifecycle import config_digest, hashed_settings
+from gspo_bench.tracking.runs import quiet
 from gspo_bench.models import classify_model_ref, is_moe
-from gspo_bench.paths import probe_writable_dir
-from gspo_bench.tracking.redact import redact, redact_nested
+from gspo_bench.tracking.redact import redact_nested
 from gspo_bench.rollout.datamodule import RolloutDataModule
-from gspo_bench.rollout.engine import resolve_engine
+from gspo_bench.rollout.engines import ENGINES, engine_class, engine_names, resolve_engine
 from gspo_bench.tasks import load_task, resolve_task_spec
 from gspo_bench.tasks.task import check_chat, check_task_data
-from gspo_bench.tracking.provenance import git_commit, machine
-from gspo_bench.tracking.ui import NOTE_TAG, mark_experiment, run_description
+from gspo_bench.tracking.provenance import git_commit
 from gspo_bench.train.warmstart import WarmStart, for_model, warm_start
 
 
@@ -77,44 +73,6 @@ class ProgressBar(RichProgressBar):
         return items
 
 
-def quiet() -> None:
-    """Keep the console to what a user needs: our lines and the progress bar."""
-    import datasets
-    import mlflow  # noqa: F401  (import first: it sets its own log levels on import)
-    import transformers
-
-    # urllib3 logs every retry of a tracking server that does not answer: the one line that ends the run says it
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "transformers", "mlflow", "alembic",
-                 "mlflow.store.db.utils", "urllib3"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    datasets.disable_progress_bars()  # a task's file loads in a blink; its bars would bury an error line
-    warnings.filterwarnings("ignore", module="lightning")
-    warnings.filterwarnings("ignore", module="transformers")
-    warnings.filterwarnings("ignore", category=UserWarning, module="torch")
-
-
-def tracking_uri(cfg: RunConfig) -> str:
-    """The URI runs are written to (``config.resolve_tracking_uri``); a sqlite file's folder must exist and,
-    with the file if it exists, be writable."""
-    uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
-    if uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///"):]).expanduser()
-        if not db.parent.resolve().is_dir():
-            raise ConfigError(f"tracking URI {uri!r}: directory {str(db.parent)!r} does not exist")
-        try:  # a real write probe (permission bits lie to root, and /proc-like folders refuse new files)
-            if db.exists():
-                with open(db, "ab"):
-                    pass
-            else:
-                probe_writable_dir(db.parent.resolve())
-        except OSError as e:
-            raise ConfigError(f"tracking URI {uri!r}: cannot write {str(db if db.exists() else db.parent)!r} "
-                              f"({e.strerror or e})") from None
-    return uri
-
-
 def validate(cfg: RunConfig) -> str:
     """Check everything cheap to check before any run exists; returns the tracking URI."""
     for algo in cfg.algos:
@@ -128,8 +86,8 @@ def validate(cfg: RunConfig) -> str:
         check_chat(spec, cfg.model)
     except (ValueError, ImportError) as e:  # ImportError: the task's verifier needs an extra not installed
         raise ConfigError(str(e)) from None
-    check_vllm(cfg)
-    uri = tracking_uri(cfg)
+    check_engine(cfg)
+    uri = stores.writable_uri(cfg.tracking.tracking_uri)
     stores.apply_retry_budget(cfg.tracking.retry_budget_s)
     if launch_rank_zero():  # the other processes of a multi-process run never open the store
         stores.check_store(uri, cfg.tracking.experiment, cfg.tracking.artifact_location,
@@ -137,24 +95,31 @@ def validate(cfg: RunConfig) -> str:
     return uri
 
 
-def check_vllm(cfg: RunConfig) -> None:
-    """``rollout.engine: vllm`` asks for vLLM installed and importable; Rollout Routing Replay (r3) with it asks
-    for the experts vLLM routed each token to, which only its GPU model runner returns; and one process (each
-    rank would hold an engine, and vLLM's shutdown ends the process group the ranks share)."""
-    if cfg.rollout.engine != "vllm":
+def check_engine(cfg: RunConfig) -> None:
+    """``rollout.engine`` names a registered engine (``rollout.engines``) that runs in this environment; with
+    Rollout Routing Replay (r3), one that records the experts it routed each token to here; and, for an engine
+    that runs in one process only (vLLM: each rank would hold an engine, and its shutdown ends the process group
+    the ranks share), one process."""
+    name = cfg.rollout.engine
+    if name == "auto":
         return
-    from gspo_bench.rollout import vllm_engine
-
-    reason = vllm_engine.missing_reason()
+    try:
+        cls = engine_class(name)
+    except ValueError as e:
+        raise ConfigError(f"rollout.engine: {e}") from None
+    reason = cls.missing_reason()
     if reason:
         raise ConfigError(reason)
-    if cfg.moe.routing_replay == "r3" and not vllm_engine.routes_supported():
-        raise ConfigError("moe.routing_replay=r3 with --engine vllm needs the experts vLLM routed each token to, "
-                          "which vLLM returns on a GPU only: use moe.routing_replay=r2 (the trainer's own choices), "
-                          "or r3 with --engine fast or hf")
-    if cfg.train.devices * cfg.train.num_nodes > 1:
-        raise ConfigError("--engine vllm runs in one process for now (vLLM's shutdown would end the process group "
-                          "the ranks share): use --engine fast or hf with --devices/--num-nodes")
+    reason = cls.routes_reason() if cfg.moe.routing_replay == "r3" else None
+    if reason:
+        recording = [n for n in engine_names() if ENGINES[n].capabilities.records_routes and n != name]
+        raise ConfigError(f"moe.routing_replay=r3 with --engine {name} needs the experts the engine routed each "
+                          f"token to ({reason}): use moe.routing_replay=r2 (the trainer's own choices), or r3 with "
+                          f"--engine {' or '.join(recording)}")
+    if cls.capabilities.one_process and cfg.train.devices * cfg.train.num_nodes > 1:
+        others = [n for n in engine_names() if not ENGINES[n].capabilities.one_process]
+        raise ConfigError(f"--engine {name} runs in one process for now: use --engine {' or '.join(others)} with "
+                          "--devices/--num-nodes")
 
 
 def resolved_settings(cfg: RunConfig, algo: str, seed: int, ws: WarmStart, settings: Resolved) -> dict:
@@ -167,70 +132,16 @@ def resolved_settings(cfg: RunConfig, algo: str, seed: int, ws: WarmStart, setti
     return redact_nested(resolved)
 
 
-class OtherRankLogger(DummyLogger):
-    """The logger of a rank other than 0: every call does nothing, and there is no run (rank 0 holds it)."""
-
-    run_id = None
-    experiment_id = None
-
-
-def make_logger(cfg: RunConfig, uri: str, algo: str, seed: int, resolved: dict, task_name: str,
-                tags: dict | None = None, parent_run_id: str | None = None, run_name: str | None = None,
-                resume_run_id: str | None = None) -> RunLogger:
-    """A new MLflow run with its tags, params and ``config.yaml``; or, with ``resume_run_id``, that run again
-    (RUNNING, this process as its owner; params and the metrics it holds are not logged twice). A rank other
-    than 0 of a multi-process run gets a logger that records nothing, and never opens the store (torchrun
-    starts every rank at once: two processes creating a new sqlite store's tables would collide)."""
-    if not launch_rank_zero():
-        return OtherRankLogger()
-    if resume_run_id:
-        logger = ResumedLogger(experiment_name=cfg.tracking.experiment, tracking_uri=uri, run_id=resume_run_id)
-        mark_experiment(logger.experiment, logger.experiment_id)
-        logger.experiment.update_run(resume_run_id, status="RUNNING")
-        for key, value in owner_tags().items():
-            logger.experiment.set_tag(resume_run_id, key, value)
-        if "killed_reason" in logger.experiment.get_run(resume_run_id).data.tags:
-            logger.experiment.delete_tag(resume_run_id, "killed_reason")
-        return logger
-    tags = {"algo": algo, "task": task_name, "model": cfg.model.name, "seed": str(seed), "preset": cfg.preset,
-            "tuning": cfg.tuning, "moe": "unknown", "gspo_bench.version": __version__, "git.commit": git_commit(),
-            "machine": machine(), "gspo_bench.config": config_digest(resolved),
-            NOTE_TAG: run_description(algo, seed, cfg.preset, task_name, cfg.model.name, resolved),
-            **owner_tags(), **(tags or {})}
-    if parent_run_id:  # MLflow's own nesting tag: the UI shows this run under its parent
-        tags["mlflow.parentRunId"] = parent_run_id
-    # processes started together on one store would each create the experiment: made once, under its lock
-    stores.ensure_experiment(uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
-    # what is written to MLflow is redacted (tracking.tracking_uri's password -> ***); the logger connects
-    # with the real ``uri``
-    logger = RunLogger(experiment_name=cfg.tracking.experiment, run_name=redact(run_name or f"{algo}-s{seed}"),
-                       tracking_uri=uri, tags=redact_nested(tags))
-    params = {k: ("null" if v is None else v) for k, v in flatten(resolved).items()}
-    logger.log_hyperparams(params)
-    logger.experiment.log_text(logger.run_id, yaml.safe_dump(resolved, sort_keys=False), "config.yaml")
-    if logger.run_id is not None:  # rank 0 (the others of a multi-process run hold no run)
-        mark_experiment(logger.experiment, logger.experiment_id)  # the UI opens it on runs and charts
-    return logger
-
-
 def prior_run(cfg: RunConfig, uri: str, algo: str, seed: int, resolved: dict, resume: bool, log,
               restart: bool = False) -> tuple:
     """Mark the experiment's orphaned runs KILLED; with ``resume``, ``(run id, checkpoint)`` of the run to
-    continue: ``(None, None)`` when there is none (a new run starts), ``(run id, None)`` with ``restart`` when
-    that run has no usable checkpoint (it starts afresh as the same MLflow run). Checkpoints that do not load
-    or do not fit (``checkpoint.verify``) are named one line each and the one before is tried; when none is
-    left, without ``restart``, a ConfigError says so."""
-    if not launch_rank_zero():  # rank 0 finds the run; the others get its checkpoint in setup()
-        return None, None
-    client, exp = stores.open_store(uri, cfg.tracking.experiment)  # the first contact: a new store's tables
-    if exp is None:
-        return None, None
-    mark_orphans(client, exp.experiment_id, log)
+    continue (``runs.prior_run``): ``(None, None)`` when there is none (a new run starts), ``(run id, None)``
+    with ``restart`` when that run has no usable checkpoint (it starts afresh as the same MLflow run).
+    Checkpoints that do not load or do not fit (``checkpoint.verify``) are named one line each and the one
+    before is tried; when none is left, without ``restart``, a ConfigError says so."""
     digest = config_digest(resolved)
-    prior = find_resumable(client, exp.experiment_id, algo, seed, digest) if resume else None
+    client, prior = runs.prior_run(uri, cfg.tracking.experiment, algo, seed, digest, resume, log)
     if prior is None:
-        if resume:
-            log(f"[resume] {algo} seed {seed}: no unfinished run with these settings: starting afresh")
         return None, None
     run_id, status = prior.info.run_id, prior.info.status
     state, problems = checkpoint.load(client, run_id, digest, hashed_settings(resolved))
@@ -277,16 +188,6 @@ class RunOptions:
     """The step-0 evaluations the runs of one seed share (``evaluation.StartEvals``)."""
 
 
-def end_run(logger, status: str, elapsed_s: float, reason: tuple[str, str] | None = None) -> None:
-    """Mark the run ``status`` with its wall time, and ``reason`` as a (tag, text) when given."""
-    if logger.run_id is None:  # a rank other than 0 holds no run
-        return
-    if reason is not None:
-        logger.experiment.set_tag(logger.run_id, *reason)
-    logger.experiment.set_terminated(logger.run_id, status)
-    logger.experiment.log_metric(logger.run_id, "time/wall_s", elapsed_s)
-
-
 def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str, log=print,
             opts: RunOptions | None = None) -> RunResult:
     """Train one algorithm from the warm start, as ``opts`` says (``RunOptions``)."""
@@ -302,9 +203,9 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
     tok = AutoTokenizer.from_pretrained(ws.path)
     dm = RolloutDataModule(task, tok, settings.rollout, steps=cfg.train.steps, seed=seed, model_dir=str(ws.path),
                            eval_prompts=cfg.train.eval_prompts, eval_samples=cfg.train.eval_samples)
-    if state is not None:
-        module.resume_state, dm.start_step = state, int(state["rl_step"])
-    logger = make_logger(cfg, uri, algo, seed, resolved, task.name, o.tags, o.parent_run_id, o.run_name, resume_id)
+    module.resume_state = state  # the datamodule takes its part in the module's setup, on every rank
+    logger = runs.open_run(cfg, uri, algo, seed, resolved, task.name, o.tags, o.parent_run_id, o.run_name,
+                           resume_id)
     ddp.watch_run(logger.experiment, logger.run_id)  # another rank dying marks this run FAILED
     result = RunResult(algo, seed, logger.run_id, "FAILED", experiment_id=logger.experiment_id)
     ckpt = module.checkpointer = checkpoint.Checkpointer(logger.experiment, logger.run_id, cfg.train.checkpoint_every,
@@ -317,7 +218,7 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
             try:
                 trainer.fit(module, datamodule=dm)
             finally:
-                dm.close_engine()  # vLLM's, when it ran: one engine lives at a time
+                dm.close_engine()  # what the engine holds (vLLM's: one lives at a time)
         result.status = "FINISHED"
         if logger.run_id is not None:  # rank 0 holds the run (and its checkpoint)
             checkpoint.discard(logger.experiment, logger.run_id)
@@ -329,14 +230,15 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
         result.status = "KILLED"
         step = ckpt.saved_step if ckpt.saved_step is not None else (state["rl_step"] if state else None)
         where = f"; resume from RL step {step} with --resume" if step else "; no checkpoint yet"
-        end_run(logger, "KILLED", ckpt.elapsed(), ("killed_reason", f"{e.name} at RL step {module.rl_step}{where}"))
+        runs.end_run(logger, "KILLED", ckpt.elapsed(),
+                     ("killed_reason", f"{e.name} at RL step {module.rl_step}{where}"))
         e.checkpoint_step, e.results = step, [result]
         if e is caught:
             raise
         raise e from None
     except o.interrupts:  # stopped on purpose (a pruned trial): not a failure, and the caller handles it
         result.status = "KILLED"
-        end_run(logger, "KILLED", ckpt.elapsed())
+        runs.end_run(logger, "KILLED", ckpt.elapsed())
         raise
     except Exception as e:  # one algorithm failing must not take the benchmark down
         if stores.unreachable(e):  # the server is gone: no more calls to it (each would retry in vain)
@@ -351,9 +253,9 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
             result.error = f"rank {rank} failed: {line}"
         log(f"[error] {algo} seed {seed} failed: {result.error}")
         log(trace)
-        if rank and logger.run_id is not None:  # the other rank's traceback, as an artifact
-            logger.experiment.log_text(logger.run_id, trace, f"rank{rank}-error.txt")
-        end_run(logger, "FAILED", ckpt.elapsed(), ("failed_reason", result.error[:5000]))
+        if rank:  # the other rank's traceback, as an artifact
+            runs.attach_text(logger, trace, f"rank{rank}-error.txt")
+        runs.end_run(logger, "FAILED", ckpt.elapsed(), ("failed_reason", result.error[:5000]))
         if cfg.train.devices * cfg.train.num_nodes > 1:  # ranks in lockstep: none can go on without the others
             line = result.error if rank else ddp.error_line(e)
             raise ddp.RankFailed(f"{algo} seed {seed}: {line}", trace, line) from None
@@ -364,8 +266,8 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
     result.eval_log = list(module.eval_log)
     result.clock, result.completions = dict(module.clock), dict(dm.sampled)
     result.collapse_events = len(collapse.events) if collapse is not None else 0
-    if result.status == "FINISHED" and logger.run_id is not None:  # Lightning marked it FINISHED
-        logger.experiment.log_metric(logger.run_id, "time/wall_s", result.seconds)
+    if result.status == "FINISHED":  # Lightning marked it FINISHED
+        runs.log_wall_time(logger, result.seconds)
     if o.keep_module:
         result.module = module
     return result
@@ -375,12 +277,11 @@ def _trainer(cfg: RunConfig, module, logger, callbacks: tuple) -> tuple[L.Traine
     moe = is_moe(module.policy)
     # the stabilisers and the engine, as tags the leaderboard can split by (--by); routing_replay is what ran
     # (none on dense), engine the one that sampled (auto resolved)
-    engine = resolve_engine(module.settings.rollout.engine, module.policy, vllm_ok=True)
-    for key, value in {"moe": str(moe).lower(), "routing_replay": module.replay, "engine": engine,
-                       "correction": module.settings.rollout.correction,
-                       "rollout_dtype": module.settings.rollout.dtype,
-                       "processes": str(cfg.train.devices * cfg.train.num_nodes)}.items():
-        logger.experiment.set_tag(logger.run_id, key, value)
+    engine = resolve_engine(module.settings.rollout.engine, module.policy, held=True)
+    runs.tag_run(logger, {"moe": str(moe).lower(), "routing_replay": module.replay, "engine": engine,
+                          "correction": module.settings.rollout.correction,
+                          "rollout_dtype": module.settings.rollout.dtype,
+                          "processes": str(cfg.train.devices * cfg.train.num_nodes)})
     collapse = CollapseCallback(cfg.collapse, log=module.checkpointer.log)
     # measurements first, so the collapse detector sees the step's full metrics
     callbacks = [MismatchProbe(), RatioSample()] + ([MoEFlipProbe()] if moe else []) + [collapse] + list(callbacks)

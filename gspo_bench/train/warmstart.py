@@ -47,7 +47,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gspo_bench import tables
 from gspo_bench.config import ModelConfig, TaskOptions, WarmStartConfig
-from gspo_bench.rollout.engine import generate
+from gspo_bench.rollout.engines import generate
 from gspo_bench.models import BUILTIN_MODELS, build_builtin, classify_model_ref, load_pretrained
 from gspo_bench.paths import cache_dir
 from gspo_bench.tasks import Task

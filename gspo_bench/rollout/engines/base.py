@@ -1,0 +1,205 @@
+"""What a rollout engine is (``RolloutEngine``, ``Capabilities``), the registry of them, and ``auto``.
+
+An engine samples completions of already-repeated prompts from a policy and
+returns them in the rollout layout (``rollout.engine.Generation``). It may
+hold state of its own (vLLM: an engine fed the policy's weights), so a run
+builds one object (``build_engine``) and keeps it: ``sample`` every rollout
+and evaluation, ``sync_weights`` to hand it the policy's current weights (a
+no-op for an engine that samples the module itself), ``close`` at the end.
+
+An engine class registers under its name with ``@register_engine`` and
+declares what it can do (``Capabilities``); ``supports`` says why it cannot
+sample a given model, ``missing_reason`` why it cannot run in this
+environment. ``resolve_engine`` turns ``auto`` into a name by reading those,
+in the registry's ``auto_order``, instead of a chain of cases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar, Protocol, runtime_checkable
+
+from gspo_bench.config import RolloutConfig
+from gspo_bench.rollout.engine import Generation
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine declares about itself (``list``, ``bench --engines`` and the run's checks read these)."""
+
+    free_logp: bool
+    """Gives the sampler's log-probs at no extra cost (a run keeps them whenever it samples with it)."""
+    records_routes: bool
+    """Can record the experts its MoE router chose (Rollout Routing Replay, ``moe/routing_mismatch``), where
+    its ``routes_reason`` allows."""
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    """Where it samples."""
+    dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
+    """``rollout.dtype`` values it samples in."""
+    needs_model_dir: bool = False
+    """Builds its own copy of the model from a folder in Hugging Face format: a caller that does not hold the
+    engine for a whole run (``generate``) cannot use it, and ``auto`` picks it only for one that does."""
+    one_process: bool = False
+    """Runs in one training process only (not with ``--devices``/``--num-nodes`` > 1)."""
+    auto_order: int | None = None
+    """Where ``auto`` tries it (lowest first); None: only when named."""
+    fallback: str | None = None
+    """The engine a run samples with instead when this one does not support the model (None: an error)."""
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    """What building an engine may read: the run's rollout settings and what only some engines need."""
+
+    settings: RolloutConfig = field(default_factory=RolloutConfig)
+    """The run's rollout section (``moe_kernel``, ``dtype``, ``max_new_tokens``, the ``vllm_*`` fields)."""
+    seed: int = 0
+    """The run's seed (an engine with its own generator seeds it from this)."""
+    model_dir: str | None = None
+    """The policy's starting weights in Hugging Face format (an engine that ``needs_model_dir``); None: it
+    saves a copy of the model it first samples."""
+    record_routes: bool = False
+    """The run records the sampler's MoE experts."""
+    prompts: Callable[[], list[str]] = list
+    """Every prompt the run may sample (an engine that sizes its context by the longest)."""
+    max_prompt_tokens: int | None = None
+    """The task's cap on a prompt's tokens, when it has one."""
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """The seam every rollout engine fills (see the module docstring)."""
+
+    name: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
+
+    def sample(self, model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
+               greedy: bool = False, return_logp: bool = True, record_routes: bool = False,
+               generator=None) -> Generation:
+        """Completions of ``prompts`` (repeats of a prompt side by side) from ``model``'s current weights."""
+        ...
+
+    def sync_weights(self, model) -> float:
+        """Hand the engine ``model``'s weights unless it holds them already; seconds spent."""
+        ...
+
+    def take_sync_time(self) -> float | None:
+        """Seconds spent in ``sync_weights`` since the last call (``time/weight_sync``); None for an engine
+        that never copies weights."""
+        ...
+
+    def close(self) -> None:
+        """Free what the engine holds; a later ``sample`` builds it again."""
+        ...
+
+
+class InProcessEngine:
+    """The defaults of an engine that samples the policy module itself: nothing to sync, nothing to close."""
+
+    name: ClassVar[str] = ""
+    capabilities: ClassVar[Capabilities]
+
+    def __init__(self, setup: EngineSetup):
+        self.setup = setup
+
+    @classmethod
+    def supports(cls, model) -> str | None:
+        """Why this engine cannot sample ``model`` (a line for the user), or None when it can."""
+        return None
+
+    @classmethod
+    def missing_reason(cls) -> str | None:
+        """Why this engine cannot run in this environment (a line for the user), or None when it can."""
+        return None
+
+    @classmethod
+    def routes_reason(cls) -> str | None:
+        """Why this engine cannot record MoE routes here, or None when it can."""
+        return None if cls.capabilities.records_routes else f"engine {cls.name} does not record MoE routes"
+
+    @classmethod
+    def prefers(cls, model) -> bool:
+        """Whether ``auto`` should pick this engine for ``model`` when it supports it."""
+        return True
+
+    def sync_weights(self, model) -> float:
+        return 0.0
+
+    def take_sync_time(self) -> float | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+ENGINES: dict[str, type] = {}
+"""Engine name -> its class (``register_engine``)."""
+
+
+def register_engine(name: str):
+    """Decorator: add the engine class below to ``ENGINES`` under ``name``."""
+
+    def deco(cls: type) -> type:
+        if name in ENGINES:
+            raise ValueError(f"engine {name!r} is registered already")
+        cls.name = name
+        ENGINES[name] = cls
+        return cls
+
+    return deco
+
+
+def unregister_engine(name: str) -> None:
+    """Take ``name`` out of the registry (a test's toy engine)."""
+    ENGINES.pop(name, None)
+
+
+def engine_names() -> list[str]:
+    """Every registered engine, in registration order (``auto`` is not one: it resolves to one of them)."""
+    return list(ENGINES)
+
+
+def engine_class(name: str) -> type:
+    """The class registered under ``name``; ValueError listing the allowed names otherwise."""
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine {name!r} (allowed: {', '.join(['auto', *ENGINES])})")
+    return ENGINES[name]
+
+
+def resolve_engine(engine: str, model, held: bool = False) -> str:
+    """The engine that samples ``model`` for ``rollout.engine = engine``.
+
+    ``auto``: the first engine in ``auto_order`` that supports the model and ``prefers`` it, skipping those
+    that need a model folder unless the caller ``held`` its engine for the run (the rollout datamodule).
+    A named engine that does not support the model resolves to its ``fallback`` where it declares one.
+    """
+    if engine == "auto":
+        ranked = sorted((c.capabilities.auto_order, n) for n, c in ENGINES.items()
+                        if c.capabilities.auto_order is not None)
+        for _, name in ranked:
+            cls = ENGINES[name]
+            if (held or not cls.capabilities.needs_model_dir) and cls.supports(model) is None and cls.prefers(model):
+                return name
+        raise ValueError("no registered engine supports this model")
+    cls = engine_class(engine)
+    if cls.capabilities.fallback is not None and cls.supports(model) is not None:
+        return resolve_engine(cls.capabilities.fallback, model, held)
+    return engine
+
+
+def build_engine(name: str, setup: EngineSetup | None = None):
+    """An engine object of the registered class ``name`` (already resolved: not ``auto``)."""
+    return engine_class(name)(EngineSetup() if setup is None else setup)
+
+
+def generate(engine: str, model, tokenizer, prompts: list[str], *, moe_kernel: str = "auto",
+             **kwargs) -> Generation:
+    """One sampling call with ``engine`` (resolved for ``model``), for a caller that holds no engine (the warm
+    start, the benchmarks). An engine that needs a model folder (vLLM) is built once and held by its caller
+    (the rollout datamodule). ``moe_kernel``: the fast engine's (``rollout.moe_kernel``)."""
+    name = resolve_engine(engine, model)
+    if engine_class(name).capabilities.needs_model_dir:
+        raise ValueError(f"engine {name!r} builds its own copy of the model and samples through an engine object "
+                         "its caller holds (build_engine; the rollout datamodule holds one)")
+    return build_engine(name, EngineSetup(settings=RolloutConfig(moe_kernel=moe_kernel))).sample(
+        model, tokenizer, prompts, **kwargs)

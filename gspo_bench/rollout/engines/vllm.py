@@ -1,0 +1,112 @@
+"""``vllm``: vLLM's own engine in this process (``rollout.vllm_engine``), fed the policy's weights in place.
+
+The engine is built at the first ``sample``, from the run's model folder (or
+a copy of the model saved for it), in ``rollout.dtype``, with room for the
+task's longest prompt plus ``max_new_tokens``; every ``sample`` pushes the
+policy's weights first when they changed (``time/weight_sync``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import tempfile
+
+from gspo_bench.models import is_moe
+from gspo_bench.rollout import vllm_engine
+from gspo_bench.rollout.engines.base import Capabilities, EngineSetup, register_engine
+
+VLLM_AUTO_MIN_PARAMS = 10_000_000
+"""``engine: auto`` picks vLLM (when installed) for models of at least this many parameters, or any model on a
+GPU: below it the fast engine samples faster on a CPU. Measured on 2 cores (``bench --engines``,
+results/bench-engines.md): the fast engine 2.4x ahead on tiny-dense (1 M), vLLM 2.1x ahead on small-dense (44 M)
+at the same batch, crossing at about 8 M."""
+
+
+def prefers_vllm(model) -> bool:
+    """Whether ``auto`` should sample ``model`` with vLLM: it is installed, and the model is on a GPU or at least
+    ``VLLM_AUTO_MIN_PARAMS`` large."""
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    p = next(model.parameters())
+    return p.is_cuda or sum(t.numel() for t in model.parameters()) >= VLLM_AUTO_MIN_PARAMS
+
+
+@register_engine("vllm")
+class VllmRollout:
+    """One ``vllm_engine.VllmEngine`` for the run, built at the first ``sample`` (see the module docstring)."""
+
+    name = "vllm"
+    capabilities = Capabilities(free_logp=True, records_routes=True, needs_model_dir=True, one_process=True,
+                                auto_order=0)
+
+    def __init__(self, setup: EngineSetup):
+        self.setup = setup
+        self.engine = None  # the vllm_engine.VllmEngine, built at the first sample
+        self.saved: str | None = None  # the copy of the model saved for it, when the run had no folder
+
+    @classmethod
+    def supports(cls, model) -> str | None:
+        return None
+
+    @classmethod
+    def missing_reason(cls) -> str | None:
+        return vllm_engine.missing_reason()
+
+    @classmethod
+    def routes_reason(cls) -> str | None:
+        return None if vllm_engine.routes_supported() else (
+            "vLLM returns the experts it routed each token to on a GPU only")
+
+    @classmethod
+    def prefers(cls, model) -> bool:
+        return prefers_vllm(model)
+
+    def build(self, model, tokenizer):
+        """The run's vLLM engine, from ``setup.model_dir`` (or a copy of ``model`` saved for it), in
+        ``rollout.dtype``, with room for the task's longest prompt plus ``max_new_tokens``."""
+        setup, s = self.setup, self.setup.settings
+        folder = setup.model_dir
+        if folder is None:
+            folder = self.saved = tempfile.mkdtemp(prefix="gspo-bench-vllm-")
+            model.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+        cfg, T = model.config, s.max_new_tokens
+        context = int(getattr(cfg, "max_position_embeddings", 0) or 4096)
+        # the task's own longest prompt, not the model's whole context: vLLM on a CPU refuses a max_model_len
+        # whose KV cache outgrows its budget (Qwen3-0.6B's 40,960 positions need 8.75 GiB of it)
+        longest = max(map(len, tokenizer(setup.prompts(), add_special_tokens=False)["input_ids"]), default=1)
+        prompt_cap = min(setup.max_prompt_tokens or context - T, context - T, longest)
+        return vllm_engine.VllmEngine(
+            folder, dtype=s.dtype, max_model_len=prompt_cap + T, seed=setup.seed,
+            gpu_memory_utilization=s.vllm_gpu_memory_utilization, kv_cache_mb=s.vllm_kv_cache_mb,
+            # routes where this vLLM returns them (a GPU); on a CPU, moe/routing_mismatch is not logged
+            enforce_eager=s.vllm_enforce_eager, record_routes=setup.record_routes and vllm_engine.routes_supported(),
+            moe_expert_width=getattr(cfg, "moe_intermediate_size", None) if is_moe(model) else None)
+
+    def sample(self, model, tokenizer, prompts, *, max_new_tokens, temperature=1.0, greedy=False,
+               return_logp=True, record_routes=False, generator=None):
+        """``vllm_engine.vllm_generate``: ``model``'s weights pushed first when they changed. vLLM seeds each
+        request from torch's global generator (``generator`` must be None)."""
+        if generator is not None:
+            raise ValueError("engine vllm seeds its requests from torch's global generator; it takes no generator")
+        if self.engine is None:
+            self.engine = self.build(model, tokenizer)
+        return vllm_engine.vllm_generate(self.engine, model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                                         temperature=temperature, greedy=greedy, return_logp=return_logp,
+                                         record_routes=record_routes)
+
+    def sync_weights(self, model) -> float:
+        return 0.0 if self.engine is None else self.engine.push(model)
+
+    def take_sync_time(self) -> float | None:
+        return None if self.engine is None else self.engine.take_sync_time()
+
+    def close(self) -> None:
+        """Shut vLLM's engine down (one lives at a time) and remove the copy saved for it."""
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+        if self.saved:
+            shutil.rmtree(self.saved, ignore_errors=True)
+            self.saved = None

@@ -1,0 +1,107 @@
+"""The rollout-engine registry (gspo_bench.rollout.engines): names, ``auto``, and a new engine as one file."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from rich.console import Console
+
+from gspo_bench.config import ConfigError, RolloutConfig, load_config
+from gspo_bench.config import names as config_names
+from gspo_bench.models import build_builtin
+from gspo_bench.rollout.datamodule import RolloutDataModule
+from gspo_bench.rollout.engine import encode_prompts, finish_generation
+from gspo_bench.rollout.engines import (ENGINES, Capabilities, InProcessEngine, RolloutEngine, build_engine,
+                                        engine_names, register_engine, resolve_engine, unregister_engine)
+from gspo_bench.tasks import Task, TaskSpec, generate_arith
+from gspo_bench.train.runner import check_engine
+
+
+def test_the_config_layer_accepts_exactly_the_registered_engines():
+    # config sits below rollout and cannot read the registry: its list of names must be the registry's
+    assert config_names.ENGINES == ("auto", *engine_names())
+
+
+def test_every_registered_engine_fills_the_seam():
+    for name, cls in ENGINES.items():
+        assert cls.name == name and isinstance(cls.capabilities, Capabilities)
+        engine = build_engine(name)
+        assert isinstance(engine, RolloutEngine)
+        engine.close()
+    # the engines that sample the policy module itself have nothing to push or time
+    hf = build_engine("hf")
+    assert hf.sync_weights(None) == 0.0 and hf.take_sync_time() is None
+
+
+def test_auto_reads_the_registry():
+    qwen, _ = build_builtin("tiny-dense", 0)
+    # tiny-dense is below vLLM's size threshold on a CPU: the fast engine, held or not
+    assert resolve_engine("auto", qwen) == "fast" == resolve_engine("auto", qwen, held=True)
+    qwen.generation_config.suppress_tokens = [5]  # a logits processor the fast engine does not apply
+    assert resolve_engine("auto", qwen) == "hf"
+    assert resolve_engine("compiled", qwen) == "hf"  # compiled declares hf its fallback
+    assert resolve_engine("fast", qwen) == "fast"  # fast declares none: sampling says why it cannot
+    with pytest.raises(ValueError, match="unknown engine 'sglang'"):
+        resolve_engine("sglang", qwen)
+
+
+# ----------------------------------------------------------------------------- a new engine, one file
+
+ANSWER = "42"
+
+
+class ToyEngine(InProcessEngine):
+    """Answers every prompt with ``ANSWER`` then eos (what docs/engines.md walks through)."""
+
+    capabilities = Capabilities(free_logp=False, records_routes=False, auto_order=-1)
+
+    def sample(self, model, tokenizer, prompts, *, max_new_tokens, temperature=1.0, greedy=False,
+               return_logp=True, record_routes=False, generator=None):
+        enc, eos = encode_prompts(model, tokenizer, prompts)
+        ids = tokenizer(ANSWER, add_special_tokens=False)["input_ids"][:max_new_tokens - 1] + [eos[0]]
+        resp = torch.tensor([ids] * len(prompts), device=enc["input_ids"].device)
+        return finish_generation(tokenizer, enc, resp, eos)
+
+
+@pytest.fixture
+def toy():
+    register_engine("toy")(ToyEngine)
+    yield ToyEngine
+    unregister_engine("toy")
+
+
+def test_a_registered_toy_engine_samples_a_rollout_and_the_checks_see_it(toy):
+    model, tok = build_builtin("tiny-dense", 0)
+    train, evals = generate_arith(0, min_digits=1, max_digits=2, n_train=40, n_eval=8)
+    task = Task(TaskSpec(name="arith-small", kind="arith"), train, evals)
+    # auto_order -1: ahead of every built-in engine, so ``auto`` resolves to it
+    settings = RolloutConfig(prompts_per_step=2, group_size=3, max_new_tokens=4, dynamic_sampling=False,
+                             overlong_buffer=None, advantage_scale="group")
+    dm = RolloutDataModule(task, tok, settings, steps=1, seed=0, eval_prompts=4)
+    dm.policy = model
+    batch = dm.rollout(0)
+    assert isinstance(dm.engine, ToyEngine) and dm.engine_name() == "toy"
+    assert batch.texts == [ANSWER] * 6 and batch.rollout_logp is None
+    assert batch.response_mask.sum(-1).tolist() == [3.0] * 6  # "4", "2", eos
+    assert "time/weight_sync" not in batch.stats  # nothing pushed
+    metrics = dm.evaluator.run(dm, model)
+    assert set(metrics) == {"eval/pass1"}
+    # the name check and ``list`` read the registry
+    cfg = load_config("smoke")
+    cfg.rollout.engine = "toy"  # past the config layer's own check (the built-in names)
+    check_engine(cfg)
+    cfg.rollout.engine = "warp"
+    with pytest.raises(ConfigError, match="unknown engine 'warp'.*toy"):
+        check_engine(cfg)
+    from gspo_bench.cli.info import list_command
+
+    console = Console(record=True, width=200)
+    list_command(types.SimpleNamespace(), console)
+    assert "toy" in console.export_text()
+    dm.close_engine()
+
+
+def test_the_toy_engine_is_gone_after_its_test():
+    assert "toy" not in ENGINES
