@@ -1,7 +1,10 @@
 """Rollout engines: the ``RolloutEngine`` seam and its registry (``base.py``), and one file per engine:
 ``fast.py`` (the package's KV-cache sampler), ``compiled.py`` (the same, decode steps compiled), ``hf.py``
-(transformers' ``generate``), ``vllm.py`` (vLLM in this process). A new engine is one more file that
-registers with ``@register_engine`` (docs/engines.md), imported below.
+(transformers' ``generate``), ``vllm.py`` (vLLM in this process). Importing this package imports each of its
+modules, so a new engine is one more file here that registers with ``@register_engine`` (docs/engines.md),
+plus its name in ``config/names.py`` (the config checks names before anything above it loads; a test holds the
+two lists equal). The run's checks (``train.runner.check_engine``), ``list`` and ``bench --engines`` read the
+registry.
 
 May import: the rest of rollout, tasks, models, tracking, config, core.
 """
@@ -9,7 +12,14 @@ May import: the rest of rollout, tasks, models, tracking, config, core.
 from gspo_bench.rollout.engines.base import (ENGINES, Capabilities, EngineSetup, InProcessEngine, RolloutEngine,
                                              build_engine, engine_class, engine_names, generate, register_engine,
                                              resolve_engine, unregister_engine)
-from gspo_bench.rollout.engines import fast, compiled, hf, vllm  # noqa: F401  (each registers its engine)
+import importlib
+import pkgutil
+
+# the built-in engines first, in the order ``list`` and the error lines name them; then any other file here
+from gspo_bench.rollout.engines import fast, compiled, hf, vllm  # noqa: E402,F401  (each registers its engine)
+
+for _info in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_info.name}")
 from gspo_bench.rollout.engines.vllm import VLLM_AUTO_MIN_PARAMS, prefers_vllm
 
 __all__ = ["ENGINES", "Capabilities", "EngineSetup", "InProcessEngine", "RolloutEngine", "VLLM_AUTO_MIN_PARAMS",
