@@ -132,8 +132,12 @@ class PolicyModule(HeldOutEval, L.LightningModule):
     kl_in_loss: ClassVar[bool] = True
     """False when the KL to the reference lives elsewhere (PPO: in the reward)."""
 
-    def __init__(self, cfg: RunConfig, model_path: str, seed: int, settings: Resolved):
-        """``settings``: ``cfg.resolve(name, recipe, ...)``, the same the datamodule samples with."""
+    def __init__(self, cfg: RunConfig, model_path: str, seed: int, settings: Resolved, *,
+                 resume_state: dict | None = None, start_evals=None):
+        """``settings``: ``cfg.resolve(name, recipe, ...)``, the same the datamodule samples with.
+        ``resume_state``: the checkpoint a resumed run continues from (``train.checkpoint``), its datamodule's
+        part handed over in ``setup``; ``start_evals``: the step-0 evaluations the runs of one seed share
+        (``evaluation.StartEvals``)."""
         super().__init__()
         self.automatic_optimization = False
         self.cfg, self.seed, self.settings = cfg, seed, settings
@@ -162,7 +166,8 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         self.eval_log: list[tuple[int, dict[str, float]]] = []  # (rl_step, every eval/* metric)
         self.eval_listeners: list = []  # fn(rl_step, eval metrics), e.g. the collapse detector
         self.checkpointer = None  # set by the runner: checkpoints, heartbeat, a signal's clean stop
-        self.resume_state: dict | None = None  # set by the runner to continue a run from its checkpoint
+        self.resume_state = resume_state
+        self.start_evals = start_evals
         self.world = 1  # processes training together (set in setup)
         # seconds spent in each phase of this run (``bench --whole``): sampling, the update, evaluation
         self.clock = {"rollout_s": 0.0, "train_s": 0.0, "eval_s": 0.0}

@@ -48,7 +48,8 @@ class StartEvals:
 
 class HeldOutEval:
     """Needs ``policy``, ``trainer.datamodule`` (``evaluator``, ``rank``, ``world``, ``timeouts``), ``logger``,
-    ``rl_step``, ``world``, ``clock``, ``eval_history``, ``eval_log`` and ``eval_listeners`` from the module."""
+    ``rl_step``, ``world``, ``clock``, ``eval_history``, ``eval_log``, ``eval_listeners`` and ``start_evals``
+    from the module."""
 
     def publish_eval(self, metrics: dict[str, float]) -> None:
         """Log ``eval/*`` at the current RL step and tell the listeners."""
@@ -67,7 +68,7 @@ class HeldOutEval:
         t0 = time.perf_counter()
         dm = self.trainer.datamodule
         # one process on CPU (where the torch RNG state is all the sampler draws from): reuse a step-0 result
-        shared, key = getattr(self, "start_evals", None), None
+        shared, key = self.start_evals, None
         if (shared is not None and self.rl_step == 0 and self.world == 1
                 and all(p.device.type == "cpu" for p in self.policy.parameters())):
             key = shared.key(dm)

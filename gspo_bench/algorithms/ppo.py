@@ -69,8 +69,8 @@ class PPO(PolicyModule):
     group_advantages = False  # GAE over the critic instead (``prepare``)
     kl_in_loss = False  # the KL is in the reward, so the policy loss is the bare clipped surrogate
 
-    def __init__(self, cfg, model_path: str, seed: int, settings):
-        super().__init__(cfg, model_path, seed, settings)
+    def __init__(self, cfg, model_path: str, seed: int, settings, **wiring):
+        super().__init__(cfg, model_path, seed, settings, **wiring)
         self.critic = Critic(model_path, cfg.model.trust_remote_code, cfg.train.forward,
                              settings.rollout.moe_kernel, cfg.train.activation_checkpointing)
 

@@ -198,12 +198,10 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
     digest = config_digest(resolved)
     resume_id, state = prior_run(cfg, uri, algo, seed, resolved, o.resume, log, o.restart)
     L.seed_everything(seed, verbose=False)
-    module = cls(cfg, str(ws.path), seed, settings)
-    module.start_evals = o.start_evals
+    module = cls(cfg, str(ws.path), seed, settings, resume_state=state, start_evals=o.start_evals)
     tok = AutoTokenizer.from_pretrained(ws.path)
     dm = RolloutDataModule(task, tok, settings.rollout, steps=cfg.train.steps, seed=seed, model_dir=str(ws.path),
                            eval_prompts=cfg.train.eval_prompts, eval_samples=cfg.train.eval_samples)
-    module.resume_state = state  # the datamodule takes its part in the module's setup, on every rank
     logger = runs.open_run(cfg, uri, algo, seed, resolved, task.name, o.tags, o.parent_run_id, o.run_name,
                            resume_id)
     ddp.watch_run(logger.experiment, logger.run_id)  # another rank dying marks this run FAILED
