@@ -26,7 +26,7 @@ from gspo_bench.core import collectives as ddp  # noqa: E402
 from gspo_bench.config import load_config  # noqa: E402
 from gspo_bench.rollout.datamodule import RolloutDataModule  # noqa: E402
 from gspo_bench.train.distributed import strategy  # noqa: E402
-from gspo_bench.train.runner import quiet  # noqa: E402
+from gspo_bench.tracking.runs import quiet  # noqa: E402
 from gspo_bench.tasks import load_task, register_verifier  # noqa: E402
 from gspo_bench.train.warmstart import warm_start  # noqa: E402
 
@@ -82,7 +82,9 @@ def main(out: str, *algos: str) -> None:
         L.seed_everything(seed, verbose=False)
         module = cls(cfg, str(ws.path), seed, settings)
         before = {k: v.detach().clone() for k, v in module.policy.state_dict().items()}
-        dm = FixedGlobalRollout(task, tok, settings.rollout, steps=1, seed=seed, eval_prompts=8, eval_samples=0)
+        dm = FixedGlobalRollout(task, tok, settings.rollout, steps=1, seed=seed, policy=module.policy,
+                                record_routes=module.is_moe, group_advantages=module.group_advantages,
+                                eval_prompts=8, eval_samples=0)
         trainer = L.Trainer(max_epochs=1, accelerator="cpu", devices=world, strategy=strategy(cfg.train, module.is_moe),
                             logger=False, enable_progress_bar=False, enable_checkpointing=False,
                             enable_model_summary=False, num_sanity_val_steps=0, use_distributed_sampler=False)

@@ -133,7 +133,7 @@ def test_flatten_and_to_dict():
     ({"train": {"steps": 2.5}}, ["train.steps", "2.5"]),
     ({"algos": []}, ["algos"]),
     ({"rollout": {"group_size": 1}}, ["group_size", "1"]),
-    ({"rollout": {"engine": "sglang"}}, ["engine", "sglang"]),
+    ({"rollout": {"engine": ""}}, ["rollout.engine", "an engine's name"]),
     ({"rollout": {"max_new_tokens": 0}}, ["max_new_tokens", "0"]),
     ({"rollout": {"overlong_buffer": -4}}, ["overlong_buffer", "-4"]),
     ({"rollout": {"dynamic_sampling": "sometimes"}}, ["dynamic_sampling", "sometimes"]),
@@ -311,7 +311,7 @@ def test_set_values_are_validated_like_any_other_setting():
     with pytest.raises(ConfigError, match="rollout.temperature"):
         load_config("smoke", overrides=parse_sets(["rollout.temperature=-1"]))
     with pytest.raises(ConfigError, match="rollout.engine"):
-        load_config("smoke", overrides=parse_sets(["rollout.engine=warp"]))
+        load_config("smoke", overrides=parse_sets(["rollout.engine=[1, 2]"]))
     with pytest.raises(ConfigError, match=r"rollout.moe_kernel='fused' is not allowed \(allowed: auto, grouped"):
         load_config("smoke", overrides=parse_sets(["rollout.moe_kernel=fused"]))
     assert load_config("smoke", overrides=parse_sets(["rollout.moe_kernel=batched"])).rollout.moe_kernel == "batched"

@@ -42,17 +42,15 @@ class Scripted(InProcessEngine):
         return self.fn(self, model, tokenizer, prompts, **kw)
 
 
-def make_dm(task, policy, seed=0, eval_samples=0, sampler=None, **kw):
+def make_dm(task, policy, seed=0, eval_samples=0, sampler=None, model_dir=None, resume=None, **kw):
     """``sampler``: an engine object to sample with (default: the ``engine`` named in ``kw``, hf)."""
     model, tok = policy
     # a resolved rollout config (no auto left), on transformers' generate
     s = dict(prompts_per_step=2, group_size=3, max_new_tokens=4, temperature=1.0, engine="hf",
              dynamic_sampling=False, overlong_buffer=None, advantage_scale="group")
     s.update(kw)
-    dm = RolloutDataModule(task, tok, RolloutConfig(**s), steps=3, seed=seed, eval_prompts=8,
-                           eval_samples=eval_samples, engine=sampler)
-    dm.policy = model
-    return dm
+    return RolloutDataModule(task, tok, RolloutConfig(**s), steps=3, seed=seed, policy=model, eval_prompts=8,
+                             eval_samples=eval_samples, engine=sampler, model_dir=model_dir, resume=resume)
 
 
 def scripted(*rounds):
@@ -186,8 +184,8 @@ def test_score_uses_the_task_verifier(task, policy):
 
 
 def test_rollout_needs_a_policy(task, policy):
-    dm = make_dm(task, policy)
-    dm.policy = None
+    _, tok = policy
+    dm = RolloutDataModule(task, tok, RolloutConfig(2, 2, 4, engine="hf"), steps=1, seed=0)
     with pytest.raises(RuntimeError, match="policy"):
         dm.rollout(0)
 
@@ -454,9 +452,7 @@ def test_the_vllm_engine_is_sized_for_the_tasks_longest_prompt_not_the_models_co
     wide = copy.copy(model.config)
     wide.max_position_embeddings = 40_960
     monkeypatch.setattr(model, "config", wide)
-    dm = make_dm(task, policy, engine="vllm", max_new_tokens=7)
-    dm.model_dir = str(tmp_path)  # no copy of the weights saved for it
-    dm.policy = model
+    dm = make_dm(task, policy, engine="vllm", max_new_tokens=7, model_dir=str(tmp_path))  # no copy saved for it
     dm.sampling_engine().build(model, tok)
     prompts = [*task.train["prompt"], *task.eval["prompt"]]
     longest = max(len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts)
@@ -470,9 +466,11 @@ def test_resume_state_goes_in_through_load_state_dict(task, policy):
     dm.timeouts = 2
     state = {**dm.state_dict(), "rl_step": 2, "rng": rng_state()}
     assert set(dm.state_dict()) == {"sampler", "verify_timeouts"}
-    fresh = make_dm(task, policy)
-    fresh.load_state_dict(state)
+    fresh = make_dm(task, policy, resume=state)  # handed over at construction, loaded in its own setup
+    assert (fresh.start_step, fresh.timeouts, fresh.resume_rng) == (0, 0, None)
+    fresh.setup("fit")
     assert (fresh.start_step, fresh.timeouts, fresh.resume_rng) == (2, 2, state["rng"])
+    assert (fresh.rank, fresh.world) == (0, 1)  # read from the process group (none here), never set from outside
     assert len(fresh.train_dataloader().dataset) == 1  # steps=3: only the last step is left
     torch.rand(3)  # the RNG moves on; the first rollout puts the checkpoint's back
     fresh.rollout(2)

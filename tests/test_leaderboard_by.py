@@ -105,7 +105,10 @@ def test_without_by_rows_and_columns_are_unchanged(runs):
     rows = summarise(runs)
     assert all("by" not in r for r in rows) and [r["algo"] for r in rows] == ["gspo", "grpo"]
     grpo = rows[1]
-    assert grpo["n"] == 7 and grpo["final_pass1"] == pytest.approx((0.6 + 0.5 + 0.7 + 0.3 + 0.4 + 0.35 + 0.9) / 7)
+    # seven runs, three seeds: each seed the mean of its runs (none, r3, untagged), the row the mean of the seeds
+    per_seed = [(0.6 + 0.3 + 0.9) / 3, (0.5 + 0.4) / 2, (0.7 + 0.35) / 2]
+    assert grpo["n"] == 7 and grpo["seeds"] == "0,1,2"
+    assert grpo["final_pass1"] == pytest.approx(sum(per_seed) / 3)
     assert render(rows, "md").splitlines()[0] == "| " + " | ".join(COLUMNS) + " |"
     assert render(rows, "csv").splitlines()[0] == ",".join(CSV_FIELDS)
     assert render(rows, "csv") == render(summarise(runs, ()), "csv")

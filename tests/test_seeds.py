@@ -99,3 +99,31 @@ def test_the_claims_refuse_a_seed_the_rule_counts_two_runs_for():
     with pytest.raises(ValueError, match="two FINISHED runs match .* at seed 0: gspo-none-0-1-FINISHED and "
                                          "gspo-none-0-2-FINISHED"):
         claims.select(ALL, (("algo", "gspo"), ("replay", "none")))
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from gspo_bench.reporting.frame import newest_counts  # noqa: E402
+
+_RUN = st.tuples(st.sampled_from(["grpo", "gspo"]), st.sampled_from(["0", "1"]), st.sampled_from(["aa", "bb"]),
+                 st.sampled_from(["FINISHED", "FAILED"]), st.integers(0, 5))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_RUN, max_size=12), st.booleans())
+def test_newest_counts_keeps_one_finished_run_per_settings_algorithm_and_seed_the_newest(specs, timed):
+    runs = [RunData(f"r{i}", status, {"algo": algo, "seed": seed, "gspo_bench.config": digest}, {}, {},
+                    start_time=float(t) if timed else None)
+            for i, (algo, seed, digest, status, t) in enumerate(specs)]
+    before = [r.status for r in runs]
+    newest_counts(runs)
+    for i, r in enumerate(runs):
+        if before[i] != "FINISHED":
+            assert r.status == before[i]  # only FINISHED runs are ever set aside
+            continue
+        same = [j for j, q in enumerate(runs) if before[j] == "FINISHED" and (q.algo, q.seed, q.tags["gspo_bench.config"])
+                == (r.algo, r.seed, r.tags["gspo_bench.config"])]
+        # the newest: the latest start time, the first listed of equal ones (or of runs without start times)
+        keep = max(same, key=lambda j: (runs[j].start_time or 0.0, -j))
+        assert r.status == ("FINISHED" if i == keep else SUPERSEDED), (specs, timed)

@@ -133,11 +133,12 @@ class PolicyModule(HeldOutEval, L.LightningModule):
     """False when the KL to the reference lives elsewhere (PPO: in the reward)."""
 
     def __init__(self, cfg: RunConfig, model_path: str, seed: int, settings: Resolved, *,
-                 resume_state: dict | None = None, start_evals=None):
+                 resume_state: dict | None = None, start_evals=None, checkpointer=None):
         """``settings``: ``cfg.resolve(name, recipe, ...)``, the same the datamodule samples with.
-        ``resume_state``: the checkpoint a resumed run continues from (``train.checkpoint``), its datamodule's
-        part handed over in ``setup``; ``start_evals``: the step-0 evaluations the runs of one seed share
-        (``evaluation.StartEvals``)."""
+        ``resume_state``: the checkpoint a resumed run continues from (``train.checkpoint``; the datamodule is
+        handed its own part); ``start_evals``: the step-0 evaluations the runs of one seed share
+        (``evaluation.StartEvals``); ``checkpointer``: what saves and restores its checkpoints, beats the
+        heartbeat and stops it cleanly on a signal (``train.checkpoint.Checkpointer``; None: none of that)."""
         super().__init__()
         self.automatic_optimization = False
         self.cfg, self.seed, self.settings = cfg, seed, settings
@@ -165,7 +166,7 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         self.eval_history: list[tuple[int, float]] = []  # (rl_step, eval pass@1)
         self.eval_log: list[tuple[int, dict[str, float]]] = []  # (rl_step, every eval/* metric)
         self.eval_listeners: list = []  # fn(rl_step, eval metrics), e.g. the collapse detector
-        self.checkpointer = None  # set by the runner: checkpoints, heartbeat, a signal's clean stop
+        self.checkpointer = checkpointer
         self.resume_state = resume_state
         self.start_evals = start_evals
         self.world = 1  # processes training together (set in setup)
@@ -210,17 +211,10 @@ class PolicyModule(HeldOutEval, L.LightningModule):
 
     def setup(self, stage: str) -> None:
         rank, self.world = ddp.rank_world()
-        dm = self.trainer.datamodule
-        if dm is not None:
-            # the sampler records its experts on MoE models: moe/routing_mismatch, and what r3 replays
-            dm.attach(self.policy, record_routes=self.is_moe, group_advantages=self.group_advantages, rank=rank,
-                      world=self.world)
         if self.world > 1:
             # every rank samples its own responses (a seed per rank), and continues rank 0's checkpoint
             torch.manual_seed(self.seed * 1_000_003 + rank)
             self.resume_state = ddp.broadcast_object(self.resume_state)
-        if dm is not None and self.resume_state is not None:  # before Lightning sizes the dataloader
-            dm.load_state_dict(self.resume_state)
 
     def optimizer_list(self) -> list:
         opts = self.optimizers()

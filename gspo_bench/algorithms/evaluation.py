@@ -47,7 +47,7 @@ class StartEvals:
 
 
 class HeldOutEval:
-    """Needs ``policy``, ``trainer.datamodule`` (``evaluator``, ``rank``, ``world``, ``timeouts``), ``logger``,
+    """Needs ``policy``, ``trainer.datamodule`` (``evaluator``, ``rank``, ``world``, ``timeouts``, ``count_timeouts``), ``logger``,
     ``rl_step``, ``world``, ``clock``, ``eval_history``, ``eval_log``, ``eval_listeners`` and ``start_evals``
     from the module."""
 
@@ -77,7 +77,7 @@ class HeldOutEval:
             torch.set_rng_state(rng)
             # its timeouts are part of the result (the next step's verify/timeouts); its completions were
             # not generated again, so they stay out of this run's count (bench --whole's completions/hour)
-            dm.timeouts += late
+            dm.count_timeouts(late)
             self.publish_eval(dict(metrics))
             self.clock["eval_s"] += time.perf_counter() - t0
             return

@@ -131,7 +131,7 @@ def run_engines_bench(preset: str, config_files: tuple, overrides: dict, engines
     """The engines of ``engines`` on the preset's model and batch (see the module docstring)."""
     from gspo_bench.bench.throughput import bench_inputs, bench_rl_step, device_name, matmul_gflops, path_overrides
     from gspo_bench.config import deep_merge, load_config
-    from gspo_bench.train.runner import quiet
+    from gspo_bench.tracking.runs import quiet
     from gspo_bench.tracking.provenance import machine
 
     check_engines(engines)

@@ -106,9 +106,9 @@ def measure_step(preset: str, overrides: dict, algo: str) -> dict:
     the second."""
     from gspo_bench import algorithms
     from gspo_bench.config import load_config
-    from gspo_bench.rollout.datamodule import RolloutDataModule
     from gspo_bench.tasks import load_task
-    from gspo_bench.train.runner import quiet
+    from gspo_bench.tracking.runs import quiet
+    from gspo_bench.train.assembly import rollout_data
     from gspo_bench.train.warmstart import warm_start
     from transformers import AutoTokenizer
 
@@ -123,13 +123,13 @@ def measure_step(preset: str, overrides: dict, algo: str) -> dict:
     L.seed_everything(0, verbose=False)
     module = cls(cfg, ws.path, 0, settings)
     tok = AutoTokenizer.from_pretrained(ws.path)
-    dm = RolloutDataModule(task, tok, settings.rollout, steps=2, seed=0, eval_prompts=cfg.train.eval_prompts,
-                           eval_samples=0)
     module.evaluate_now = lambda: None  # the held-out evaluation is not part of an RL step
     probe = StepMemory(index=1)
     trainer = L.Trainer(max_epochs=1, logger=False, callbacks=[probe], accelerator=cfg.train.accelerator, devices=1,
                         precision=cfg.train.precision, num_sanity_val_steps=0, enable_checkpointing=False,
                         enable_model_summary=False, enable_progress_bar=False)
+    dm = rollout_data(module, task, tok, steps=2, seed=0, device=trainer.strategy.root_device.type,
+                      model_dir=str(ws.path), eval_prompts=cfg.train.eval_prompts, eval_samples=0)
     trainer.fit(module, datamodule=dm)
     return probe.result
 

@@ -45,9 +45,9 @@ def measure(out: str, steps: int) -> None:
     from gspo_bench import algorithms
     from gspo_bench.core import collectives
     from gspo_bench.config import load_config
-    from gspo_bench.rollout.datamodule import RolloutDataModule
+    from gspo_bench.tracking.runs import quiet
+    from gspo_bench.train.assembly import rollout_data
     from gspo_bench.train.distributed import strategy
-    from gspo_bench.train.runner import quiet
     from gspo_bench.tasks import load_task
     from gspo_bench.train.warmstart import warm_start
 
@@ -65,8 +65,8 @@ def measure(out: str, steps: int) -> None:
     module = cls(cfg, str(ws.path), 0, settings)
     steps_seen: list[dict] = []
     module.record = lambda metrics: steps_seen.append(metrics)  # every step's metrics, reduced over ranks
-    dm = RolloutDataModule(task, AutoTokenizer.from_pretrained(ws.path), settings.rollout, steps=steps, seed=0,
-                           eval_prompts=2 * world, eval_samples=0)
+    dm = rollout_data(module, task, AutoTokenizer.from_pretrained(ws.path), steps=steps, seed=0, device="cpu",
+                      model_dir=str(ws.path), eval_prompts=2 * world, eval_samples=0)
     trainer = L.Trainer(max_epochs=1, accelerator="cpu", devices=world, strategy=strategy(cfg.train, False),
                         logger=False, enable_progress_bar=False, enable_checkpointing=False,
                         enable_model_summary=False, num_sanity_val_steps=0, use_distributed_sampler=False)

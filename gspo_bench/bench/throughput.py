@@ -44,11 +44,11 @@ from gspo_bench import algorithms
 from gspo_bench.algorithms.base import adamw
 from gspo_bench.config import ConfigError, RunConfig, deep_merge, load_config
 from gspo_bench.rollout import compiled
-from gspo_bench.rollout.datamodule import RolloutDataModule
 from gspo_bench.rollout.engine import response_logp
-from gspo_bench.rollout.engines import generate, resolve_engine
+from gspo_bench.rollout.engines import check_engine, generate, resolve_engine
 from gspo_bench.rollout.precision import SamplerWeights
 from gspo_bench.tasks import load_task
+from gspo_bench.train.assembly import rollout_data
 from gspo_bench.train.warmstart import warm_start
 
 
@@ -322,8 +322,8 @@ def bench_rl_step(cfg: RunConfig, algo: str, ws_path: str, task, warmup: int, st
     L.seed_everything(0, verbose=False)
     module = cls(cfg, ws_path, 0, settings)
     tok = AutoTokenizer.from_pretrained(ws_path)
-    dm = RolloutDataModule(task, tok, settings.rollout, steps=warmup + steps, seed=0, eval_prompts=cfg.train.eval_prompts,
-                           eval_samples=0)
+    dm = rollout_data(module, task, tok, steps=warmup + steps, seed=0, device=device.type, model_dir=ws_path,
+                      eval_prompts=cfg.train.eval_prompts, eval_samples=0)
     module.evaluate_now = lambda: None  # the held-out eval is not part of an RL step
     clock = _StepClock(warmup + steps - 1 if profile is not None else None, device)
     trainer = L.Trainer(max_epochs=1, logger=False, callbacks=[clock], devices=1, precision=cfg.train.precision,
@@ -399,7 +399,7 @@ def bench_inputs(cfg: RunConfig, log=print) -> BenchInputs:
 def run_bench(preset: str, config_files: tuple = (), overrides: dict | None = None,
               opts: BenchOptions | None = None, log=print) -> BenchResult:
     """Everything above for one preset (``cpu-bench`` by default on the command line)."""
-    from gspo_bench.train.runner import quiet
+    from gspo_bench.tracking.runs import quiet
     from gspo_bench.tracking.provenance import machine
 
     opts = opts or BenchOptions()
@@ -410,6 +410,7 @@ def run_bench(preset: str, config_files: tuple = (), overrides: dict | None = No
         return load_config(preset, tuple(config_files), over)
 
     cfg = cfg_for(None)
+    check_engine(cfg)  # a registered engine that runs here, before any work
     quiet()
     bench = bench_inputs(cfg, log)
     task, ws, model, tok, max_new, prompts = (bench.task, bench.warm_start, bench.model, bench.tokenizer,

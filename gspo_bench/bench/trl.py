@@ -26,7 +26,7 @@ from gspo_bench import tables
 from gspo_bench import algorithms
 from gspo_bench.bench.throughput import bench_device, bench_rl_step, matmul_gflops, path_overrides
 from gspo_bench.config import ConfigError, RunConfig, deep_merge, load_config, parse_sets
-from gspo_bench.train.runner import quiet
+from gspo_bench.tracking.runs import quiet
 from gspo_bench.tracking.provenance import git_commit, machine
 from gspo_bench.tasks import load_task
 from gspo_bench.train.warmstart import warm_start

@@ -29,7 +29,8 @@ def whole_benchmark(preset: str = "default", config_files: tuple = (), overrides
     """Time ``run`` with every algorithm on the first seed of ``preset``; returns the breakdown."""
     from gspo_bench import algorithms
     from gspo_bench.rollout import compiled
-    from gspo_bench.train.runner import quiet, run
+    from gspo_bench.tracking.runs import quiet
+    from gspo_bench.train.runner import run
     from gspo_bench.tracking.provenance import machine
     from gspo_bench.tasks import load_task
     from gspo_bench.train.warmstart import warm_start

@@ -71,8 +71,8 @@ def _shared_flags(c: argparse.ArgumentParser) -> None:
     c.add_argument("--steps", type=int, help="RL steps per algorithm")
     c.add_argument("--lr", type=float, help="policy learning rate")
     c.add_argument("--minibatches", type=int, help="optimiser steps per rollout")
-    c.add_argument("--engine", help="generation engine: auto | fast | compiled | hf | vllm (default auto: fast when it "
-                   "supports the model)")
+    c.add_argument("--engine", help="generation engine: auto or a registered one, see `list` (default auto: the "
+                   "first that supports the model)")
     c.add_argument("--no-warmstart", action="store_true", help="skip the supervised warm start")
     c.add_argument("--on-collapse", help="continue | stop")
     c.add_argument("--tracking-uri", help=f"MLflow URI (default $MLFLOW_TRACKING_URI or {DEFAULT_TRACKING_URI})")
@@ -415,16 +415,17 @@ def _ended_by(e: Exception) -> int:
     import traceback
 
     from gspo_bench.core.collectives import launch_rank_zero
-    from gspo_bench.train import distributed as ddp
+    from gspo_bench.train import distributed
     from gspo_bench.tracking.stores import TrackingUnreachable
 
-    if not launch_rank_zero() and os.environ.get(ddp.REPORTS_ENV):
+    if not launch_rank_zero() and os.environ.get(distributed.REPORTS_ENV):
         if not isinstance(e, TrackingUnreachable):
-            ddp.report_failure(e.line if isinstance(e, ddp.RankFailed) else ddp.error_line(e),
-                               e.trace if isinstance(e, ddp.RankFailed) else traceback.format_exc())
+            failed = isinstance(e, distributed.RankFailed)
+            distributed.report_failure(e.line if failed else distributed.error_line(e),
+                                       e.trace if failed else traceback.format_exc())
         return 1
-    if isinstance(e, (TrackingUnreachable, ddp.RankFailed)):
-        ddp.stop_other_ranks()
+    if isinstance(e, (TrackingUnreachable, distributed.RankFailed)):
+        distributed.stop_other_ranks()
         console.print(f"gspo-bench: error: {e}", style="red", soft_wrap=True, markup=False)
         return 1
     raise e

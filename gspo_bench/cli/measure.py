@@ -102,6 +102,10 @@ def bench_command(args, console) -> int:
                         scaling=scaling, paths=tuple(args.paths), profile=bool(args.profile))
     opts.check()
     sets = parse_sets(args.sets)  # before any work: a bad --set exits 2 at once
+    from gspo_bench.rollout.engines import check_engine
+
+    for model in args.model or [None]:  # and every model's settings load, with an engine that runs here
+        check_engine(load_config(args.preset, tuple(args.config), model_overrides(args, sets, model)))
     results = []
     for model in args.model or [None]:
         over = model_overrides(args, sets, model)
@@ -182,6 +186,7 @@ def presets_command(args, console) -> int:
 
     from gspo_bench.bench import presets as bench_presets
     from gspo_bench.config import presets
+    from gspo_bench.rollout.engines import check_engine
     from gspo_bench.tracking.provenance import git_commit, machine
 
     unknown = [p for p in args.presets if p not in presets()]
@@ -192,7 +197,7 @@ def presets_command(args, console) -> int:
                           "passed on")
     sets = tuple(args.sets)
     for name in args.presets:  # before any work: every preset with these settings must load
-        load_config(name, (), deep_merge(parse_sets(bench_presets.CUT_SIZE), parse_sets(sets)))
+        check_engine(load_config(name, (), deep_merge(parse_sets(bench_presets.CUT_SIZE), parse_sets(sets))))
     def log(line: str) -> None:
         console.print(line, markup=False, soft_wrap=True)
 
@@ -222,6 +227,7 @@ def memory_command(args, console) -> int:
     from pathlib import Path
 
     from gspo_bench.bench import memory as bench_memory
+    from gspo_bench.rollout.engines import check_engine
     from gspo_bench.tracking.provenance import git_commit, machine
 
     controls = bench_memory.parse_controls(list(args.memory))
@@ -234,7 +240,7 @@ def memory_command(args, console) -> int:
     preset = args.preset or "default"
     sets = tuple(args.sets)
     for c in controls:  # before any work: every measurement's settings must load
-        load_config(preset, (), parse_sets(list(bench_memory.child_overrides(sets, c, max(sizes)))))
+        check_engine(load_config(preset, (), parse_sets(list(bench_memory.child_overrides(sets, c, max(sizes))))))
     results = []
     for size in sizes:
         for c in controls:
@@ -266,7 +272,8 @@ def warmstart_command(args, console) -> int:
     import shlex
     from pathlib import Path
 
-    from gspo_bench.train.runner import quiet, validate
+    from gspo_bench.tracking.runs import quiet
+    from gspo_bench.train.runner import validate
     from gspo_bench.tracking.provenance import git_commit
     from gspo_bench.train.warmstart import band, band_markdown
 

@@ -11,7 +11,8 @@ from gspo_bench.config import RunConfig
 
 def run_command(cfg: RunConfig, args, console) -> int:
     from gspo_bench.core.collectives import launch_rank_zero
-    from gspo_bench.train.runner import quiet, run, validate
+    from gspo_bench.tracking.runs import quiet
+    from gspo_bench.train.runner import run, validate
 
     quiet()  # before the store is opened: MLflow's own INFO lines ("Updating database tables") are not ours
     uri = validate(cfg)

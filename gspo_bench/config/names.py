@@ -1,9 +1,6 @@
-"""Name lists the config checks and the packages above it use: engines, MoE kernels, Routing Replay modes,
-precisions."""
+"""Name lists the config checks and the packages above it use: MoE kernels, Routing Replay modes, precisions.
+(``rollout.engine`` is not one: it names an entry of the engine registry, above config, which checks it.)"""
 
-ENGINES = ("auto", "fast", "compiled", "hf", "vllm")
-"""``rollout.engine``: ``auto`` and the registered engines (``rollout/engines/``, which resolves ``auto``). Config
-sits below rollout and cannot read its registry; tests/test_engines.py checks the two agree."""
 REPLAY_MODES = ("none", "r2", "r3")
 """``moe.routing_replay`` (``rollout/routing.py``)."""
 MOE_KERNELS = ("auto", "grouped", "batched", "loop")

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from gspo_bench.config.names import CHAT_MODES, ENGINES, MOE_KERNELS, PRECISIONS, REPLAY_MODES, ROLLOUT_DTYPES
+from gspo_bench.config.names import CHAT_MODES, MOE_KERNELS, PRECISIONS, REPLAY_MODES, ROLLOUT_DTYPES
 from gspo_bench.config.resolved import SPREAD, LossParamFields, LossSettings, Recipe, Resolved
 from gspo_bench.core.loss_params import PARAMS, LossParam
 from gspo_bench.core.names import (ADVANTAGE_BASELINES, ADVANTAGE_SCALES, CORRECTION_LEVELS, CORRECTIONS,
@@ -179,7 +179,9 @@ class RolloutConfig:
         _check(self.max_new_tokens == AUTO or (isinstance(self.max_new_tokens, int) and self.max_new_tokens > 0),
                f"rollout.max_new_tokens={self.max_new_tokens!r} must be a positive int or auto")
         _check(self.temperature > 0, f"rollout.temperature={self.temperature} must be > 0")
-        _choice("rollout.engine", self.engine, ENGINES)
+        # a registered engine's name (``rollout.engines.check_engine``: the registry sits above config)
+        _check(isinstance(self.engine, str) and self.engine.strip() != "",
+               f"rollout.engine={self.engine!r} must be auto or an engine's name (see `list`)")
         _choice("rollout.moe_kernel", self.moe_kernel, MOE_KERNELS)
         _choice("rollout.dynamic_sampling", self.dynamic_sampling, (True, False, AUTO))
         _check(self.max_gen_batches >= 1, f"rollout.max_gen_batches={self.max_gen_batches} must be >= 1")

@@ -1,7 +1,7 @@
 """The report's figures, drawn with matplotlib's object API on the Agg canvas (no pyplot, no global backend).
 
 Each ``plot_*`` takes the FINISHED runs of one leaderboard group (see
-``leaderboard.RunData``) and writes one PNG. Curves are the mean over seeds
+``frame.RunData``) and writes one PNG. Curves are the mean over seeds
 with a min–max band when there is more than one seed; seeds are aligned on
 the steps they logged (a step only some seeds reached averages those).
 

@@ -247,7 +247,7 @@ def _line_of(path: Path, row: int) -> int:
 
 
 def runs_of(frame: pd.DataFrame) -> list:
-    """The frame's runs as ``leaderboard.RunData``, in the order they first appear: tags, params, latest
+    """The frame's runs as ``RunData``, in the order they first appear: tags, params, latest
     metrics and the histories it holds."""
     out = []
     if frame.empty:
@@ -298,20 +298,16 @@ def newest_counts(runs: list[RunData]) -> list[RunData]:
     seed) marked ``SUPERSEDED``: a second FINISHED run of one seed (a command run twice) is never counted as
     another seed. Newest: the latest ``start_time``; without one, the first in ``runs`` (MLflow lists runs newest
     first, and a runs table keeps that order). Step 1 of the rule for several runs of one seed (``seeds.py``)."""
-    newest: dict[tuple, int] = {}
-    for i, r in enumerate(runs):
-        if r.status != FINISHED:
-            continue
-        key = (r.experiment, r.group, settings_key(r), r.algo, r.seed)
-        j = newest.get(key)
-        if j is None:
-            newest[key] = i
-            continue
-        later = r.start_time is not None and runs[j].start_time is not None and r.start_time > runs[j].start_time
-        older = runs[j] if later else r
-        if later:
-            newest[key] = i
-        older.status = SUPERSEDED
+    finished = pd.DataFrame.from_records(
+        [{"i": i, "key": repr((r.experiment, r.group, settings_key(r), r.algo, r.seed)), "start": r.start_time}
+         for i, r in enumerate(runs) if r.status == FINISHED], columns=["i", "key", "start"])
+    # a key whose runs all have a start time: newest first (a stable sort keeps the first of equal times); a key
+    # with a run that lacks one: all NaN, so the listed order stands
+    known = finished["start"].notna().groupby(finished["key"]).transform("all")
+    finished["start"] = finished["start"].where(known)
+    ranked = finished.sort_values("start", ascending=False, kind="stable", na_position="last")
+    for i in ranked[ranked.duplicated("key", keep="first")]["i"]:
+        runs[i].status = SUPERSEDED
     return runs
 
 

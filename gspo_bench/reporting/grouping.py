@@ -1,6 +1,6 @@
 """``--by TAG[,TAG...]``: leaderboard and report groups split further by the values of any run tags.
 
-A group is (task, model, preset, config) (``leaderboard.RunData.group``). With
+A group is (task, model, preset, config) (``frame.RunData.group``). With
 ``by`` (e.g. ``("routing_replay", "rollout_dtype")``) it is that plus the
 run's value of each of those tags, ``MISSING`` (``-``) for a run without the
 tag (so such runs form a split of their own, never merged into another).

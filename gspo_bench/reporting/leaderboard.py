@@ -45,9 +45,12 @@ import re
 import statistics
 from pathlib import Path
 
+import pandas as pd
+
 from gspo_bench import tables
 from gspo_bench.config import CONNECT_TIMEOUT_S, ConfigError, TrackingConfig, resolve_tracking_uri
 from gspo_bench.reporting.frame import FINISHED, RunData, load_frame, runs_of
+from gspo_bench.reporting.seeds import per_seed
 from gspo_bench.reporting.paired import seed_key
 from gspo_bench.reporting.grouping import by_names, check_by, flat, split_values, with_by
 from gspo_bench.tracking import stores
@@ -162,41 +165,68 @@ def run_summary(run: RunData) -> dict:
 
 
 # -- aggregation -------------------------------------------------------------------------------------------------
-def _mean_std(xs: list) -> tuple[float | None, float | None]:
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    if not xs:
-        return None, None
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else None)
+GROUP = ["task", "model", "preset", "config"]
+SUMMARY = ["warm", "final", "best", "auc", "steps_to", "clip", "wall", "cps"]  # ``run_summary``'s averaged values
+
+
+def _run_frame(runs: list[RunData], by: tuple[str, ...], finished: bool) -> pd.DataFrame:
+    """One row per run (FINISHED ones, or the others): its group, its ``by`` values (``by:<tag>`` columns), its
+    algorithm, status and seed; FINISHED ones also their ``run_summary`` (NaN for a value they lack)."""
+    def record(r: RunData) -> dict:
+        row = dict(zip(GROUP, r.group)) | {f"by:{t}": v for t, v in zip(by, split_values(r.tags, by))}
+        row |= {"algo": r.algo, "status": r.status, "seed": r.seed}
+        tag = r.tags.get("collapse.count", "")
+        if not finished:
+            return row | {"collapses": int(tag) if tag.isdigit() else 0}
+        return row | {k: math.nan if v is None else float(v) for k, v in run_summary(r).items()}
+
+    return pd.DataFrame.from_records([record(r) for r in runs if (r.status == FINISHED) == finished])
+
+
+def _number(x) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
 
 
 def summarise(runs: list[RunData], by: tuple[str, ...] = ()) -> list[dict]:
     """Rows: per group, per algorithm, one aggregated FINISHED row, plus one row per other status. ``by``:
-    run tags splitting the groups further; each row then has ``row["by"] = {tag: value}``."""
-    buckets: dict[tuple, list[RunData]] = {}
-    for r in runs:
-        buckets.setdefault((*r.group, split_values(r.tags, by), r.algo, r.status), []).append(r)
+    run tags splitting the groups further; each row then has ``row["by"] = {tag: value}``.
+
+    A FINISHED row's numbers are over seeds: a seed with several runs in the row (settings the row does not
+    split by) counts once, with the mean of its runs (``seeds.per_seed``); the row's mean and sample std are
+    over those per-seed values; ``n`` counts the runs, ``seeds`` names the seeds."""
+    cell = [*GROUP, *(f"by:{t}" for t in by), "algo"]
     rows = []
-    for (task, model, preset, config, vals, algo, status), rs in buckets.items():
-        seeds = sorted({r.seed for r in rs}, key=seed_key)
-        row = {"task": task, "model": model, "preset": preset, "config": config, "algo": algo, "status": status,
-               "n": len(rs), "seeds": ",".join(seeds)}
+
+    def start(key: tuple, status: str, part: pd.DataFrame) -> dict:
+        values = dict(zip(cell, key))
+        row = {k: values[k] for k in GROUP} | {"algo": values["algo"], "status": status, "n": len(part),
+                                               "seeds": ",".join(sorted(set(part["seed"]), key=seed_key))}
         if by:
-            row["by"] = dict(zip(by, vals))
-        if status != FINISHED:  # counted, never averaged; their collapse tags still say what went wrong
-            row["collapses"] = sum(int(t) for r in rs if (t := r.tags.get("collapse.count", "")).isdigit())
-        else:
-            s = [run_summary(r) for r in rs]
-            reached = [x["steps_to"] for x in s if x["steps_to"] is not None]
-            row["warm_pass1"] = _mean_std([x["warm"] for x in s])[0]
+            row["by"] = {t: values[f"by:{t}"] for t in by}
+        return row
+
+    others = _run_frame(runs, by, finished=False)
+    if not others.empty:  # counted, never averaged; their collapse tags still say what went wrong
+        for (*key, status), part in others.groupby([*cell, "status"], sort=False, dropna=False):
+            rows.append(start(tuple(key), status, part) | {"collapses": int(part["collapses"].sum())})
+    finished = _run_frame(runs, by, finished=True)
+    if not finished.empty:
+        seeds = per_seed(finished, cell, SUMMARY)  # one row per (cell, seed): the mean of its runs
+        over = seeds.groupby(level=cell, sort=False)
+        means, stds = over[SUMMARY].mean(), over[SUMMARY].std(ddof=1)  # skipping NaN: the seeds that have it
+        reached = over["steps_to"].count()
+        for key, part in finished.groupby(cell, sort=False, dropna=False):
+            key = key if isinstance(key, tuple) else (key,)
+            m, sd = means.loc[key], stds.loc[key]
+            row = start(key, FINISHED, part)
+            row["warm_pass1"] = _number(m["warm"])
             for k in ("final", "best", "auc"):
-                row[f"{k}_pass1"], row[f"{k}_pass1_std"] = _mean_std([x[k] for x in s])
-            row["steps_to_10"] = statistics.fmean(reached) if reached else None
-            row["reached_10"] = len(reached)
-            row["clip_frac"] = _mean_std([x["clip"] for x in s])[0]
-            row["collapses"] = sum(x["collapses"] for x in s)
-            row["wall_s"] = _mean_std([x["wall"] for x in s])[0]
-            row["completions_per_s"] = _mean_std([x["cps"] for x in s])[0]
-        rows.append(row)
+                row[f"{k}_pass1"], row[f"{k}_pass1_std"] = _number(m[k]), _number(sd[k])
+            row["steps_to_10"], row["reached_10"] = _number(m["steps_to"]), int(reached.loc[key])
+            row["clip_frac"] = _number(m["clip"])
+            row["collapses"] = int(part["collapses"].sum())  # events, over every run
+            row["wall_s"], row["completions_per_s"] = _number(m["wall"]), _number(m["cps"])
+            rows.append(row)
 
     def order(row):
         fin = row["status"] == FINISHED

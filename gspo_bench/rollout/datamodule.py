@@ -7,9 +7,10 @@ step ``s`` are drawn from a generator seeded by ``(seed, s)``, so every
 algorithm sees the same prompts in the same order: the comparison is on equal
 terms. Modules never touch the task: sampling and scoring go through here,
 and the held-out evaluation (``evaluation.Evaluator``) samples and scores
-through it too. The engine is one object from the registry
-(``rollout.engines``), built at the first rollout, when the policy it samples
-is known, unless one is handed in.
+through it too. Whoever builds the run (``train.assembly``) hands it what
+it samples and scores with: the policy, the engine (one object from the
+registry, ``rollout.engines``), the evaluator, and the checkpoint to continue
+from; it never reaches into the module, nor the module into it.
 """
 
 from __future__ import annotations
@@ -116,35 +117,52 @@ class _RolloutStream(IterableDataset):
 class RolloutDataModule(L.LightningDataModule):
     """Prompts -> G samples from the current policy -> verifier rewards -> advantages."""
 
-    def __init__(self, task: Task, tokenizer, settings: RolloutConfig, *, steps: int, seed: int,
-                 eval_prompts: int = 256, eval_samples: int = 0, eval_batch: int = 256, model_dir: str | None = None,
-                 engine: RolloutEngine | None = None):
-        """``engine``: the engine to sample with; None: ``rollout.engine``'s, from the registry, at first use."""
+    def __init__(self, task: Task, tokenizer, settings: RolloutConfig, *, steps: int, seed: int, policy=None,
+                 engine: RolloutEngine | None = None, evaluator: Evaluator | None = None, record_routes: bool = False,
+                 group_advantages: bool = True, resume: dict | None = None, eval_prompts: int = 256,
+                 eval_samples: int = 0, eval_batch: int = 256, model_dir: str | None = None):
+        """What it samples and scores with, from whoever builds the run (``train.assembly.rollout_data``):
+
+        - ``policy``: the model rollouts sample (the policy module's; the engine samples a cast of it);
+        - ``engine``: the engine that samples; None: ``rollout.engine``'s, from the registry, resolved for the
+          policy where it is at the first rollout (a caller that builds no engine: tests, notebooks);
+        - ``evaluator``: the held-out evaluation; None: the first ``eval_prompts`` eval rows, ``eval_samples``
+          samples each beside the greedy one, ``eval_batch`` prompts per engine call;
+        - ``record_routes``: keep the sampler's MoE experts; ``group_advantages``: compute group advantages
+          here (False for an algorithm with its own, PPO's GAE);
+        - ``resume``: a checkpoint's datamodule part (``train.checkpoint.rollout_part``), loaded in ``setup``,
+          from rank 0 on several processes;
+        - ``model_dir``: the policy's starting weights in Hugging Face format (an engine that needs them).
+
+        Its rank among the processes is its own to read, in ``setup``."""
         super().__init__()
-        self.model_dir = model_dir  # the policy's starting weights in Hugging Face format (an engine that needs them)
+        self.model_dir = model_dir
         self.engine = engine  # the engine that samples (``engines.RolloutEngine``)
         self.engine_given = engine is not None  # handed in: never replaced by the registry's
         self.task, self.tokenizer, self.s = task, tokenizer, settings
         self.steps, self.seed = steps, seed
-        self.evaluator = Evaluator(task.eval.select(range(min(eval_prompts, len(task.eval)))), settings,
-                                   samples=eval_samples, batch_size=eval_batch)
-        self.policy = None  # the module's (``attach``); the engine samples from (a cast of) it
-        self.record_routes = False  # keep the sampler's experts (MoE; ``attach``)
-        self.group_advantages = True  # False for an algorithm that computes its own (PPO; ``attach``)
+        self.evaluator = evaluator if evaluator is not None else Evaluator(
+            task.eval.select(range(min(eval_prompts, len(task.eval)))), settings, samples=eval_samples,
+            batch_size=eval_batch)
+        self.policy = policy
+        self.record_routes, self.group_advantages = record_routes, group_advantages
+        self.resume = resume
         self.sampler = SamplerWeights(settings.dtype, settings.staleness)
         self.timeouts = 0  # verifier calls past their time limit since the last RL step's metrics
         self.start_step = 0  # a resumed run's next RL step (load_state_dict)
-        self.rank, self.world = 0, 1  # this process's share of the prompts (``attach``)
+        self.rank, self.world = 0, 1  # this process's share of the prompts (``setup``)
         self.train_sampled = 0  # completions generated for rollouts (``sampled``)
         self.resume_rng: dict | None = None  # RNG states a resumed run restores right before its first rollout
 
-    def attach(self, policy, *, record_routes: bool = False, group_advantages: bool = True, rank: int = 0,
-               world: int = 1) -> None:
-        """What the policy module tells the datamodule once it is set up (``PolicyModule.setup``): the policy
-        to sample from, whether the sampler records its MoE experts, whether group advantages are computed
-        here (False: the algorithm has its own, PPO's GAE), and this process's rank among ``world``."""
-        self.policy, self.record_routes, self.group_advantages = policy, record_routes, group_advantages
-        self.rank, self.world = rank, world
+    def setup(self, stage: str) -> None:
+        """Once the processes are up (Lightning calls this before the module's ``setup`` and before it sizes
+        the dataloader): this process's rank among them, and the checkpoint to continue from, which only
+        rank 0 read."""
+        self.rank, self.world = ddp.rank_world()
+        state = ddp.broadcast_object(self.resume) if self.world > 1 else self.resume
+        if state is not None:
+            self.load_state_dict(state)
+            self.resume = None
 
     def state_dict(self) -> dict:
         """Its part of a checkpoint: the sampler's queue of past policies and the verifier timeouts not logged
@@ -155,7 +173,8 @@ class RolloutDataModule(L.LightningDataModule):
         """Continue from a checkpoint (``train.checkpoint.capture``): its ``sampler`` and ``verify_timeouts``,
         rollouts from RL step ``rl_step`` on (the steps done), and the RNG states ``rng`` put back right before
         the first rollout samples (Lightning draws from them when it makes the dataloader's iterator, which an
-        uninterrupted run did once, at step 0). Called before Lightning sizes the dataloader (``setup``)."""
+        uninterrupted run did once, at step 0). Called before Lightning sizes the dataloader (``setup``, from
+        the ``resume`` it was built with)."""
         self.sampler.load_state_dict(state["sampler"])
         self.timeouts = int(state["verify_timeouts"])
         self.start_step = int(state["rl_step"])
@@ -169,6 +188,11 @@ class RolloutDataModule(L.LightningDataModule):
         return (self.s.old_logp_source == "rollout" or self.s.correction != "none" or self.s.dtype != "float32"
                 or self.s.opsm_threshold is not None
                 or self.s.staleness > 0 or self.engine_capabilities().free_logp)
+
+    def count_timeouts(self, n: int) -> None:
+        """Add ``n`` verifier calls past their time limit (an evaluation's whose result was reused): the next
+        rollout's ``verify/timeouts`` reports them."""
+        self.timeouts += n
 
     @property
     def sampled(self) -> dict[str, int]:
@@ -242,7 +266,7 @@ class RolloutDataModule(L.LightningDataModule):
     def rollout(self, step: int) -> RolloutBatch:
         """One rollout batch for RL step ``step`` (DAPO dynamic sampling included when on)."""
         if self.policy is None:
-            raise RuntimeError("RolloutDataModule.policy is not set; attach the datamodule to a policy module")
+            raise RuntimeError("RolloutDataModule has no policy to sample: build it with policy=")
         if self.resume_rng is not None:
             set_rng_state(self.resume_rng)
             self.resume_rng = None

@@ -315,7 +315,7 @@ def run_cells(plan: Plan, log, progress: bool, console=None) -> dict[str, int]:
 
 # -- outputs -----------------------------------------------------------------------------------------------------
 def scenario_runs(s: ScenarioPlan, algos: list[str], seeds: list[int]) -> list:
-    """The scenario's cell runs as ``leaderboard.RunData`` (FINISHED ones with their histories)."""
+    """The scenario's cell runs as ``frame.RunData`` (FINISHED ones with their histories)."""
     from gspo_bench.reporting.leaderboard import load_runs
 
     if not cell_runs(s.uri, s.experiment):
@@ -377,7 +377,7 @@ def write_outputs(plan: Plan, req: SuiteRequest, ran: dict[str, int], wall_s: fl
 
 def run_suite(req: SuiteRequest, log=print, console=None) -> int:
     """Plan (ConfigError on bad input, before anything runs), print it, run the missing cells, write the outputs."""
-    from gspo_bench.train.runner import quiet
+    from gspo_bench.tracking.runs import quiet
 
     t0 = time.perf_counter()
     quiet()

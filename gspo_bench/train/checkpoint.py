@@ -68,9 +68,19 @@ def capture(module, elapsed_s: float, config_hash: str, settings: dict | None = 
     }
 
 
+ROLLOUT_KEYS = ("sampler", "verify_timeouts", "rl_step", "rng")
+"""What the rollout datamodule continues from (``RolloutDataModule.load_state_dict``)."""
+
+
+def rollout_part(state: dict | None) -> dict | None:
+    """The datamodule's part of a checkpoint (``ROLLOUT_KEYS``), handed to it when the run is built; None for
+    None."""
+    return None if state is None else {k: state[k] for k in ROLLOUT_KEYS}
+
+
 def restore(module, state: dict) -> None:
     """Put ``state`` back into a module whose trainer has set up its optimisers (``on_train_start``), and into
-    the trainer's callbacks. The datamodule took its part in ``PolicyModule.setup``
+    the trainer's callbacks. The datamodule took its part (``rollout_part``) in its own ``setup``
     (``RolloutDataModule.load_state_dict``: its position sizes the dataloader, made before this hook)."""
     trainer = module.trainer
     missing, unexpected = module.load_state_dict(state["weights"], strict=False)

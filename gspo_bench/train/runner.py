@@ -26,18 +26,18 @@ from transformers import AutoTokenizer
 from gspo_bench import algorithms
 from gspo_bench.tracking import runs, stores
 from gspo_bench.train import checkpoint
-from gspo_bench.train import distributed as ddp
+from gspo_bench.train import distributed
 from gspo_bench.train import interrupts as signals
+from gspo_bench.train.assembly import rollout_data
 from gspo_bench.algorithms.evaluation import StartEvals
 from gspo_bench.callbacks import CollapseCallback, MismatchProbe, MoEFlipProbe, RatioSample
 from gspo_bench.core.collectives import launch_rank_zero
 from gspo_bench.config import ConfigError, Resolved, RunConfig, to_dict
 from gspo_bench.tracking.lifecycle import config_digest, hashed_settings
 from gspo_bench.tracking.runs import quiet
-from gspo_bench.models import classify_model_ref, is_moe
+from gspo_bench.models import classify_model_ref
 from gspo_bench.tracking.redact import redact_nested
-from gspo_bench.rollout.datamodule import RolloutDataModule
-from gspo_bench.rollout.engines import ENGINES, engine_class, engine_names, resolve_engine
+from gspo_bench.rollout.engines import check_engine
 from gspo_bench.tasks import load_task, resolve_task_spec
 from gspo_bench.tasks.task import check_chat, check_task_data
 from gspo_bench.tracking.provenance import git_commit
@@ -78,7 +78,7 @@ def validate(cfg: RunConfig) -> str:
     for algo in cfg.algos:
         if algo not in algorithms.ALGORITHMS:
             raise ConfigError(f"unknown algorithm {algo!r} (allowed: {', '.join(algorithms.names())})")
-    ddp.check_processes(cfg)
+    distributed.check_processes(cfg)
     try:
         spec = resolve_task_spec(cfg.task, cfg.task_options)
         check_task_data(spec)  # its data files or data set read once, before the header line and any warm start
@@ -93,33 +93,6 @@ def validate(cfg: RunConfig) -> str:
         stores.check_store(uri, cfg.tracking.experiment, cfg.tracking.artifact_location,
                            cfg.tracking.connect_timeout_s)
     return uri
-
-
-def check_engine(cfg: RunConfig) -> None:
-    """``rollout.engine`` names a registered engine (``rollout.engines``) that runs in this environment; with
-    Rollout Routing Replay (r3), one that records the experts it routed each token to here; and, for an engine
-    that runs in one process only (vLLM: each rank would hold an engine, and its shutdown ends the process group
-    the ranks share), one process."""
-    name = cfg.rollout.engine
-    if name == "auto":
-        return
-    try:
-        cls = engine_class(name)
-    except ValueError as e:
-        raise ConfigError(f"rollout.engine: {e}") from None
-    reason = cls.missing_reason()
-    if reason:
-        raise ConfigError(reason)
-    reason = cls.routes_reason() if cfg.moe.routing_replay == "r3" else None
-    if reason:
-        recording = [n for n in engine_names() if ENGINES[n].capabilities.records_routes and n != name]
-        raise ConfigError(f"moe.routing_replay=r3 with --engine {name} needs the experts the engine routed each "
-                          f"token to ({reason}): use moe.routing_replay=r2 (the trainer's own choices), or r3 with "
-                          f"--engine {' or '.join(recording)}")
-    if cls.capabilities.one_process and cfg.train.devices * cfg.train.num_nodes > 1:
-        others = [n for n in engine_names() if not ENGINES[n].capabilities.one_process]
-        raise ConfigError(f"--engine {name} runs in one process for now: use --engine {' or '.join(others)} with "
-                          "--devices/--num-nodes")
 
 
 def resolved_settings(cfg: RunConfig, algo: str, seed: int, ws: WarmStart, settings: Resolved) -> dict:
@@ -197,21 +170,34 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
     resolved = resolved_settings(cfg, algo, seed, ws, settings)
     digest = config_digest(resolved)
     resume_id, state = prior_run(cfg, uri, algo, seed, resolved, o.resume, log, o.restart)
-    L.seed_everything(seed, verbose=False)
-    module = cls(cfg, str(ws.path), seed, settings, resume_state=state, start_evals=o.start_evals)
-    tok = AutoTokenizer.from_pretrained(ws.path)
-    dm = RolloutDataModule(task, tok, settings.rollout, steps=cfg.train.steps, seed=seed, model_dir=str(ws.path),
-                           eval_prompts=cfg.train.eval_prompts, eval_samples=cfg.train.eval_samples)
     logger = runs.open_run(cfg, uri, algo, seed, resolved, task.name, o.tags, o.parent_run_id, o.run_name,
                            resume_id)
-    ddp.watch_run(logger.experiment, logger.run_id)  # another rank dying marks this run FAILED
+    distributed.watch_run(logger.experiment, logger.run_id)  # another rank dying marks this run FAILED
     result = RunResult(algo, seed, logger.run_id, "FAILED", experiment_id=logger.experiment_id)
-    ckpt = module.checkpointer = checkpoint.Checkpointer(logger.experiment, logger.run_id, cfg.train.checkpoint_every,
-                                                         digest, state["elapsed_s"] if state else 0.0, log,
-                                                         hashed_settings(resolved))
-    collapse = None
+    ckpt = checkpoint.Checkpointer(logger.experiment, logger.run_id, cfg.train.checkpoint_every, digest,
+                                   state["elapsed_s"] if state else 0.0, log, hashed_settings(resolved))
+    module = dm = collapse = None
+
+    def at() -> int:  # the RL step reached, for the messages below
+        return module.rl_step if module is not None else (state["rl_step"] if state else 0)
+
     try:
-        trainer, collapse = _trainer(cfg, module, logger, o.callbacks)
+        # the run's objects, each handed what it needs: the module, the trainer, then the datamodule with the
+        # engine resolved for the device the trainer puts the policy on
+        L.seed_everything(seed, verbose=False)
+        module = cls(cfg, str(ws.path), seed, settings, resume_state=state, start_evals=o.start_evals,
+                     checkpointer=ckpt)
+        trainer, collapse = _trainer(cfg, module, logger, ckpt.log, o.callbacks)
+        dm = rollout_data(module, task, AutoTokenizer.from_pretrained(ws.path), steps=cfg.train.steps, seed=seed,
+                          device=trainer.strategy.root_device.type, model_dir=str(ws.path),
+                          eval_prompts=cfg.train.eval_prompts, eval_samples=cfg.train.eval_samples,
+                          resume_state=state)
+        # the stabilisers and the engine, as tags the leaderboard can split by (--by): routing_replay is what
+        # ran (none on dense), engine the one that samples (auto resolved)
+        runs.tag_run(logger, {"moe": str(module.is_moe).lower(), "routing_replay": module.replay,
+                              "engine": dm.engine.name, "correction": settings.rollout.correction,
+                              "rollout_dtype": settings.rollout.dtype,
+                              "processes": str(cfg.train.devices * cfg.train.num_nodes)})
         with signals.deferred():
             try:
                 trainer.fit(module, datamodule=dm)
@@ -229,7 +215,7 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
         step = ckpt.saved_step if ckpt.saved_step is not None else (state["rl_step"] if state else None)
         where = f"; resume from RL step {step} with --resume" if step else "; no checkpoint yet"
         runs.end_run(logger, "KILLED", ckpt.elapsed(),
-                     ("killed_reason", f"{e.name} at RL step {module.rl_step}{where}"))
+                     ("killed_reason", f"{e.name} at RL step {at()}{where}"))
         e.checkpoint_step, e.results = step, [result]
         if e is caught:
             raise
@@ -242,10 +228,10 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
         if stores.unreachable(e):  # the server is gone: no more calls to it (each would retry in vain)
             step = ckpt.saved_step if ckpt.saved_step is not None else (state["rl_step"] if state else None)
             raise stores.TrackingUnreachable(stores.unreachable_message(
-                uri, cfg.tracking.retry_budget_s, f"{algo} seed {seed} at RL step {module.rl_step}", step)) from None
+                uri, cfg.tracking.retry_budget_s, f"{algo} seed {seed} at RL step {at()}", step)) from None
         result.error, trace, rank = f"{type(e).__name__}: {e}", traceback.format_exc(), 0
         # another rank's death shows here as a failed collective: its own error says what went wrong
-        other = ddp.other_rank_failure() if cfg.train.devices * cfg.train.num_nodes > 1 else None
+        other = distributed.other_rank_failure() if cfg.train.devices * cfg.train.num_nodes > 1 else None
         if other is not None:
             rank, line, trace = other
             result.error = f"rank {rank} failed: {line}"
@@ -255,14 +241,16 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
             runs.attach_text(logger, trace, f"rank{rank}-error.txt")
         runs.end_run(logger, "FAILED", ckpt.elapsed(), ("failed_reason", result.error[:5000]))
         if cfg.train.devices * cfg.train.num_nodes > 1:  # ranks in lockstep: none can go on without the others
-            line = result.error if rank else ddp.error_line(e)
-            raise ddp.RankFailed(f"{algo} seed {seed}: {line}", trace, line) from None
+            line = result.error if rank else distributed.error_line(e)
+            raise distributed.RankFailed(f"{algo} seed {seed}: {line}", trace, line) from None
     result.seconds = ckpt.elapsed()
-    result.first, result.last = module.first_metrics, module.last_metrics
-    result.eval_start, result.eval_end = module.eval_history[0][1] if module.eval_history else None, (
-        module.eval_history[-1][1] if module.eval_history else None)
-    result.eval_log = list(module.eval_log)
-    result.clock, result.completions = dict(module.clock), dict(dm.sampled)
+    if module is not None:  # built (a failure may come before)
+        result.first, result.last = module.first_metrics, module.last_metrics
+        history = module.eval_history
+        result.eval_start, result.eval_end = (history[0][1], history[-1][1]) if history else (None, None)
+        result.eval_log, result.clock = list(module.eval_log), dict(module.clock)
+    if dm is not None:
+        result.completions = dict(dm.sampled)
     result.collapse_events = len(collapse.events) if collapse is not None else 0
     if result.status == "FINISHED":  # Lightning marked it FINISHED
         runs.log_wall_time(logger, result.seconds)
@@ -271,16 +259,9 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
     return result
 
 
-def _trainer(cfg: RunConfig, module, logger, callbacks: tuple) -> tuple[L.Trainer, CollapseCallback]:
-    moe = is_moe(module.policy)
-    # the stabilisers and the engine, as tags the leaderboard can split by (--by); routing_replay is what ran
-    # (none on dense), engine the one that sampled (auto resolved)
-    engine = resolve_engine(module.settings.rollout.engine, module.policy, held=True)
-    runs.tag_run(logger, {"moe": str(moe).lower(), "routing_replay": module.replay, "engine": engine,
-                          "correction": module.settings.rollout.correction,
-                          "rollout_dtype": module.settings.rollout.dtype,
-                          "processes": str(cfg.train.devices * cfg.train.num_nodes)})
-    collapse = CollapseCallback(cfg.collapse, log=module.checkpointer.log)
+def _trainer(cfg: RunConfig, module, logger, log, callbacks: tuple) -> tuple[L.Trainer, CollapseCallback]:
+    moe = module.is_moe
+    collapse = CollapseCallback(cfg.collapse, log=log)
     # measurements first, so the collapse detector sees the step's full metrics
     callbacks = [MismatchProbe(), RatioSample()] + ([MoEFlipProbe()] if moe else []) + [collapse] + list(callbacks)
     # the bar on rank 0 only, and Lightning told the same on every rank (a bar callback with the bar
@@ -292,7 +273,7 @@ def _trainer(cfg: RunConfig, module, logger, callbacks: tuple) -> tuple[L.Traine
     t = cfg.train
     trainer = L.Trainer(
         max_epochs=1, max_steps=-1, logger=logger, callbacks=callbacks, accelerator=t.accelerator,
-        devices=t.devices, num_nodes=t.num_nodes, strategy=ddp.strategy(t, moe), precision=t.precision,
+        devices=t.devices, num_nodes=t.num_nodes, strategy=distributed.strategy(t, moe), precision=t.precision,
         num_sanity_val_steps=0, enable_checkpointing=False, enable_model_summary=False,
         enable_progress_bar=progress, log_every_n_steps=1,
         use_distributed_sampler=False,  # the datamodule shards the prompts itself (whole groups per rank)
@@ -308,7 +289,7 @@ def run(cfg: RunConfig, log=print, keep_modules: bool = False, resume: bool = Fa
     quiet()
     uri = validate(cfg)
     git_commit()  # the commit of the code this process loaded: asked now, not after a warm start's minutes
-    cfg = ddp.fsdp_fallback(cfg, log)
+    cfg = distributed.fsdp_fallback(cfg, log)
     if (ws := for_model(cfg.warmstart, cfg.model.name)) != cfg.warmstart:  # so the logged params say so too
         log(f"warm start: off for {cfg.model.name} (random weights; the built-in model is never warm-started)")
         cfg = replace(cfg, warmstart=ws)

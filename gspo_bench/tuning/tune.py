@@ -21,7 +21,8 @@ def tune(req: TuneRequest, log=print) -> list[StudyOutcome]:
 
     from gspo_bench import algorithms
     from gspo_bench.core.losses import LOSSES
-    from gspo_bench.train.runner import quiet, validate
+    from gspo_bench.tracking.runs import quiet
+    from gspo_bench.train.runner import validate
 
     quiet()
     optuna.logging.set_verbosity(optuna.logging.WARNING)

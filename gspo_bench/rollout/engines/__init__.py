@@ -1,17 +1,16 @@
 """Rollout engines: the ``RolloutEngine`` seam and its registry (``base.py``), and one file per engine:
 ``fast.py`` (the package's KV-cache sampler), ``compiled.py`` (the same, decode steps compiled), ``hf.py``
 (transformers' ``generate``), ``vllm.py`` (vLLM in this process). Importing this package imports each of its
-modules, so a new engine is one more file here that registers with ``@register_engine`` (docs/engines.md),
-plus its name in ``config/names.py`` (the config checks names before anything above it loads; a test holds the
-two lists equal). The run's checks (``train.runner.check_engine``), ``list`` and ``bench --engines`` read the
-registry.
+modules, so a new engine is one more file here that registers with ``@register_engine`` (docs/engines.md).
+``rollout.engine`` is checked against the registry (``check_engine``) by every command that runs a config,
+before any work; ``list`` and ``bench --engines`` read it too.
 
 May import: the rest of rollout, tasks, models, tracking, config, core.
 """
 
 from gspo_bench.rollout.engines.base import (ENGINES, Capabilities, EngineSetup, InProcessEngine, RolloutEngine,
-                                             build_engine, engine_class, engine_names, generate, register_engine,
-                                             resolve_engine, unregister_engine)
+                                             build_engine, check_engine, engine_class, engine_names, generate,
+                                             register_engine, resolve_engine, unregister_engine)
 import importlib
 import pkgutil
 
@@ -23,5 +22,5 @@ for _info in pkgutil.iter_modules(__path__):
 from gspo_bench.rollout.engines.vllm import VLLM_AUTO_MIN_PARAMS, prefers_vllm
 
 __all__ = ["ENGINES", "Capabilities", "EngineSetup", "InProcessEngine", "RolloutEngine", "VLLM_AUTO_MIN_PARAMS",
-           "build_engine", "engine_class", "engine_names", "generate", "prefers_vllm", "register_engine",
-           "resolve_engine", "unregister_engine"]
+           "build_engine", "check_engine", "engine_class", "engine_names", "generate", "prefers_vllm",
+           "register_engine", "resolve_engine", "unregister_engine"]

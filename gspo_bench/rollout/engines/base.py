@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Protocol, runtime_checkable
 
-from gspo_bench.config import RolloutConfig
+from gspo_bench.config import ConfigError, RolloutConfig, RunConfig
 from gspo_bench.rollout.engine import Generation
 
 
@@ -118,8 +118,9 @@ class InProcessEngine:
         return None if cls.capabilities.records_routes else f"engine {cls.name} does not record MoE routes"
 
     @classmethod
-    def prefers(cls, model) -> bool:
-        """Whether ``auto`` should pick this engine for ``model`` when it supports it."""
+    def prefers(cls, model, device: str | None = None) -> bool:
+        """Whether ``auto`` should pick this engine for ``model`` when it supports it, ``model`` sampling on
+        ``device`` (``cpu``, ``cuda``; None: where its weights are now)."""
         return True
 
     def sync_weights(self, model) -> float:
@@ -166,11 +167,12 @@ def engine_class(name: str) -> type:
     return ENGINES[name]
 
 
-def resolve_engine(engine: str, model, held: bool = False) -> str:
+def resolve_engine(engine: str, model, held: bool = False, device: str | None = None) -> str:
     """The engine that samples ``model`` for ``rollout.engine = engine``.
 
-    ``auto``: the first engine in ``auto_order`` that supports the model and ``prefers`` it, skipping those
-    that need a model folder unless the caller ``held`` its engine for the run (the rollout datamodule).
+    ``auto``: the first engine in ``auto_order`` that supports the model and ``prefers`` it on ``device``
+    (where the model will sample: ``cpu`` or ``cuda``; None: where its weights are now), skipping those that
+    need a model folder unless the caller ``held`` its engine for the run (the runner builds one).
     A named engine that does not support the model resolves to its ``fallback`` where it declares one.
     """
     if engine == "auto":
@@ -178,13 +180,40 @@ def resolve_engine(engine: str, model, held: bool = False) -> str:
                         if c.capabilities.auto_order is not None)
         for _, name in ranked:
             cls = ENGINES[name]
-            if (held or not cls.capabilities.needs_model_dir) and cls.supports(model) is None and cls.prefers(model):
+            if (held or not cls.capabilities.needs_model_dir) and cls.supports(model) is None and cls.prefers(model, device):
                 return name
         raise ValueError("no registered engine supports this model")
     cls = engine_class(engine)
     if cls.capabilities.fallback is not None and cls.supports(model) is not None:
-        return resolve_engine(cls.capabilities.fallback, model, held)
+        return resolve_engine(cls.capabilities.fallback, model, held, device)
     return engine
+
+
+def check_engine(cfg: RunConfig) -> None:
+    """``rollout.engine`` names a registered engine (``ENGINES``) that runs in this environment; with
+    Rollout Routing Replay (r3), one that records the experts it routed each token to here; and, for an engine
+    that runs in one process only (vLLM: each rank would hold an engine, and its shutdown ends the process group
+    the ranks share), one process."""
+    name = cfg.rollout.engine
+    if name == "auto":
+        return
+    try:
+        cls = engine_class(name)
+    except ValueError as e:
+        raise ConfigError(f"rollout.engine: {e}") from None
+    reason = cls.missing_reason()
+    if reason:
+        raise ConfigError(reason)
+    reason = cls.routes_reason() if cfg.moe.routing_replay == "r3" else None
+    if reason:
+        recording = [n for n in engine_names() if ENGINES[n].capabilities.records_routes and n != name]
+        raise ConfigError(f"moe.routing_replay=r3 with --engine {name} needs the experts the engine routed each "
+                          f"token to ({reason}): use moe.routing_replay=r2 (the trainer's own choices), or r3 with "
+                          f"--engine {' or '.join(recording)}")
+    if cls.capabilities.one_process and cfg.train.devices * cfg.train.num_nodes > 1:
+        others = [n for n in engine_names() if not ENGINES[n].capabilities.one_process]
+        raise ConfigError(f"--engine {name} runs in one process for now: use --engine {' or '.join(others)} with "
+                          "--devices/--num-nodes")
 
 
 def build_engine(name: str, setup: EngineSetup | None = None):

@@ -23,13 +23,13 @@ results/bench-engines.md): the fast engine 2.4x ahead on tiny-dense (1 M), vLLM 
 at the same batch, crossing at about 8 M."""
 
 
-def prefers_vllm(model) -> bool:
-    """Whether ``auto`` should sample ``model`` with vLLM: it is installed, and the model is on a GPU or at least
-    ``VLLM_AUTO_MIN_PARAMS`` large."""
+def prefers_vllm(model, device: str | None = None) -> bool:
+    """Whether ``auto`` should sample ``model`` with vLLM: it is installed, and the model samples on a GPU
+    (``device``; None: where its weights are now) or is at least ``VLLM_AUTO_MIN_PARAMS`` large."""
     if importlib.util.find_spec("vllm") is None:
         return False
-    p = next(model.parameters())
-    return p.is_cuda or sum(t.numel() for t in model.parameters()) >= VLLM_AUTO_MIN_PARAMS
+    on = device or next(model.parameters()).device.type
+    return on == "cuda" or sum(t.numel() for t in model.parameters()) >= VLLM_AUTO_MIN_PARAMS
 
 
 @register_engine("vllm")
@@ -59,8 +59,8 @@ class VllmRollout:
             "vLLM returns the experts it routed each token to on a GPU only")
 
     @classmethod
-    def prefers(cls, model) -> bool:
-        return prefers_vllm(model)
+    def prefers(cls, model, device: str | None = None) -> bool:
+        return prefers_vllm(model, device)
 
     def build(self, model, tokenizer):
         """The run's vLLM engine, from ``setup.model_dir`` (or a copy of ``model`` saved for it), in

@@ -1,0 +1,71 @@
+"""A run's datamodule built with what it samples with (gspo_bench.train.assembly)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from gspo_bench import algorithms
+from gspo_bench.config import load_config
+from gspo_bench.models import build_builtin
+from gspo_bench.rollout.engines import resolve_engine
+from gspo_bench.tasks import Task, TaskSpec, generate_arith
+from gspo_bench.train import checkpoint
+from gspo_bench.train.assembly import rollout_data
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("moe")
+    model, tok = build_builtin("tiny-moe", 0)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    train, evals = generate_arith(0, min_digits=1, max_digits=2, n_train=40, n_eval=12)
+    task = Task(TaskSpec(name="arith-small", kind="arith"), train, evals)
+    return folder, tok, task
+
+
+def _module(algo, folder, task):
+    cfg = load_config("smoke", overrides={"model": {"name": "tiny-moe"}})
+    cls = algorithms.get(algo)
+    return cls(cfg, str(folder), 0, cfg.resolve(algo, cls.recipe, task.spec.max_new_tokens))
+
+
+def test_the_datamodule_gets_the_modules_policy_engine_evaluator_and_choices(built):
+    folder, tok, task = built
+    module = _module("grpo", folder, task)
+    dm = rollout_data(module, task, tok, steps=3, seed=4, device="cpu", model_dir=str(folder), eval_prompts=5,
+                      eval_samples=2, eval_batch=3)
+    assert dm.policy is module.policy and dm.engine_given and dm.engine.name == "fast"
+    assert dm.engine.setup.record_routes and dm.record_routes  # MoE: the sampler's experts are kept
+    assert dm.engine.setup.seed == 4 and dm.engine.setup.model_dir == str(folder)
+    assert dm.group_advantages and dm.resume is None
+    assert (len(dm.evaluator.rows), dm.evaluator.samples, dm.evaluator.batch_size) == (5, 2, 3)
+    assert list(dm.evaluator.rows["prompt"]) == list(task.eval["prompt"])[:5]
+    batch = dm.rollout(0)  # it samples with what it was given, nothing set afterwards
+    assert batch.routes is not None and batch.advantages is not None
+    # PPO computes its own advantages (GAE): the datamodule is told so when it is built
+    assert not rollout_data(_module("ppo", folder, task), task, tok, steps=1, seed=0, device="cpu").group_advantages
+
+
+def test_auto_is_resolved_for_the_device_the_trainer_puts_the_policy_on(built):
+    folder, tok, task = built
+    module = _module("grpo", folder, task)
+    assert next(module.policy.parameters()).device.type == "cpu"  # where it is while the run is built
+    assert rollout_data(module, task, tok, steps=1, seed=0, device="cpu").engine.name == "fast"
+    # on a GPU, auto takes vLLM where it is installed: decided before training, not at the first rollout
+    want = "vllm" if importlib.util.find_spec("vllm") is not None else "fast"
+    assert resolve_engine("auto", module.policy, held=True, device="cuda") == want
+    assert rollout_data(module, task, tok, steps=1, seed=0, device="cuda").engine.name == want
+
+
+def test_a_resumed_run_hands_the_datamodule_its_part_of_the_checkpoint(built):
+    folder, tok, task = built
+    module = _module("grpo", folder, task)
+    state = {"weights": {"w": torch.zeros(3)}, "optimizers": [], "rl_step": 2, "sampler": {"queue": []},
+             "verify_timeouts": 1, "rng": {"torch": torch.get_rng_state()}}
+    dm = rollout_data(module, task, tok, steps=3, seed=0, device="cpu", resume_state=state)
+    assert set(dm.resume) == set(checkpoint.ROLLOUT_KEYS)  # not the weights or the optimisers
+    assert dm.resume["rl_step"] == 2 and dm.resume["verify_timeouts"] == 1
