@@ -209,7 +209,7 @@ def test_cli_paired_table_in_md_and_csv(store, capsys):
     assert ("| arith | tiny-dense | default | default | gspo | grpo | final pass@1 (points) | 2 | +5.5 | "
             "[-51.7, +62.7] | no | 0.437 | 0.437 | 73.5 |") in paired  # the exact MDE (the shortcut gave 63.4)
     assert "| steps to +10 pts (steps) | 1 of 2 | -10.0 | - | - | - | - | - |" in paired
-    assert "- arith / tiny-dense: MDE (final pass@1, 2 seeds, 95 % / 80 % power): 73.5 points" in paired
+    assert "- arith / tiny-dense: MDE (final pass@1, 2 seeds, α 0.05, 80 % power): 73.5 points" in paired
     assert "- arith / tiny-dense / tuned: no paired differences vs grpo: only grpo in this group" in paired
     assert main(["leaderboard", "--tracking-uri", store, "--experiment", EXP, "--format", "csv", "--paired"]) == 0
     back = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))

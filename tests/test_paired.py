@@ -71,9 +71,11 @@ def test_fewer_than_two_pairs_give_none_never_nan():
         assert st.mean == mean and st.sd is None and st.ci is None and st.mde is None and not st.significant
     assert paired_summary([]).n == 0 and paired_summary([0.3]).n == 1
     assert mde(0.04, 1) is None and mde(0.04, 0) is None and mde(None, 8) is None
-    # identical differences: sd 0, the interval is the point, nothing is NaN
+    # identical differences (a tie at an evaluation floor): sd 0, the interval is the point, no MDE, nothing NaN
     st = paired_summary([0.1, 0.1, 0.1])
-    assert st.sd == 0 and st.ci == pytest.approx((0.1, 0.1)) and st.significant and st.mde == 0
+    assert st.sd == 0 and st.tied and st.mean == pytest.approx(0.1)
+    assert st.ci == pytest.approx((0.1, 0.1)) and st.significant and st.mde is None
+    assert not paired_summary([0.1, 0.2]).tied and not paired_summary([0.1]).tied
     with pytest.raises(ValueError):
         paired_summary([0.1, float("nan")])
 
@@ -179,7 +181,11 @@ def test_group_mde_pools_the_variances_and_groups_stay_apart(runs):
     sds = [_stat(g.rows, a, "final_pass1")["sd_diff"] for a in ("gspo", "cispo")]
     assert g.mde_algos == 2 and g.mde_n == 3  # dapo (one pair) is not pooled
     assert g.mde_sd == pytest.approx(math.sqrt((sds[0] ** 2 + sds[1] ** 2) / 2))
-    assert g.mde == pytest.approx(mde(g.mde_sd, 3)) and g.note is None
+    # at the level Holm decides final pass@1 at for two algorithms with a p value: 0.05 / 2 (its first step)
+    assert g.mde_algos_tested == 2 and g.mde_alpha == pytest.approx(0.025)
+    assert g.mde == pytest.approx(mde(g.mde_sd, 3, alpha=0.025)) and g.mde > mde(g.mde_sd, 3) and g.note is None
+    gspo = _stat(g.rows, "gspo", "final_pass1")
+    assert gspo["mde_alpha"] == 0.025 and gspo["mde"] == pytest.approx(mde(gspo["sd_diff"], 3, alpha=0.025))
     assert [r["algo"] for r in g.rows[::3]] == ["dapo", "gspo", "cispo"]  # best mean final difference first
     tuned = groups["tuned"]
     assert [(r["algo"], r["n"]) for r in tuned.rows if r["metric"] == "final_pass1"] == [("gspo", 1)]
@@ -239,3 +245,24 @@ def test_cli_baseline_switches_the_sign(store, capsys):
     out = capsys.readouterr().out
     assert "Paired differences vs gspo" in out
     assert "| arith | tiny-dense | default | default | grpo | gspo | final pass@1 (points) | 2 | -5.5 |" in out
+
+
+def test_a_tie_at_the_evaluation_floor_is_n_a_and_no_member_of_a_holm_family():
+    from gspo_bench.reporting.paired_table import render_paired
+
+    # every algorithm reaches +10 points at the first evaluation (step 10) on every seed: steps-to differences
+    # are 0, 0, 0, a tie at the floor of the measure, not an interval [0, 0] with p 1 and MDE 0
+    curves = {"grpo": (0.40, 0.55, 0.60), "gspo": (0.40, 0.56, 0.64), "cispo": (0.40, 0.58, 0.61)}
+    bumps = (0.0, 0.03, -0.02)
+    rs = [_rd(a, s, (c[0], c[1], c[2] + b * (i + 1))) for i, (a, c) in enumerate(curves.items())
+          for s, b in enumerate(bumps)]
+    (g,) = paired_groups(rs, "grpo")
+    steps = [r for r in g.rows if r["metric"] == "steps_to_10"]
+    assert all(r["stat"].tied and r["mean_diff"] == 0 for r in steps)
+    assert all(r["ci_low"] is None and r["p"] is None and r["p_holm"] is None and r["mde"] is None
+               and r["significant"] is False for r in steps)
+    finals = [r for r in g.rows if r["metric"] == "final_pass1"]
+    assert all(r["p"] is not None and r["mde_alpha"] == pytest.approx(0.025) for r in finals)  # a family of 2
+    md = render_paired([g], "md")
+    assert "| steps to +10 pts (steps) | 3 | +0.0 | n/a | n/a | n/a | n/a | n/a |" in md
+    assert "α 0.025 = 0.05 / 2, Holm's first step" in md

@@ -104,7 +104,7 @@ def test_paired_section_per_group(made, tmp_path):
     default = md[md.index("## arith / tiny-dense\n"):md.index("## arith / tiny-dense / tuned")]
     assert "### (f) Paired differences vs grpo" in default
     assert "| gspo | grpo | final pass@1 (points) | 2 | +5.5 | [-51.7, +62.7] | no | 0.437 | 0.437 | 73.5 |" in default
-    assert "MDE (final pass@1, 2 seeds, 95 % / 80 % power): 73.5 points" in default
+    assert "MDE (final pass@1, 2 seeds, α 0.05, 80 % power): 73.5 points" in default
     assert "](paired_arith_tiny-dense.png)" in default
     tuned = md[md.index("## arith / tiny-dense / tuned"):]
     assert "### (f) Paired differences vs grpo" in tuned and "No pairs: only grpo in this group" in tuned

@@ -76,10 +76,12 @@ NOTES = (
     "final pass@1, AUC (both in points = 100 x pass@1) and steps to +10 pts (only seeds where both reached it; "
     "negative = sooner); mean diff with its 95 % t interval (n-1 df, sample sd); significant = the interval "
     "excludes 0, each comparison on its own; p = the paired t test's p, Holm p = p adjusted by Holm's method over "
-    "the group's algorithms per metric (below 0.05: decided for the whole table). MDE = d x sd: the true difference a two-sided 5 % "
-    "paired t test detects with 80 % power, d solved exactly from the noncentral t with n-1 df. The "
+    "the group's algorithms, one family per metric (below 0.05: decided within that metric's family). MDE = d x sd: "
+    "the true difference a two-sided paired t test at Holm's first step (alpha 0.05 / k over the k algorithms "
+    "with a p) detects with 80 % power, d solved exactly from the noncentral t with n-1 df. The "
     "group's MDE line uses the pooled sd sqrt(mean of the algorithms' variances of the final pass@1 differences) "
-    "and their common number of pairs (the smallest when they differ). Fewer than 2 pairs: no interval, no MDE."
+    "and their common number of pairs (the smallest when they differ). Fewer than 2 pairs: no interval, no MDE; "
+    "every seed's difference equal (a tie): n/a, and no member of the Holm family."
 )
 
 

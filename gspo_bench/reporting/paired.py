@@ -55,6 +55,11 @@ class PairedStat:
     mde: float | None  # minimum detectable effect of this design (see ``mde``)
     p: float | None = None  # two-sided p value of the paired t test (None without an interval)
 
+    @property
+    def tied(self) -> bool:
+        """Two or more differences, all equal: no spread (the paired tables show no interval, test or MDE: n/a)."""
+        return self.n >= 2 and self.sd == 0
+
 
 def _check_levels(alpha: float, power: float) -> None:
     if not (0 < alpha < 1 and 0 < power < 1):
@@ -92,8 +97,9 @@ def _effect_size(n: int, alpha: float, power: float) -> float:
 def paired_summary(diffs: list[float], alpha: float = 0.05, power: float = 0.8) -> PairedStat:
     """Mean, sample sd, (1 - alpha) t interval, significance and MDE of the paired differences ``diffs``.
 
-    n = 0: everything None; n = 1: the mean alone. A non-finite difference is
-    a ValueError (the caller leaves out a pair it cannot compute).
+    n = 0: everything None; n = 1: the mean alone; every difference equal (sd 0, ``PairedStat.tied``): the
+    interval is the point and there is no MDE. A non-finite difference is a ValueError (the caller leaves out a
+    pair it cannot compute).
     """
     from scipy import stats
 
@@ -110,19 +116,29 @@ def paired_summary(diffs: list[float], alpha: float = 0.05, power: float = 0.8) 
         return PairedStat(1, mean, None, None, False, None)
     # sample sd  s_d = sqrt(sum_s (d_s - d_bar)^2 / (n - 1))
     sd = statistics.stdev(xs)
-    if sd == 0:  # every pair differs by the same amount: the interval is that point
+    if sd == 0:  # every pair differs by the same amount: the interval's limit is that point, and there is no
+        # spread to size an MDE by (the paired tables show such a tie as n/a: a floor of the measure, most often)
         ci, p = (mean, mean), (1.0 if mean == 0 else 0.0)
-    else:
-        # interval  d_bar -/+ t_{1-alpha/2, n-1} * s_d / sqrt(n): the one-sample t test of the differences
-        with warnings.catch_warnings():  # differences equal up to rounding: scipy warns, the interval stands
-            warnings.simplefilter("ignore", RuntimeWarning)
-            test = stats.ttest_1samp(xs, 0.0)
-            lo, hi = test.confidence_interval(confidence_level=1 - alpha)
-        # p = 2 * P(T_{n-1} > |d_bar| / (s_d / sqrt(n)))
-        ci, p = (float(lo), float(hi)), float(test.pvalue)
+        return PairedStat(n, mean, 0.0, ci, ci[0] > 0 or ci[1] < 0, None, p)
+    # interval  d_bar -/+ t_{1-alpha/2, n-1} * s_d / sqrt(n): the one-sample t test of the differences
+    with warnings.catch_warnings():  # differences equal up to rounding: scipy warns, the interval stands
+        warnings.simplefilter("ignore", RuntimeWarning)
+        test = stats.ttest_1samp(xs, 0.0)
+        lo, hi = test.confidence_interval(confidence_level=1 - alpha)
+    # p = 2 * P(T_{n-1} > |d_bar| / (s_d / sqrt(n)))
+    ci, p = (float(lo), float(hi)), float(test.pvalue)
     # significant  <=>  0 lies outside [lo, hi]
     significant = ci[0] > 0 or ci[1] < 0
     return PairedStat(n, mean, sd, ci, significant, mde(sd, n, alpha, power), p)
+
+
+def holm_first_level(alpha: float, k: int) -> float:
+    """The level Holm's method tests the smallest of ``k`` p values at: alpha / k. A comparison is decided
+    for the family only below the level of its step (alpha / k, then alpha / (k - 1), ...), so an effect
+    detectable at alpha / k is detectable whatever the other p values are: the MDE quoted beside Holm p
+    values is at this level."""
+    # Holm's first step: p_(1) < alpha / k
+    return alpha / max(k, 1)
 
 
 def holm(ps: list[float | None]) -> list[float | None]:

@@ -8,7 +8,10 @@ pass@1, AUC and steps to +10 pts (there only the seeds where both reached the
 target; negative = A got there sooner). Mean, 95 % t interval, "significant"
 = the interval excludes 0 (each comparison on its own), the t test's p and
 Holm's adjustment of it over the group's algorithms per metric, and the
-MDE. Per group also the experiment's MDE for final pass@1: from the pooled sd
+MDE at Holm's first step (alpha / k over the k algorithms with a p value:
+the level that decides a comparison whatever the others show). A tie, every
+seed's difference equal, has no interval, p or MDE (n/a) and is no member of
+its Holm family. Per group also the experiment's MDE for final pass@1: from the pooled sd
 sqrt(mean of the algorithms' variances of ``d_s``) and their common number of
 pairs (the smallest, when they differ). Several FINISHED runs of one
 algorithm and seed count by the rule of ``seeds.py``. With ``by`` (``--by
@@ -39,7 +42,7 @@ from gspo_bench.config import ConfigError
 from gspo_bench.reporting.frame import FINISHED, RunData
 from gspo_bench.reporting.grouping import with_by
 from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE, _plain
-from gspo_bench.reporting.paired import holm
+from gspo_bench.reporting.paired import holm, holm_first_level, mde
 from gspo_bench.reporting.pairing import (ALPHA, PAIRED_METRICS, POWER, Pooled, cell, compare, csv_text, group_title,
                                           markdown, mde_text, pooled_mde, rich, seed_table, stat_cells,
                                           with_leaderboard)
@@ -56,17 +59,27 @@ class PairedGroup:
     mde_n: int = 0  # pairs behind it
     mde_sd: float | None = None  # pooled sd of the final pass@1 differences
     mde_algos: int = 0  # algorithms pooled (those with >= 2 pairs)
+    mde_alpha: float = ALPHA  # the level of that MDE: Holm's first step over the group's final pass@1 family
+    mde_algos_tested: int = 0  # that family's size: the algorithms with a p value for final pass@1
     note: str | None = None  # set when the group has no pair at all: why (then no table is drawn)
     by: tuple[str, ...] = ()  # the ``--by`` tags whose values end ``key``
 
 
-def adjust_holm(rows: list[dict]) -> None:
+def adjust_holm(rows: list[dict], alpha: float = ALPHA, power: float = POWER) -> int:
     """Set ``p_holm`` on ``rows`` (one group's): Holm's adjustment over the group's algorithms, per metric, so a
-    group of k algorithms compared with the baseline is one family of k tests per metric."""
+    group of k algorithms compared with the baseline is one family of k tests per metric. Each row's ``mde``
+    is then the one at the level that decides it for the family, Holm's first step alpha / k
+    (``holm_first_level``), named in ``mde_alpha``. Returns k for final pass@1 (the group line's level)."""
+    sizes = {}
     for name, *_ in PAIRED_METRICS:
         family = [r for r in rows if r["metric"] == name]
+        sizes[name] = k = sum(r["p"] is not None for r in family)
+        level = holm_first_level(alpha, k)
         for r, q in zip(family, holm([r["p"] for r in family])):
-            r["p_holm"] = q
+            r["p_holm"], r["mde_alpha"] = q, level
+            st = r["stat"]
+            r["mde"] = None if st is None or st.tied else mde(st.sd, st.n, level, power)
+    return sizes.get("final_pass1", 0)
 
 
 def check_baseline(runs: list[RunData], baseline: str, strict: bool = True) -> str | None:
@@ -113,15 +126,17 @@ def paired_groups(runs: list[RunData], baseline: str = DEFAULT_BASELINE, alpha: 
             head = {"task": key[0], "model": key[1], "preset": key[2], "config": key[3], "algo": algo,
                     "baseline": baseline, **({"by": dict(zip(by, key[4:]))} if by else {})}
             rows += [{**head, **r} for r in compare(cell(table, (*key, algo)), base, alpha, power)]
-        adjust_holm(rows)
+        k = adjust_holm(rows, alpha, power)
         g = PairedGroup(key, baseline, rows, by=by)
+        g.mde_alpha, g.mde_algos_tested = holm_first_level(alpha, k), k
         if baseline not in algos:
             g.note = f"no FINISHED {baseline} run in this group"
         elif not rows:
             g.note = f"only {baseline} in this group, nothing to pair"
         elif not any(r["common"] for r in rows):
             g.note = f"no seed has FINISHED runs of both {baseline} and another algorithm"
-        g.mde, g.mde_n, g.mde_sd, g.mde_algos = pooled_mde(rows, alpha, power)  # the algorithms with >= 2 pairs
+        # the algorithms with >= 2 pairs, at the level Holm's first step decides final pass@1 at
+        g.mde, g.mde_n, g.mde_sd, g.mde_algos = pooled_mde(rows, g.mde_alpha, power)
         best = {r["algo"]: r["mean_diff"] for r in rows if r["metric"] == "final_pass1"}
         order = {a: (best[a] is None, -(best[a] or 0.0), a) for a in best}
         g.rows = sorted(rows, key=lambda r: order[r["algo"]])  # stable: metrics keep their order
@@ -141,21 +156,24 @@ def paired_rows(runs: list[RunData], baseline: str = DEFAULT_BASELINE, alpha: fl
 
 # -- rendering: paired differences -----------------------------------------------------------------------------------
 PAIRED_COLUMNS = ("task", "model", "preset", "config", "algo", "baseline", "metric", "pairs (n)", "mean diff",
-                  "95 % CI", "significant", "p", "Holm p", "MDE")
+                  "95 % CI", "significant", "p", "Holm p", "MDE (Holm)")
 PAIRED_CSV_FIELDS = ("task", "model", "preset", "config", "algo", "baseline", "metric", "n", "common", "seeds",
                      "mean_diff", "sd_diff", "ci_low", "ci_high", "significant", "p", "p_holm", "mde",
-                     "group_mde_final_pass1",
+                     "mde_alpha", "group_mde_final_pass1",
                      "group_mde_pairs")
 
 
 def _paired_cells(row: dict) -> list[str]:
     return [row["task"], row["model"], row["preset"], row["config"], *row.get("by", {}).values(), row["algo"],
-            row["baseline"], *stat_cells(row, lambda r: [_p(r.get("p")), _p(r.get("p_holm"))])]
+            row["baseline"], *stat_cells(row, lambda r: [_p(r.get("p"), r), _p(r.get("p_holm"), r)])]
 
 
-def _p(x: float | None) -> str:
-    """A p value for a table: 3 significant digits, below 0.001 as '<0.001', '-' when there is none."""
-    return "-" if x is None else ("<0.001" if x < 0.001 else f"{x:.3g}")
+def _p(x: float | None, row: dict | None = None) -> str:
+    """A p value for a table: 3 significant digits, below 0.001 as '<0.001', '-' when there is none ('n/a' for
+    a tie: every seed's difference equal)."""
+    if x is None:
+        return "n/a" if row is not None and row["stat"] is not None and row["stat"].tied else "-"
+    return "<0.001" if x < 0.001 else f"{x:.3g}"
 
 
 ALGORITHMS = Pooled("algorithm", "algorithms", "no algorithm")
@@ -164,7 +182,9 @@ ALGORITHMS = Pooled("algorithm", "algorithms", "no algorithm")
 def mde_line(g: PairedGroup, with_title: bool = True) -> str:
     """The group's one line: its experiment-level MDE for final pass@1, or why there is none."""
     head = f"{group_title(g.key, g.by)}: " if with_title else ""
-    return mde_text(head, g.baseline, g.note, g.mde, g.mde_n, g.mde_sd, g.mde_algos, ALGORITHMS)
+    k = g.mde_algos_tested
+    why = f" = {ALPHA:g} / {k}, Holm's first step" if k > 1 else ""
+    return mde_text(head, g.baseline, g.note, g.mde, g.mde_n, g.mde_sd, g.mde_algos, ALGORITHMS, g.mde_alpha, why)
 
 
 def _paired_title(baseline: str) -> str:

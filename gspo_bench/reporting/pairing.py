@@ -83,10 +83,14 @@ def compare(mine: dict[str, dict], base: dict[str, dict], alpha: float = ALPHA, 
         # d_s = metric(compared, s) - metric(baseline, s), over the seeds where both have it
         seeds, diffs = pair_by_seed({s: v[k] for s, v in mine.items()}, {s: v[k] for s, v in base.items()})
         st = paired_summary(diffs, alpha, power)
+        # a tie (every seed's difference equal, e.g. all at the evaluation's floor) has no spread: the table
+        # shows no interval, test or MDE for it (n/a), and it is no member of a Holm family
+        ci = None if st.tied else st.ci
         rows.append({"metric": name, "label": label, "unit": unit, "scale": scale, "n": st.n, "common": len(common),
                      "seeds": ",".join(seeds), "mean_diff": st.mean, "sd_diff": st.sd,
-                     "ci_low": st.ci[0] if st.ci else None, "ci_high": st.ci[1] if st.ci else None,
-                     "significant": st.significant, "p": st.p, "p_holm": None, "mde": st.mde, "stat": st})
+                     "ci_low": ci[0] if ci else None, "ci_high": ci[1] if ci else None,
+                     "significant": st.significant and not st.tied, "p": None if st.tied else st.p, "p_holm": None,
+                     "mde": st.mde, "stat": st})
     return rows
 
 
@@ -113,14 +117,20 @@ class Pooled:
     who: str
 
 
+def level_text(alpha: float) -> str:
+    """A test level as a table states it: ``α 0.05``, ``α 0.0042`` (two significant digits below 0.01)."""
+    return f"α {alpha:.2g}" if alpha < 0.01 else f"α {alpha:.3g}"
+
+
 def mde_text(head: str, baseline: str, note: str | None, mde_: float | None, n: int, sd: float | None, k: int,
-             pooled: Pooled) -> str:
-    """A group's one line: its MDE for final pass@1 over its comparisons, or why there is none."""
+             pooled: Pooled, alpha: float = ALPHA, why: str = "") -> str:
+    """A group's one line: its MDE for final pass@1 over its comparisons, or why there is none; ``alpha``: the
+    level it is computed at (``why``: what sets that level, e.g. Holm's first step)."""
     if note:
         return f"{head}no paired differences vs {baseline}: {note}."
     if mde_ is None:
         return f"{head}MDE (final pass@1): not available, {pooled.who} has 2 or more seeds paired with {baseline}."
-    return (f"{head}MDE (final pass@1, {n} seeds, 95 % / 80 % power): {100 * mde_:.1f} points "
+    return (f"{head}MDE (final pass@1, {n} seeds, {level_text(alpha)}{why}, 80 % power): {100 * mde_:.1f} points "
             f"(pooled sd of the paired differences {100 * sd:.1f} points over {k} "
             f"{pooled.one if k == 1 else pooled.many})")
 
@@ -139,9 +149,13 @@ def stat_cells(row: dict, extra: Callable[[dict], list[str]] = lambda row: []) -
 
     n = str(row["n"]) if row["n"] == row["common"] else f"{row['n']} of {row['common']}"
     has_ci = row["ci_low"] is not None
-    return [f"{row['label']} ({row['unit']})", n, num(row["mean_diff"]),
-            f"[{num(row['ci_low'])}, {num(row['ci_high'])}]" if has_ci else "-",
-            ("yes" if row["significant"] else "no") if has_ci else "-", *extra(row), num(row["mde"], "")]
+    # every seed's difference the same (a tie at an evaluation floor): no spread, so no interval, test or MDE
+    na = "-" if row["stat"] is None or not row["stat"].tied else "n/a"
+    cells = [f"{row['label']} ({row['unit']})", n, num(row["mean_diff"]),
+             f"[{num(row['ci_low'])}, {num(row['ci_high'])}]" if has_ci else na,
+             ("yes" if row["significant"] else "no") if has_ci else na, *extra(row),
+             na if row["mde"] is None else num(row["mde"], "")]
+    return cells
 
 
 def csv_text(fields: tuple[str, ...], rows: list[dict]) -> str:

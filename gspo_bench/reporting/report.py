@@ -172,8 +172,10 @@ def paired_section(paired: PairedGroup | None, baseline: str, note: str | None, 
     md += [f"Per seed s, d_s = metric(algo, s) - metric({baseline}, s) over the seeds where both finished (same "
            "warm start and prompt order); steps to +10 pts only over the seeds where both reached it. Mean, 95 % "
            "t interval; significant = the interval excludes 0, each comparison on its own; p = the paired t test; "
-           "Holm p = that p adjusted by Holm's method over the group's algorithms, per metric: below 0.05, the "
-           "difference is decided even counting every comparison of the table. pass@1 differences in points "
+           "Holm p = that p adjusted by Holm's method over the group's algorithms, one family per metric: below "
+           "0.05, the difference is decided within that metric's family (the table's three metrics are three "
+           "families). MDE (Holm): the difference decided with 80 % power at Holm's first step, 0.05 / k over the "
+           "k algorithms with a p. A tie (every seed's difference equal): n/a. pass@1 differences in points "
            "(100 x pass@1).", ""]
     if paired.note:
         return md + [f"No pairs: {paired.note}.", ""], []
