@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from gspo_bench.algorithms import evaluation
@@ -38,6 +39,9 @@ def test_a_reused_start_eval_leaves_the_run_exactly_as_without_it(mixed_task, tr
     [cache] = shared  # one seed, one cache, holding one evaluation
     assert len(cache.done) == 1
     assert both["dapo"].eval_log[0] == both["grpo"].eval_log[0]
+    # 2 samples per prompt: pass@1 from them (the sampled pass@1), the default's pass@4 left out
+    last = both["grpo"].eval_log[-1][1]
+    assert last["eval/pass_at_1"] == pytest.approx(last["eval/pass1_sampled"]) and "eval/pass_at_4" not in last
     # the reused evaluation's 8 x (1 greedy + 2 sampled) completions were not generated again
     assert both["dapo"].completions["eval"] == both["grpo"].completions["eval"] - 8 * 3
     # dapo alone, nothing cached: every metric of every step is the same, to the digit (the sampled eval
@@ -94,3 +98,51 @@ def test_the_start_eval_key_changes_with_source_rows_settings_and_random_state()
     assert shared.key(dm) != key
     torch.manual_seed(0)  # another warm start: other weights
     assert evaluation.StartEvals("/cache/warmstart/arith-tiny-dense-s1").key(_DM()) != key
+
+
+# -- unbiased pass@k ---------------------------------------------------------------------------------------------
+def test_pass_at_k_is_the_unbiased_estimator_by_hand():
+    from gspo_bench.rollout.evaluation import pass_at_k
+
+    # n = 4 samples, c = 1 correct: pass@1 = 1/4; pass@2 = 1 - C(3,2)/C(4,2) = 1 - 3/6; pass@4 = 1 (the one is drawn)
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25) and pass_at_k(4, 1, 2) == pytest.approx(0.5)
+    assert pass_at_k(4, 1, 4) == 1.0 and pass_at_k(4, 0, 4) == 0.0 and pass_at_k(4, 4, 1) == 1.0
+    # n = 5, c = 2, k = 3: the draws of 3 with no correct one: C(3,3) = 1 of C(5,3) = 10
+    assert pass_at_k(5, 2, 3) == pytest.approx(0.9)
+    # by enumeration: the fraction of k-subsets of the n samples holding a correct one
+    from itertools import combinations
+
+    samples = [1, 0, 1, 0, 0, 0]
+    for k in range(1, 7):
+        subsets = list(combinations(samples, k))
+        assert pass_at_k(6, 2, k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets))
+    with pytest.raises(ValueError):
+        pass_at_k(4, 1, 5)
+
+
+def test_the_evaluator_logs_pass_at_k_from_its_samples():
+    import torch
+
+    from gspo_bench.config import RolloutConfig
+    from gspo_bench.rollout.engine import Generation
+    from gspo_bench.rollout.evaluation import Evaluator
+
+    class Data:  # two prompts, 4 samples each: prompt a has 1 correct sample, prompt b 3
+        def generate(self, model, prompts, **kw):
+            return Generation(None, None, 0, None, None, list(prompts))
+
+        def score(self, texts, answers):
+            if len(texts) == 2:  # the greedy pass: a wrong, b right
+                return torch.tensor([0.0, 1.0])
+            return torch.tensor([1.0, 0.0, 0.0, 0.0] + [1.0, 1.0, 0.0, 1.0])
+
+    rows = {"prompt": ["a", "b"], "answer": ["1", "2"]}
+    ev = Evaluator(rows, RolloutConfig(max_new_tokens=4), samples=4, ks=(1, 2, 4, 8))
+    assert ev.ks == (1, 2, 4)  # pass@8 has no estimate from 4 samples
+    m = ev.run(Data(), None)
+    assert m["eval/pass1"] == 0.5 and m["eval/pass1_sampled"] == pytest.approx(4 / 8)
+    # per prompt 1 - C(4 - c, k) / C(4, k), averaged: k=1 (1/4 + 3/4) / 2; k=2 (1/2 + 1) / 2; k=4 (1 + 1) / 2
+    assert m["eval/pass_at_1"] == pytest.approx(0.5) and m["eval/pass_at_2"] == pytest.approx(0.75)
+    assert m["eval/pass_at_4"] == 1.0 and "eval/pass_at_8" not in m
+    assert set(Evaluator(rows, RolloutConfig(max_new_tokens=4), samples=0, ks=(1, 4)).run(Data(), None)) == {
+        "eval/pass1"}

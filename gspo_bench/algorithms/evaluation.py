@@ -40,7 +40,7 @@ class StartEvals:
         h = hashlib.blake2b(digest_size=20)
         s, ev = dm.s, dm.evaluator  # the settings ``Evaluator.evaluate`` reads (not the training-only ones)
         h.update(repr((self.source, dm.task.spec, s.engine, s.max_new_tokens, s.temperature, s.verify_timeout,
-                       ev.samples, ev.batch_size, dm.rank, dm.world, list(ev.rows["prompt"]),
+                       ev.samples, ev.ks, ev.batch_size, dm.rank, dm.world, list(ev.rows["prompt"]),
                        list(ev.rows["answer"]))).encode())
         h.update(torch.get_rng_state().numpy().tobytes())
         return h.hexdigest()

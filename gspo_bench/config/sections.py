@@ -293,7 +293,10 @@ class TrainConfig:
     eval_prompts: int = 256
     """Held-out prompts scored by greedy pass@1 (capped by the eval split)."""
     eval_samples: int = 4
-    """k: sampled completions per eval prompt for the mean-reward score; 0 = skip."""
+    """n: sampled completions per eval prompt for the mean-reward score and pass@k; 0 = skip."""
+    eval_k: list[int] = field(default_factory=lambda: [1, 4])
+    """The k of ``eval/pass_at_<k>``: the unbiased pass@k from the ``eval_samples`` n samples per prompt. A k above
+    n cannot be estimated from them and is left out (with n = 2, pass@1 alone); none with n = 0."""
     accelerator: str = "auto"
     """Lightning accelerator: auto | cpu | gpu."""
     precision: str = "32-true"
@@ -332,6 +335,9 @@ class TrainConfig:
         _check(isinstance(self.checkpoint_every, int) and not isinstance(self.checkpoint_every, bool)
                and self.checkpoint_every >= 0, f"train.checkpoint_every={self.checkpoint_every!r} must be an int >= 0")
         _check(self.eval_prompts > 0 and self.eval_samples >= 0, "train.eval_prompts must be > 0, eval_samples >= 0")
+        _check(isinstance(self.eval_k, list) and len(self.eval_k) > 0
+               and all(type(k) is int and k >= 1 for k in self.eval_k),
+               f"train.eval_k={self.eval_k!r} must be a non-empty list of ints >= 1")
         _check(self.max_grad_norm >= 0, f"train.max_grad_norm={self.max_grad_norm} must be >= 0")
         _choice("train.forward", self.forward, ("auto", "packed", "hf"))
         _check(type(self.logit_chunk_tokens) is int and self.logit_chunk_tokens >= 0,

@@ -1,7 +1,8 @@
 """``Evaluator``: the held-out evaluation of a policy, with the run's engine and the task's scorer.
 
-Greedy pass@1 over the eval prompts and, with ``eval_samples`` k > 0, the
-mean reward and sampled pass@1 over k samples per prompt, aggregated with
+Greedy pass@1 over the eval prompts and, with ``eval_samples`` n > 0, the
+mean reward, the sampled pass@1 and the unbiased pass@k over n samples per
+prompt (``pass_at_k``), aggregated with
 torchmetrics (on W > 1 processes each rank scores its share of the prompts,
 and ``compute`` averages over all of them). The completions come from the
 datamodule's engine and are scored by its verifier call (``Sampling``), so an
@@ -12,6 +13,7 @@ and what becomes of the numbers, is the policy module's
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import torch
@@ -30,13 +32,27 @@ class Sampling(Protocol):
     def score(self, texts: list[str], answers: list[str]) -> torch.Tensor: ...
 
 
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimate of pass@k from ``n`` samples of which ``c`` are correct (Chen et al. 2021,
+    "Evaluating Large Language Models Trained on Code"): the chance that k of the n, drawn without replacement,
+    hold at least one correct one. Unlike "any of the first k" it uses every sample, and unlike best-of-n it is
+    not biased upwards."""
+    if not 1 <= k <= n or not 0 <= c <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n and 0 <= c <= n, got n={n}, c={c}, k={k}")
+    # pass@k = 1 - C(n - c, k) / C(n, k)
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
 class Evaluator:
     """The eval rows of a task (``rows``: a data set slice with ``prompt`` and ``answer``), ``samples`` sampled
-    completions per prompt beside the greedy one, ``batch_size`` prompts per engine call."""
+    completions per prompt beside the greedy one, ``batch_size`` prompts per engine call, and the k of the
+    pass@k it reports (``ks``; those above ``samples`` are left out)."""
 
-    def __init__(self, rows, settings: RolloutConfig, *, samples: int = 0, batch_size: int = 256):
+    def __init__(self, rows, settings: RolloutConfig, *, samples: int = 0, batch_size: int = 256,
+                 ks: tuple[int, ...] = ()):
         self.rows, self.s = rows, settings
         self.samples, self.batch_size = samples, batch_size
+        self.ks = tuple(sorted({k for k in ks if 1 <= k <= samples}))  # a k above n has no estimate from n
         self.completions = 0  # completions generated (``bench --whole``)
 
     def batches(self, rank: int = 0, world: int = 1) -> DataLoader:
@@ -63,13 +79,18 @@ class Evaluator:
             out["reward"] = reward
             # pass@1 estimated from k samples: the fraction of sampled completions that fully verify
             out["pass1_sampled"] = (reward >= 1.0).float()
+            # c_p: a prompt's fully verified samples among its k (the samples of a prompt are side by side)
+            correct = (reward >= 1.0).reshape(len(prompts), k).sum(-1).tolist()
+            for j in self.ks:
+                out[f"pass_at_{j}"] = torch.tensor([pass_at_k(k, int(c), j) for c in correct])
         return out
 
     def run(self, data: Sampling, policy, rank: int = 0, world: int = 1) -> dict[str, float] | None:
         """``eval/*`` of ``policy`` over this process's share of the rows (torchmetrics' ``compute`` averages
         over every process's); None when there was nothing to evaluate."""
         # torchmetrics means over every eval prompt (pass1) and every sampled completion (reward, pass1_sampled)
-        means = {"pass1": MeanMetric(), "reward": MeanMetric(), "pass1_sampled": MeanMetric()}
+        means = {"pass1": MeanMetric(), "reward": MeanMetric(), "pass1_sampled": MeanMetric(),
+                 **{f"pass_at_{j}": MeanMetric() for j in self.ks}}
         seen = set()
         for batch in self.batches(rank, world):
             for k, v in self.evaluate(data, policy, batch).items():
@@ -81,4 +102,6 @@ class Evaluator:
         if self.samples:
             metrics["eval/reward_mean"] = float(means["reward"].compute())
             metrics["eval/pass1_sampled"] = float(means["pass1_sampled"].compute())
+            for j in self.ks:  # the mean over prompts of each prompt's unbiased pass@k
+                metrics[f"eval/pass_at_{j}"] = float(means[f"pass_at_{j}"].compute())
         return metrics

@@ -19,11 +19,12 @@ from gspo_bench.train.checkpoint import rollout_part
 
 def rollout_data(module, task, tokenizer, *, steps: int, seed: int, device: str, model_dir: str | None = None,
                  eval_prompts: int = 256, eval_samples: int = 0, eval_batch: int = 256,
-                 resume_state: dict | None = None) -> RolloutDataModule:
+                 eval_k: tuple[int, ...] = (), resume_state: dict | None = None) -> RolloutDataModule:
     """The datamodule for ``module`` (a ``PolicyModule``) on ``task``: ``steps`` RL steps seeded by ``seed``,
     its engine resolved for the policy sampling on ``device`` (``cpu``, ``cuda``: where the trainer puts
     it), built from ``model_dir`` where the engine needs a folder; the first ``eval_prompts`` eval rows with
-    ``eval_samples`` samples each (``eval_batch`` prompts per engine call); ``resume_state``: the checkpoint
+    ``eval_samples`` samples each (``eval_batch`` prompts per engine call) and pass@k for each k of ``eval_k``;
+    ``resume_state``: the checkpoint
     the run continues from (the datamodule gets its part)."""
     s = module.settings.rollout
     name = resolve_engine(s.engine, module.policy, held=True, device=device)
@@ -32,7 +33,7 @@ def rollout_data(module, task, tokenizer, *, steps: int, seed: int, device: str,
         prompts=lambda: [*task.train["prompt"], *task.eval["prompt"]],
         max_prompt_tokens=task.spec.max_prompt_tokens))
     evaluator = Evaluator(task.eval.select(range(min(eval_prompts, len(task.eval)))), s, samples=eval_samples,
-                          batch_size=eval_batch)
+                          batch_size=eval_batch, ks=tuple(eval_k))
     return RolloutDataModule(task, tokenizer, s, steps=steps, seed=seed, policy=module.policy, engine=engine,
                              evaluator=evaluator, record_routes=module.is_moe,
                              group_advantages=module.group_advantages, resume=rollout_part(resume_state),

@@ -191,7 +191,7 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
         dm = rollout_data(module, task, AutoTokenizer.from_pretrained(ws.path), steps=cfg.train.steps, seed=seed,
                           device=trainer.strategy.root_device.type, model_dir=str(ws.path),
                           eval_prompts=cfg.train.eval_prompts, eval_samples=cfg.train.eval_samples,
-                          resume_state=state)
+                          eval_k=tuple(cfg.train.eval_k), resume_state=state)
         # the stabilisers and the engine, as tags the leaderboard can split by (--by): routing_replay is what
         # ran (none on dense), engine the one that samples (auto resolved)
         runs.tag_run(logger, {"moe": str(module.is_moe).lower(), "routing_replay": module.replay,
