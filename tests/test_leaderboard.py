@@ -101,7 +101,11 @@ def test_curve_helpers_by_hand():
     assert auc([(0, 0.4), (10, 0.45), (20, 0.6)]) == pytest.approx((10 * 0.85 / 2 + 10 * 1.05 / 2) / 20)
     assert auc([(0, 0.3), (5, 0.3), (20, 0.3)]) == pytest.approx(0.3)  # uneven steps, flat curve
     assert auc([(0, 0.7)]) == 0.7 and auc([]) is None
-    assert steps_to_gain([(0, 0.4), (10, 0.5), (20, 0.7)]) == 10  # 0.4 + 0.1 counts as reached
+    assert steps_to_gain([(0, 0.4), (10, 0.5), (20, 0.7)]) == pytest.approx(10)  # 0.4 + 0.1 counts as reached
+    # between evaluations: 0.40 -> 0.55 crosses 0.50 two thirds of the way from step 0 to step 10, and
+    # 0.40 -> 0.45 -> 0.60 a third of the way from step 10 to 20: no tie at the first evaluation
+    assert steps_to_gain([(0, 0.4), (10, 0.55)]) == pytest.approx(20 / 3)
+    assert steps_to_gain([(0, 0.4), (10, 0.45), (20, 0.60)]) == pytest.approx(10 + 10 / 3)
     assert steps_to_gain([(0, 0.42), (10, 0.47), (20, 0.51)]) is None
 
 
@@ -111,14 +115,15 @@ def test_finished_rows_mean_sample_std_auc_steps(rows):
     assert grpo["final_pass1"] == pytest.approx(0.55) and grpo["final_pass1_std"] == pytest.approx(0.05 * 2 ** 0.5)
     assert grpo["best_pass1"] == pytest.approx(0.575) and grpo["best_pass1_std"] == pytest.approx(0.025 * 2 ** 0.5)
     assert grpo["auc_pass1"] == pytest.approx((0.475 + 0.5) / 2)
-    assert grpo["steps_to_10"] == pytest.approx(15) and grpo["reached_10"] == 2  # steps 20 and 10
+    # 0.45 -> 0.60 crosses 0.50 a third of the way from step 10 to 20; 0.40 -> 0.55 two thirds of the way to 10
+    assert grpo["steps_to_10"] == pytest.approx((10 + 10 / 3 + 20 / 3) / 2) and grpo["reached_10"] == 2
     assert grpo["clip_frac"] == pytest.approx((0.015 + 0.02) / 2)
     assert grpo["wall_s"] == pytest.approx(10.0) and grpo["collapses"] == 0
     assert grpo["completions_per_s"] == pytest.approx((4 * 2 * 20 / 8 + 4 * 2 * 20 / 12) / 2)
     gspo = _row(rows, "gspo")
     assert gspo["final_pass1"] == pytest.approx(0.605) and gspo["final_pass1_std"] == pytest.approx(0.19 / 2 ** 0.5)
     assert gspo["auc_pass1"] == pytest.approx((0.525 + 0.4675) / 2)
-    assert gspo["steps_to_10"] == 10 and gspo["reached_10"] == 1  # seed 1 never gets +10 points
+    assert gspo["steps_to_10"] == pytest.approx(10) and gspo["reached_10"] == 1  # seed 1 never gets +10 points
     assert gspo["clip_frac"] == pytest.approx(0.4) and gspo["collapses"] == 1
     assert gspo["warm_pass1"] == pytest.approx(0.41)
 
@@ -208,7 +213,7 @@ def test_cli_paired_table_in_md_and_csv(store, capsys):
     # only algorithm with a p in its group, so Holm leaves it as it is
     assert ("| arith | tiny-dense | default | default | gspo | grpo | final pass@1 (points) | 2 | +5.5 | "
             "[-51.7, +62.7] | no | 0.437 | 0.437 | 73.5 |") in paired  # the exact MDE (the shortcut gave 63.4)
-    assert "| steps to +10 pts (steps) | 1 of 2 | -10.0 | - | - | - | - | - |" in paired
+    assert "| steps to +10 pts (steps) | 1 of 2 | -3.3 | - | - | - | - | - |" in paired  # 10 - (10 + 10/3)
     assert "- arith / tiny-dense: MDE (final pass@1, 2 seeds, α 0.05, 80 % power): 73.5 points" in paired
     assert "- arith / tiny-dense / tuned: no paired differences vs grpo: only grpo in this group" in paired
     assert main(["leaderboard", "--tracking-uri", store, "--experiment", EXP, "--format", "csv", "--paired"]) == 0
@@ -218,7 +223,8 @@ def test_cli_paired_table_in_md_and_csv(store, capsys):
     final = back[0]
     assert float(final["mean_diff"]) == pytest.approx(0.055) and final["significant"] == "false"
     assert final["seeds"] == "0,1" and float(final["group_mde_final_pass1"]) == pytest.approx(float(final["mde"]))
-    assert back[2]["ci_low"] == "" and back[2]["significant"] == "" and float(back[2]["mean_diff"]) == -10
+    assert back[2]["ci_low"] == "" and back[2]["significant"] == ""
+    assert float(back[2]["mean_diff"]) == pytest.approx(-10 / 3)
     assert main(["leaderboard", "--tracking-uri", store, "--experiment", EXP, "--format", "table", "--paired"]) == 0
     out = capsys.readouterr().out
     assert "Paired differences vs grpo" in out and "finished" not in out  # the paired table alone

@@ -165,11 +165,13 @@ def test_holm_p_is_over_the_group_algorithms_per_metric(runs):
 def test_steps_to_target_drops_seeds_where_either_did_not_reach(runs):
     rows = paired_rows(runs, "grpo")
     steps = _stat(rows, "gspo", "steps_to_10")
-    # seed 0: 10 - 10, seed 1: 10 - 20; seed 2 left out (grpo never reached); 2 pairs of 3 common seeds
+    # where each crosses +10 points, read linearly between evaluations: grpo seed 0 at 10, seed 1 at 15
+    # (0.45 -> 0.55); gspo seed 0 at 5 (0.40 -> 0.60), seed 1 at 10 / 1.2 (0.40 -> 0.52); seed 2 left out
+    # (grpo never reached); 2 pairs of 3 common seeds
     assert steps["seeds"] == "0,1" and steps["n"] == 2 and steps["common"] == 3
-    assert steps["mean_diff"] == pytest.approx(-5.0)
-    cispo = _stat(rows, "cispo", "steps_to_10")  # cispo seed 0 reached at 20, seed 1 at 20, seed 2 never
-    assert cispo["seeds"] == "0,1" and cispo["mean_diff"] == pytest.approx(((20 - 10) + (20 - 20)) / 2)
+    assert steps["mean_diff"] == pytest.approx(((5 - 10) + (10 / 1.2 - 15)) / 2)
+    cispo = _stat(rows, "cispo", "steps_to_10")  # cispo seed 0 at 20, seed 1 at 10 + 10/3, seed 2 never
+    assert cispo["seeds"] == "0,1" and cispo["mean_diff"] == pytest.approx(((20 - 10) + (10 + 10 / 3 - 15)) / 2)
     dapo = _stat(rows, "dapo", "final_pass1")
     assert dapo["n"] == 1 and dapo["mean_diff"] == pytest.approx(0.2) and dapo["ci_low"] is None
     assert dapo["mde"] is None and dapo["significant"] is False
@@ -250,9 +252,9 @@ def test_cli_baseline_switches_the_sign(store, capsys):
 def test_a_tie_at_the_evaluation_floor_is_n_a_and_no_member_of_a_holm_family():
     from gspo_bench.reporting.paired_table import render_paired
 
-    # every algorithm reaches +10 points at the first evaluation (step 10) on every seed: steps-to differences
-    # are 0, 0, 0, a tie at the floor of the measure, not an interval [0, 0] with p 1 and MDE 0
-    curves = {"grpo": (0.40, 0.55, 0.60), "gspo": (0.40, 0.56, 0.64), "cispo": (0.40, 0.58, 0.61)}
+    # every algorithm is at exactly +10 points at the first evaluation (step 10) on every seed: steps-to
+    # differences are 0, 0, 0, a tie, not an interval [0, 0] with p 1 and MDE 0
+    curves = {"grpo": (0.40, 0.50, 0.60), "gspo": (0.40, 0.50, 0.64), "cispo": (0.40, 0.50, 0.61)}
     bumps = (0.0, 0.03, -0.02)
     rs = [_rd(a, s, (c[0], c[1], c[2] + b * (i + 1))) for i, (a, c) in enumerate(curves.items())
           for s, b in enumerate(bumps)]

@@ -72,8 +72,9 @@ def test_the_paired_table_counts_a_seed_run_twice_once_by_the_rule():
     # d_s = gspo - grpo: seed 0 .575 - .50 = .075, seed 1 .65 - .60 = .05 (not three pairs)
     assert (final["n"], final["common"], final["seeds"]) == (2, 2, "0,1")
     assert final["mean_diff"] == pytest.approx((0.075 + 0.05) / 2)
-    # steps to +10 pts: seed 0 has none (one of its runs never got there); seed 1: 10 - 10
-    assert (steps["n"], steps["seeds"], steps["mean_diff"]) == (1, "1", 0.0)
+    # steps to +10 pts: seed 0 has none (one of its runs never got there); seed 1: gspo crosses at 8
+    # (0.40 -> 0.525 reaches 0.50 at 0.8 of the way), grpo at 10
+    assert (steps["n"], steps["seeds"]) == (1, "1") and steps["mean_diff"] == pytest.approx(8 - 10)
     assert r3.note == "no FINISHED grpo run in this group"
 
 
@@ -122,8 +123,10 @@ def test_newest_counts_keeps_one_finished_run_per_settings_algorithm_and_seed_th
         if before[i] != "FINISHED":
             assert r.status == before[i]  # only FINISHED runs are ever set aside
             continue
-        same = [j for j, q in enumerate(runs) if before[j] == "FINISHED" and (q.algo, q.seed, q.tags["gspo_bench.config"])
-                == (r.algo, r.seed, r.tags["gspo_bench.config"])]
+        def key(q):
+            return q.algo, q.seed, q.tags["gspo_bench.config"]
+
+        same = [j for j, q in enumerate(runs) if before[j] == "FINISHED" and key(q) == key(r)]
         # the newest: the latest start time, the first listed of equal ones (or of runs without start times)
         keep = max(same, key=lambda j: (runs[j].start_time or 0.0, -j))
         assert r.status == ("FINISHED" if i == keep else SUPERSEDED), (specs, timed)

@@ -68,7 +68,8 @@ def by_slug(names: tuple[str, ...], values: tuple[str, ...]) -> list[str]:
 RESERVED_COLUMNS = frozenset((
     "algo", "auc_pass1", "auc_pass1_std", "baseline", "best_pass1", "best_pass1_std", "by", "ci_high", "ci_low",
     "clip_frac", "collapses", "common", "completions_per_s", "config", "final_pass1", "final_pass1_std",
-    "group_mde_final_pass1", "group_mde_pairs", "mde", "mde_alpha", "mean_diff", "metric", "model", "n", "p", "p_holm", "preset",
+    "group_mde_final_pass1", "group_mde_pairs", "mde", "mde_alpha", "mean_diff", "metric", "model", "n", "p", "p_holm",
+    "preset",
     "reached_10", "sd_diff", "seeds", "significant", "status", "steps_to_10", "task", "tuning", "wall_s", "warm_pass1"))
 
 

@@ -15,8 +15,9 @@ Definitions (also in ``NOTES``, printed by ``report`` and ``--help``):
   mean ± *sample* std (ddof 1) over seeds; one seed shows the mean alone.
 - AUC: trapezoid of ``eval/pass1`` over the step axis rescaled to [0, 1]
   (first to last eval step), i.e. the mean pass@1 over training.
-- steps to +10 pts: first eval step where pass@1 >= pass@1 at step 0 + 0.10,
-  averaged over the seeds that got there, with how many did.
+- steps to +10 pts: the step where pass@1 first reaches pass@1 at step 0 +
+  0.10, read linearly between the evaluation below it and the first at or
+  above it, averaged over the seeds that got there, with how many did.
 - clip/frac: per run the mean of ``clip/frac`` over steps, then the mean over seeds.
 - completions/s: end to end, ``prompts_per_step * group_size * steps done /
   time/wall_s`` (wall time includes evaluation), mean over seeds.
@@ -64,8 +65,9 @@ DEFAULT_BASELINE = "grpo"
 NOTES = (
     "final/best pass@1 and AUC: mean ± sample std (ddof 1) over seeds (one seed: mean only). "
     "AUC = trapezoid of eval/pass1 over steps rescaled to [0, 1] = mean pass@1 over training. "
-    "steps to +10 pts = first eval step with pass@1 >= step-0 pass@1 + 0.10, mean over the seeds that "
-    "reached it (reached/seeds). clip/frac = mean over steps, then over seeds. completions/s = end to end: "
+    "steps to +10 pts = the step where pass@1 first reaches step-0 pass@1 + 0.10, read linearly between the "
+    "evaluation below it and the first at or above it, mean over the seeds that reached it (reached/seeds). "
+    "clip/frac = mean over steps, then over seeds. completions/s = end to end: "
     "prompts_per_step x group_size x steps done / time/wall_s. FAILED and RUNNING runs are counted, never averaged; "
     "so is a SUPERSEDED one: a FINISHED run of the same settings, algorithm and seed as a newer one, which alone "
     "counts (a seed is never counted twice). "
@@ -126,12 +128,21 @@ def auc(curve: list[tuple[int, float]]) -> float | None:
     return area / (curve[-1][0] - curve[0][0])
 
 
-def steps_to_gain(curve: list[tuple[int, float]], gain: float = PLUS) -> int | None:
-    """First step whose value is at least the first value + ``gain`` (None: never)."""
+def steps_to_gain(curve: list[tuple[int, float]], gain: float = PLUS) -> float | None:
+    """The step at which the curve first reaches its first value + ``gain``, read linearly between the last
+    evaluation below the target and the first at or above it (None: never reached). Evaluations are
+    ``eval_every`` steps apart, so the first one at or above the target would tie every run that gets there
+    between the same two evaluations; the crossing point tells them apart."""
     if not curve:
         return None
     target = curve[0][1] + gain - 1e-9  # pass@1 is k/n in floats: 0.5 + 0.1 must count as reached
-    return next((s for s, v in curve[1:] if v >= target), None)
+    for (s0, v0), (s1, v1) in zip(curve, curve[1:]):
+        if v1 >= target:
+            if v0 >= target:  # reached and held (a curve that starts above its own target cannot): at s1
+                return float(s1)
+            # s* = s0 + (target - v0) / (v1 - v0) * (s1 - s0): where the straight line between them crosses
+            return s0 + (target - v0) / (v1 - v0) * (s1 - s0)
+    return None
 
 
 def _param(run: RunData, *keys: str) -> float | None:

@@ -180,7 +180,8 @@ def resolve_engine(engine: str, model, held: bool = False, device: str | None = 
                         if c.capabilities.auto_order is not None)
         for _, name in ranked:
             cls = ENGINES[name]
-            if (held or not cls.capabilities.needs_model_dir) and cls.supports(model) is None and cls.prefers(model, device):
+            usable = held or not cls.capabilities.needs_model_dir
+            if usable and cls.supports(model) is None and cls.prefers(model, device):
                 return name
         raise ValueError("no registered engine supports this model")
     cls = engine_class(engine)
