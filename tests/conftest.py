@@ -63,6 +63,17 @@ def tracking_uri(tmp_path_factory):
     return "sqlite:///" + str(tmp_path_factory.mktemp("mlflow") / "mlflow.db")
 
 
+def saved_builtin(name: str, folder, seed: int = 0) -> str:
+    """Built-in model ``name`` (seed ``seed``) with its tokenizer, saved in Hugging Face format in ``folder``, as a
+    checkpoint a module loads with ``from_pretrained``; returns the folder."""
+    from gspo_bench.models import build_builtin
+
+    model, tok = build_builtin(name, seed)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
 def tiny_overrides(task: str, uri: str, **extra) -> dict:
     """A run small enough for a unit test: 4 prompts x 4 samples, 2 steps, no warm start."""
     o = {

@@ -6,22 +6,21 @@ import importlib.util
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from gspo_bench import algorithms
 from gspo_bench.config import load_config
-from gspo_bench.models import build_builtin
 from gspo_bench.rollout.engines import resolve_engine
 from gspo_bench.tasks import Task, TaskSpec, generate_arith
 from gspo_bench.train import checkpoint
 from gspo_bench.train.assembly import rollout_data
+from tests.conftest import saved_builtin
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("moe")
-    model, tok = build_builtin("tiny-moe", 0)
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
+    folder = saved_builtin("tiny-moe", tmp_path_factory.mktemp("moe"))
+    tok = AutoTokenizer.from_pretrained(folder)
     train, evals = generate_arith(0, min_digits=1, max_digits=2, n_train=40, n_eval=12)
     task = Task(TaskSpec(name="arith-small", kind="arith"), train, evals)
     return folder, tok, task

@@ -16,9 +16,8 @@ from gspo_bench.cli.main import main
 from gspo_bench.config import ConfigError, load_config
 from gspo_bench.core.losses import LOSSES
 from gspo_bench.core.metrics import StepStats
-from gspo_bench.models import build_builtin
 from gspo_bench.rollout.datamodule import RolloutBatch
-from tests.conftest import nan_loss_on_call
+from tests.conftest import nan_loss_on_call, saved_builtin
 from tests.test_fastlm import grouped_batch
 
 # the minibatch: all 8 rows of ``grouped_batch`` (groups sharing a prompt), shuffled; their real tokens
@@ -44,11 +43,7 @@ def test_minibatch_units_count_tokens_and_non_empty_responses():
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-dense")
-    model, tok = build_builtin("tiny-dense", 0)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
+    return saved_builtin("tiny-dense", tmp_path_factory.mktemp("tiny-dense"))
 
 
 def one_minibatch(algo: str, limit: int, model_dir: str):
@@ -156,9 +151,7 @@ def test_the_recompute_and_reference_passes_run_in_micro_batches_with_the_same_l
     and routes of the all-at-once pass."""
     from gspo_bench.rollout.routing import empty_grid
 
-    model, tok = build_builtin(model_name, 0)
-    model.save_pretrained(tmp_path)
-    tok.save_pretrained(tmp_path)
+    saved_builtin(model_name, tmp_path)
     ids, attn, P = grouped_batch(5)
     mask = attn[:, P:].float()
     B, T = mask.shape
