@@ -265,3 +265,27 @@ def test_a_second_finished_run_of_one_seed_is_set_aside_and_the_newest_counts(tm
     assert main(["report", "--tracking-uri", uri, "--experiment", EXP, "--out", str(tmp_path / "rep")]) == 0
     page = (tmp_path / "rep" / "report.md").read_text()
     assert "3 FINISHED, 1 SUPERSEDED" in page and "1 FINISHED run(s) set aside as SUPERSEDED" in page
+
+
+def test_target_mde_plans_the_seeds_each_comparison_needs(store, capsys):
+    from gspo_bench.reporting.paired import sd_interval, seeds_needed
+
+    assert main(["leaderboard", "--tracking-uri", store, "--experiment", EXP, "--target-mde", "5", "--format",
+                 "csv"]) == 0
+    back = {(r["algo"], r["metric"]): r for r in csv.DictReader(io.StringIO(capsys.readouterr().out))}
+    final = back[("gspo", "final_pass1")]
+    # gspo - grpo final pass@1: 0.70 - 0.60 and 0.51 - 0.50, sd by hand; one algorithm with a p: level 0.05
+    sd = statistics.stdev([0.10, 0.01])
+    assert int(final["n"]) == 2 and float(final["sd"]) == pytest.approx(sd) and float(final["level"]) == 0.05
+    assert int(final["seeds"]) == seeds_needed(sd, 0.05, 0.05) and float(final["target"]) == pytest.approx(0.05)
+    # 2 pairs know the sd only to within x0.45 to x32: the plan's low end, and no plan at the high end
+    lo, hi = sd_interval(sd, 2)
+    assert int(final["seeds_low"]) == seeds_needed(lo, 0.05) <= int(final["seeds"])
+    assert final["seeds_high"] == "" and seeds_needed(hi, 0.05) is None
+    assert ("gspo", "steps_to_10") not in back  # one pair only: no sd to plan from
+    assert main(["leaderboard", "--tracking-uri", store, "--experiment", EXP, "--target-mde", "5"]) == 0
+    md = capsys.readouterr().out
+    assert md.startswith("**Seeds to detect 5 (points of pass@1, or steps) with 80 % power**")
+    assert f"| {seeds_needed(sd, 0.05, 0.05)} | " in md
+    assert main(["leaderboard", "--tracking-uri", store, "--experiment", EXP, "--target-mde", "0"]) == 2
+    assert "--target-mde 0: a difference to detect must be > 0" in _one_line_error(capsys)

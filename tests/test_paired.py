@@ -268,3 +268,22 @@ def test_a_tie_at_the_evaluation_floor_is_n_a_and_no_member_of_a_holm_family():
     md = render_paired([g], "md")
     assert "| steps to +10 pts (steps) | 3 | +0.0 | n/a | n/a | n/a | n/a | n/a |" in md
     assert "α 0.025 = 0.05 / 2, Holm's first step" in md
+
+
+def test_seeds_needed_is_the_fewest_pairs_whose_mde_reaches_the_target():
+    from gspo_bench.reporting.paired import sd_interval, seeds_needed
+
+    n = seeds_needed(0.023, 0.03)
+    assert mde(0.023, n) <= 0.03 < mde(0.023, n - 1)
+    # at Holm's first step over 12 comparisons more seeds are needed for the same target
+    strict = seeds_needed(0.023, 0.03, alpha=0.05 / 12)
+    assert strict > n and mde(0.023, strict, 0.05 / 12) <= 0.03 < mde(0.023, strict - 1, 0.05 / 12)
+    assert seeds_needed(0.0, 0.01) == 2 and seeds_needed(None, 0.01) is None
+    assert seeds_needed(1.0, 1e-6, limit=50) is None  # beyond the limit: no plan
+    # the sd's 95 % interval from 3 pairs spans about x0.52 to x6.3 (chi2 with 2 df), from 8 about x0.66 to x2.0
+    lo, hi = sd_interval(1.0, 3)
+    assert lo == pytest.approx(math.sqrt(2 / 7.377759), rel=1e-4) and hi == pytest.approx(math.sqrt(2 / 0.0506356),
+                                                                                          rel=1e-4)
+    lo8, hi8 = sd_interval(1.0, 8)
+    assert 0.6 < lo8 < 0.7 and 1.9 < hi8 < 2.1
+    assert sd_interval(0.0, 5) is None and sd_interval(1.0, 1) is None

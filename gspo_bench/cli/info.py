@@ -136,9 +136,17 @@ def leaderboard_command(args, console) -> int:
         _say_set_aside(runs, fmt, console)
         return 0
     baseline = args.baseline or DEFAULT_BASELINE
-    # an explicit --baseline (or --paired, which asks for nothing else) must have a FINISHED run
-    note = check_baseline(runs, baseline, strict=args.baseline is not None or args.paired)
+    target = getattr(args, "target_mde", None)
+    if target is not None and not target > 0:
+        raise ConfigError(f"--target-mde {target:g}: a difference to detect must be > 0 (points of pass@1, or steps)")
+    # an explicit --baseline (or --paired or --target-mde, which ask for nothing else) must have a FINISHED run
+    note = check_baseline(runs, baseline, strict=args.baseline is not None or args.paired or target is not None)
     groups = paired_groups(runs, baseline, by=by)
+    if target is not None:  # the seed planner instead of the tables
+        from gspo_bench.reporting.planner import plan_rows, render_plan
+
+        sys.stdout.write(render_plan(plan_rows(groups, target), target, "csv" if args.format == "csv" else "md"))
+        return 0
     fmt = args.format or ("table" if console.is_terminal else "md")
     if fmt == "table":
         parts = [] if args.paired else [rich_table(rows, f"leaderboard: {args.experiment}")]

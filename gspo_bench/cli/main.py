@@ -220,6 +220,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "then have a FINISHED run (csv: one row per group, algorithm and metric, raw numbers: "
                            "pass@1 as a fraction, steps as steps, significant true/false (empty under 2 pairs), "
                            "with the group's MDE for final pass@1 in every row)")
+            c.add_argument("--target-mde", type=float, metavar="X",
+                           help="instead of the tables: per paired comparison, the seeds it needs to detect a "
+                           "difference of X (points of pass@1, or steps) with 80 %% power at the level that "
+                           "decides it (Holm's first step), from the observed sd of its per-seed differences, "
+                           "and the same at the ends of that sd's 95 %% interval (md or csv)")
         else:
             c.add_argument("--out", help="output folder (default results/<experiment>)")
             c.add_argument("--storage", help="also report the Optuna studies in this storage (trial history, "

@@ -132,6 +132,38 @@ def paired_summary(diffs: list[float], alpha: float = 0.05, power: float = 0.8) 
     return PairedStat(n, mean, sd, ci, significant, mde(sd, n, alpha, power), p)
 
 
+def sd_interval(sd: float, n: int, confidence: float = 0.95) -> tuple[float, float] | None:
+    """The ``confidence`` interval of the true sd of paired differences from their sample sd over ``n`` pairs,
+    assuming normal differences: (n - 1) s^2 / sigma^2 ~ chi2(n - 1). With 3 pairs it spans about x0.5 to x6
+    of the sample sd; None when n < 2 or the sd is not a positive number."""
+    from scipy.stats import chi2
+
+    if n < 2 or sd is None or not math.isfinite(sd) or sd <= 0:
+        return None
+    tail = (1 - confidence) / 2
+    # sigma in [s sqrt((n-1) / chi2_{1-tail}), s sqrt((n-1) / chi2_{tail})]
+    return (sd * math.sqrt((n - 1) / chi2.ppf(1 - tail, n - 1)), sd * math.sqrt((n - 1) / chi2.ppf(tail, n - 1)))
+
+
+def seeds_needed(sd: float, target: float, alpha: float = 0.05, power: float = 0.8,
+                 limit: int = 10_000) -> int | None:
+    """The fewest pairs n (at least 2) whose MDE (``mde``) at level ``alpha`` and ``power`` is at most ``target``
+    for paired differences of sd ``sd``; None when even ``limit`` pairs would not do, or the sd is unknown. The
+    MDE falls as n grows, so a bisection over n finds it."""
+    _check_levels(alpha, power)
+    if sd is None or not math.isfinite(sd) or target <= 0:
+        return None
+    if sd == 0 or mde(sd, 2, alpha, power) <= target:
+        return 2
+    if mde(sd, limit, alpha, power) > target:
+        return None
+    lo, hi = 2, limit  # mde(lo) > target >= mde(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if mde(sd, mid, alpha, power) <= target else (mid, hi)
+    return hi
+
+
 def holm_first_level(alpha: float, k: int) -> float:
     """The level Holm's method tests the smallest of ``k`` p values at: alpha / k. A comparison is decided
     for the family only below the level of its step (alpha / k, then alpha / (k - 1), ...), so an effect
