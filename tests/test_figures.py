@@ -24,6 +24,7 @@ from matplotlib.colors import to_rgba
 from gspo_bench.core.losses import LOSSES
 from gspo_bench.reporting import figures
 from gspo_bench.reporting.frame import RunData
+from gspo_bench.reporting.paired import mde
 from gspo_bench.reporting.paired_table import PairedGroup, paired_groups
 from gspo_bench.reporting.report import group_section
 
@@ -165,7 +166,10 @@ def test_forest_plot_rows_sorted_decided_filled(group):
             assert (lo, hi) == (pytest.approx(MEANS[algo] - half, abs=1e-3),
                                 pytest.approx(MEANS[algo] + half, abs=1e-3))
     legend = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
-    assert "± MDE 3.3 pts (n=3 pairs, 80 % power)" in legend
+    # the MDE at Holm's first step over the algorithms with a p for final pass@1 (one pair: vespo has none)
+    k = len(FOREST_ORDER) - 1
+    assert group.mde_alpha == pytest.approx(0.05 / k) and group.mde == pytest.approx(mde(group.mde_sd, 3, 0.05 / k))
+    assert f"± MDE {100 * group.mde:.1f} pts (n=3 pairs, α {0.05 / k:.2g}, 80 % power)" in legend
     (span,) = [p for p in ax.patches if p.get_width() > 0]  # the ± MDE region
     assert span.get_x() == pytest.approx(-100 * group.mde) and span.get_width() == pytest.approx(200 * group.mde)
 

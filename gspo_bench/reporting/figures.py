@@ -27,7 +27,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator, PercentFormatter
 
 from gspo_bench.reporting.frame import RunData
 from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE
-from gspo_bench.reporting.pairing import POWER
+from gspo_bench.reporting.pairing import POWER, level_text
 
 CLIP_FLOOR = 1e-5  # clip/frac is drawn on a log axis: a step with no clipped token is drawn here
 ARTICLE_CLIP = {"gspo": 0.15, "grpo": 0.0013}  # GSPO article: ~15 % vs ~0.13 % of tokens clipped
@@ -457,8 +457,9 @@ def paired_figure(group, title: str) -> Figure:
     handles = []
     if mde_pts is not None:
         ax.axvspan(-mde_pts, mde_pts, color="0.92", linewidth=0, zorder=0)
+        # the MDE at the level that decides final pass@1 for the group (Holm's first step)
         handles.append(Patch(color="0.92", label=f"± MDE {mde_pts:.1f} pts (n={group.mde_n} pairs, "
-                                                 f"{100 * POWER:g} % power)"))
+                                                 f"{level_text(group.mde_alpha)}, {100 * POWER:g} % power)"))
     ax.axvline(0, color="black", linewidth=1, zorder=1)
     for y, f in enumerate(rows):
         color = PALETTE[index[f.algo] % len(PALETTE)]
