@@ -47,9 +47,9 @@ class StartEvals:
 
 
 class HeldOutEval:
-    """Needs ``policy``, ``trainer.datamodule`` (``evaluator``, ``rank``, ``world``, ``timeouts``, ``count_timeouts``), ``logger``,
-    ``rl_step``, ``world``, ``clock``, ``eval_history``, ``eval_log``, ``eval_listeners`` and ``start_evals``
-    from the module."""
+    """Needs ``policy``, ``trainer.datamodule`` (``evaluator``, ``rank``, ``world``, ``timeouts``,
+    ``count_timeouts``), ``logger``, ``rl_step``, ``world``, ``clock``, ``eval_history``, ``eval_log``,
+    ``eval_listeners`` and ``start_evals`` from the module."""
 
     def publish_eval(self, metrics: dict[str, float]) -> None:
         """Log ``eval/*`` at the current RL step and tell the listeners."""

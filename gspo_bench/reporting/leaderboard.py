@@ -188,8 +188,8 @@ def _run_frame(runs: list[RunData], by: tuple[str, ...], finished: bool) -> pd.D
     def record(r: RunData) -> dict:
         row = dict(zip(GROUP, r.group)) | {f"by:{t}": v for t, v in zip(by, split_values(r.tags, by))}
         row |= {"algo": r.algo, "status": r.status, "seed": r.seed}
-        tag = r.tags.get("collapse.count", "")
         if not finished:
+            tag = r.tags.get("collapse.count", "")
             return row | {"collapses": int(tag) if tag.isdigit() else 0}
         return row | {k: math.nan if v is None else float(v) for k, v in run_summary(r).items()}
 

@@ -141,9 +141,8 @@ class RolloutDataModule(L.LightningDataModule):
         self.engine_given = engine is not None  # handed in: never replaced by the registry's
         self.task, self.tokenizer, self.s = task, tokenizer, settings
         self.steps, self.seed = steps, seed
-        self.evaluator = evaluator if evaluator is not None else Evaluator(
-            task.eval.select(range(min(eval_prompts, len(task.eval)))), settings, samples=eval_samples,
-            batch_size=eval_batch)
+        self.evaluator = evaluator if evaluator is not None else Evaluator.for_task(
+            task, settings, prompts=eval_prompts, samples=eval_samples, batch_size=eval_batch)
         self.policy = policy
         self.record_routes, self.group_advantages = record_routes, group_advantages
         self.resume = resume

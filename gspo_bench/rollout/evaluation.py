@@ -55,6 +55,13 @@ class Evaluator:
         self.ks = tuple(sorted({k for k in ks if 1 <= k <= samples}))  # a k above n has no estimate from n
         self.completions = 0  # completions generated (``bench --whole``)
 
+    @classmethod
+    def for_task(cls, task, settings: RolloutConfig, *, prompts: int = 256, samples: int = 0, batch_size: int = 256,
+                 ks: tuple[int, ...] = ()) -> "Evaluator":
+        """The evaluator over the first ``prompts`` rows of ``task``'s eval split (all of them when fewer)."""
+        return cls(task.eval.select(range(min(prompts, len(task.eval)))), settings, samples=samples,
+                   batch_size=batch_size, ks=ks)
+
     def batches(self, rank: int = 0, world: int = 1) -> DataLoader:
         """This process's share of the eval rows, in batches of ``batch_size``."""
         rows = [{"prompt": p, "answer": a} for p, a in zip(list(self.rows["prompt"]), list(self.rows["answer"]))]

@@ -19,7 +19,7 @@ from gspo_bench.train.checkpoint import rollout_part
 
 def rollout_data(module, task, tokenizer, *, steps: int, seed: int, device: str, model_dir: str | None = None,
                  eval_prompts: int = 256, eval_samples: int = 0, eval_batch: int = 256,
-                 eval_k: tuple[int, ...] = (), resume_state: dict | None = None) -> RolloutDataModule:
+                 eval_k: tuple[int, ...] | list[int] = (), resume_state: dict | None = None) -> RolloutDataModule:
     """The datamodule for ``module`` (a ``PolicyModule``) on ``task``: ``steps`` RL steps seeded by ``seed``,
     its engine resolved for the policy sampling on ``device`` (``cpu``, ``cuda``: where the trainer puts
     it), built from ``model_dir`` where the engine needs a folder; the first ``eval_prompts`` eval rows with
@@ -32,8 +32,8 @@ def rollout_data(module, task, tokenizer, *, steps: int, seed: int, device: str,
         s, seed=seed, model_dir=model_dir, record_routes=module.is_moe,
         prompts=lambda: [*task.train["prompt"], *task.eval["prompt"]],
         max_prompt_tokens=task.spec.max_prompt_tokens))
-    evaluator = Evaluator(task.eval.select(range(min(eval_prompts, len(task.eval)))), s, samples=eval_samples,
-                          batch_size=eval_batch, ks=tuple(eval_k))
+    evaluator = Evaluator.for_task(task, s, prompts=eval_prompts, samples=eval_samples, batch_size=eval_batch,
+                                   ks=tuple(eval_k))
     return RolloutDataModule(task, tokenizer, s, steps=steps, seed=seed, policy=module.policy, engine=engine,
                              evaluator=evaluator, record_routes=module.is_moe,
                              group_advantages=module.group_advantages, resume=rollout_part(resume_state),

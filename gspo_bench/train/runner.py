@@ -177,9 +177,13 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
     ckpt = checkpoint.Checkpointer(logger.experiment, logger.run_id, cfg.train.checkpoint_every, digest,
                                    state["elapsed_s"] if state else 0.0, log, hashed_settings(resolved))
     module = dm = collapse = None
+    resumed_at = state["rl_step"] if state else None  # the RL step the run continued from
 
     def at() -> int:  # the RL step reached, for the messages below
-        return module.rl_step if module is not None else (state["rl_step"] if state else 0)
+        return module.rl_step if module is not None else (resumed_at or 0)
+
+    def last_checkpoint() -> int | None:  # the step a --resume would continue from
+        return ckpt.saved_step if ckpt.saved_step is not None else resumed_at
 
     try:
         # the run's objects, each handed what it needs: the module, the trainer, then the datamodule with the
@@ -191,7 +195,7 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
         dm = rollout_data(module, task, AutoTokenizer.from_pretrained(ws.path), steps=cfg.train.steps, seed=seed,
                           device=trainer.strategy.root_device.type, model_dir=str(ws.path),
                           eval_prompts=cfg.train.eval_prompts, eval_samples=cfg.train.eval_samples,
-                          eval_k=tuple(cfg.train.eval_k), resume_state=state)
+                          eval_k=cfg.train.eval_k, resume_state=state)
         # the stabilisers and the engine, as tags the leaderboard can split by (--by): routing_replay is what
         # ran (none on dense), engine the one that samples (auto resolved)
         runs.tag_run(logger, {"moe": str(module.is_moe).lower(), "routing_replay": module.replay,
@@ -212,7 +216,7 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
         e = caught if isinstance(caught, signals.Interrupted) else signals.Interrupted(
             signal.SIGTERM, "in the last RL step")
         result.status = "KILLED"
-        step = ckpt.saved_step if ckpt.saved_step is not None else (state["rl_step"] if state else None)
+        step = last_checkpoint()
         where = f"; resume from RL step {step} with --resume" if step else "; no checkpoint yet"
         runs.end_run(logger, "KILLED", ckpt.elapsed(),
                      ("killed_reason", f"{e.name} at RL step {at()}{where}"))
@@ -226,7 +230,7 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
         raise
     except Exception as e:  # one algorithm failing must not take the benchmark down
         if stores.unreachable(e):  # the server is gone: no more calls to it (each would retry in vain)
-            step = ckpt.saved_step if ckpt.saved_step is not None else (state["rl_step"] if state else None)
+            step = last_checkpoint()
             raise stores.TrackingUnreachable(stores.unreachable_message(
                 uri, cfg.tracking.retry_budget_s, f"{algo} seed {seed} at RL step {at()}", step)) from None
         result.error, trace, rank = f"{type(e).__name__}: {e}", traceback.format_exc(), 0
