@@ -324,8 +324,11 @@ def test_forward_response_activation_checkpointing_gives_the_same_gradients(name
     model = _models()[name]().train()
     ids, attn, P = ragged_batch(15, [3, 7, 1], [6, 2, 4], 6)
     calls = []
-    # a pre-hook: the recomputation stops as soon as it has what the backward needs, before a forward hook would run
-    hooks = [layer.register_forward_pre_hook(lambda *a: calls.append(1)) for layer in model.model.layers]
+    # a pre-hook on each layer's first module: the recomputation stops as soon as it has what the backward needs,
+    # before a forward hook would run; and on a module inside the layer, since transformers from 5.24 on recomputes
+    # a layer's forward, not its __call__ (the layer's own hooks stay outside the checkpoint)
+    hooks = [layer.input_layernorm.register_forward_pre_hook(lambda *a: calls.append(1))
+             for layer in model.model.layers]
     runs = {}
     for ck in (False, True):
         calls.clear()
