@@ -98,12 +98,16 @@ def checkpointed_layers(model, enabled: bool = True):
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise ValueError(f"train.activation_checkpointing: {type(model).__name__} does not support transformers' "
                          "gradient checkpointing; set train.activation_checkpointing=false")
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
-        "use_reentrant": False, "context_fn": pinned_routes(routers(model))})
+    kwargs = {"use_reentrant": False, "context_fn": pinned_routes(routers(model))}
+    # transformers >= 5.24 names it activation checkpointing (the gradient_ names warn, and go in v6)
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     try:
         yield
     finally:
-        model.gradient_checkpointing_disable()
+        (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
         model.disable_input_require_grads()  # the embedding hook the enable adds
 
 
