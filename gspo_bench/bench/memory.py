@@ -10,8 +10,15 @@ takes them. The first step allocates AdamW's states; the second is measured:
 - on a GPU, torch's peak allocated memory during the step minus what was allocated when it started.
 
 The step is the update: old log-probs, advantages, every minibatch's forward and backward, the optimiser
-steps. The rollout is sampled before it starts (its KV cache is not counted) and held-out evaluation is off.
-Nothing here is asserted by a test; ``results/memory.md`` is what the command wrote.
+steps. Its gradients are allocated inside it (the optimiser frees them after each step), so one float32 per
+weight is part of what every step adds, whatever the controls. The rollout is sampled before it starts (its
+KV cache is not counted), by the fast engine, which samples the policy module itself (vLLM would hold a second
+copy of the weights and its own cache), and held-out evaluation is off.
+
+On a CPU the child runs with glibc's mmap threshold fixed at 64 KiB (``MALLOC_MMAP_THRESHOLD_``): every
+larger block is mapped on its own and returned to the system when freed, so resident memory follows the
+tensors alive rather than what the allocator kept from earlier steps (which would absorb part of the step and
+understate it). Nothing here is asserted by a test; ``results/memory.md`` is what the command wrote.
 """
 
 from __future__ import annotations
@@ -31,21 +38,28 @@ from gspo_bench import tables
 
 CONTROLS: dict[str, dict] = {
     "none": {"micro_batch_tokens": 0, "logit_chunk_tokens": 0, "activation_checkpointing": False},
-    "micro": {"micro_batch_tokens": 1024, "logit_chunk_tokens": 0, "activation_checkpointing": False},
-    "chunk": {"micro_batch_tokens": 0, "logit_chunk_tokens": 1024, "activation_checkpointing": False},
+    "micro": {"micro_batch_tokens": 256, "logit_chunk_tokens": 0, "activation_checkpointing": False},
+    "chunk": {"micro_batch_tokens": 0, "logit_chunk_tokens": 256, "activation_checkpointing": False},
     "ckpt": {"micro_batch_tokens": 0, "logit_chunk_tokens": 0, "activation_checkpointing": True},
-    "all": {"micro_batch_tokens": 1024, "logit_chunk_tokens": 1024, "activation_checkpointing": True},
+    "all": {"micro_batch_tokens": 256, "logit_chunk_tokens": 256, "activation_checkpointing": True},
 }
 """The ``train.`` settings of each named set of controls. ``micro``: gradient accumulation over micro-batches
-of at most 1,024 real tokens; ``chunk``: log-probs and entropy over 1,024 response tokens at a time;
-``ckpt``: each decoder layer's activations recomputed in the backward."""
+of at most 256 real tokens; ``chunk``: log-probs and entropy over 256 response tokens at a time; ``ckpt``:
+each decoder layer's activations recomputed in the backward. 256 tokens: below the smaller default rollout
+(6 prompts x 4 samples, about 1,000 real tokens), so that both sizes are cut into micro-batches of the same
+size and what grows with the rollout shows."""
 
-DEFAULT_SETTINGS = ("model.name=qwen3-0.6b-arch", "rollout.group_size=4", "rollout.max_new_tokens=32",
+DEFAULT_PROMPTS = (6, 24)
+"""``--prompts`` unless given: two rollout sizes 4x apart, the larger about as large as a 24 GiB machine holds
+with every control off (the step adds about 10 GiB there, over about 7 GiB of weights and AdamW states)."""
+
+DEFAULT_SETTINGS = ("model.name=qwen3-0.6b-arch", "rollout.engine=fast", "rollout.group_size=4",
+                    "rollout.max_new_tokens=32",
                     "rollout.old_logp_source=recompute", "train.minibatches=1", "train.eval_prompts=2",
                     "train.eval_samples=0", "train.checkpoint_every=0", "warmstart.enabled=false",
                     "task.params={n_eval: 2}")
-"""What the measurement runs unless ``--set`` says otherwise: the real-vocabulary model from random weights, 4
-samples of at most 32 tokens per prompt, the old log-probs recomputed (a forward the step includes), one
+"""What the measurement runs unless ``--set`` says otherwise: the real-vocabulary model from random weights, the
+fast engine (one copy of the weights in the process), 4 samples of at most 32 tokens per prompt, the old log-probs recomputed (a forward the step includes), one
 optimiser step per rollout, so that the step's whole rollout is one minibatch; an eval split of 2 prompts, since the
 starting point's greedy check is not part of a step."""
 
@@ -146,7 +160,8 @@ def measure(preset: str, settings: tuple[str, ...], controls: str, prompts: int,
     """One measurement in a child process of its own; its result, or its failure and the end of its output."""
     sets = child_overrides(settings, controls, prompts)
     spec = json.dumps({"preset": preset, "sets": sets, "algo": algo})
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    # freed blocks over 64 KiB go back to the system, so resident memory is the live tensors' (module docstring)
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "MALLOC_MMAP_THRESHOLD_": str(64 * 1024)}
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "gspo_bench.bench.memory", spec], capture_output=True, text=True,
                           timeout=timeout, env=env)

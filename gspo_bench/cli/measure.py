@@ -53,8 +53,8 @@ def add_bench_parser(sub, csv, set_flag) -> None:
     b.add_argument("--memory", type=csv, metavar="C[,C...]", help="instead: the memory one RL step adds under each "
                    "set of memory controls (none, micro, chunk, ckpt, all; bench/memory.py), at each --prompts, "
                    "each in its own process (default model qwen3-0.6b-arch; --set over it)")
-    b.add_argument("--prompts", type=csv, default=["2", "8"], metavar="N[,N...]", help="with --memory: prompts per "
-                   "rollout of each measurement (default 2,8)")
+    b.add_argument("--prompts", type=csv, default=None, metavar="N[,N...]", help="with --memory: prompts per "
+                   "rollout of each measurement (default 6,24)")
 
 
 def model_overrides(args, sets: dict, model: str | None) -> dict:
@@ -231,12 +231,13 @@ def memory_command(args, console) -> int:
     from gspo_bench.tracking.provenance import git_commit, machine
 
     controls = bench_memory.parse_controls(list(args.memory))
+    given = args.prompts or [str(n) for n in bench_memory.DEFAULT_PROMPTS]
     try:
-        sizes = [int(n) for n in args.prompts]
+        sizes = [int(n) for n in given]
     except ValueError:
-        raise ConfigError(f"--prompts {','.join(args.prompts)!r}: a comma list of prompt counts") from None
+        raise ConfigError(f"--prompts {','.join(given)!r}: a comma list of prompt counts") from None
     if not sizes or min(sizes) < 1:
-        raise ConfigError(f"--prompts {','.join(args.prompts)!r}: each count must be >= 1")
+        raise ConfigError(f"--prompts {','.join(given)!r}: each count must be >= 1")
     preset = args.preset or "default"
     sets = tuple(args.sets)
     for c in controls:  # before any work: every measurement's settings must load
