@@ -69,3 +69,58 @@ def test_the_engine_name_and_what_decodes_eagerly():
     a = generate("compiled", moe.eval(), tok, PROMPTS[:4], max_new_tokens=4, greedy=True)
     assert a.texts == generate("fast", moe, tok, PROMPTS[:4], max_new_tokens=4, greedy=True).texts
     assert compiled.compile_seconds()["graphs"] == graphs
+
+
+def _recording_capture(calls: dict):
+    """What CUDA graph capture does, on a CPU: the capture runs the step once and keeps it (a closure over the
+    capture's own buffers); a replay runs it again into the same output. A per-step input that did not reach
+    those buffers would replay a stale step."""
+
+    def capture(fn):
+        calls["captures"] += 1
+        out = fn()
+
+        def replay():
+            calls["replays"] += 1
+            out.copy_(fn())
+
+        return replay, out
+
+    return capture
+
+
+def test_a_captured_step_replays_over_its_own_buffers_and_samples_what_the_eager_engine_does(dense, monkeypatch):
+    model, tok = dense
+    calls = {"captures": 0, "replays": 0}
+    monkeypatch.setattr(compiled, "capture_for", lambda device: _recording_capture(calls))
+    before = compiled.compile_seconds()["captures"]
+    a = fast_generate(model, tok, PROMPTS, max_new_tokens=12, greedy=True, compiled=True)
+    b = fast_generate(model, tok, PROMPTS, max_new_tokens=12, greedy=True)
+    assert a.texts == b.texts and torch.equal(a.input_ids, b.input_ids)
+    # one capture per run of steps over the same cache: the 16-row bucket, then the 8-row one; a step after each
+    # of the 11 samples but the last
+    assert calls == {"captures": 2, "replays": 11}
+    assert compiled.compile_seconds()["captures"] - before == 2
+    g = fast_generate(model, tok, PROMPTS, max_new_tokens=12, temperature=0.8, compiled=True,
+                      generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        fresh, _, _ = forward_response(model, g.input_ids, g.attention_mask, g.prompt_len, temperature=0.8)
+    torch.testing.assert_close(g.rollout_logp, fresh * g.response_mask, atol=1e-4, rtol=1e-4)
+
+
+def test_a_step_on_a_cpu_is_called_not_captured(dense):
+    model, _ = dense
+    assert compiled.capture_for(torch.device("cpu")) is None
+    assert compiled.capture_for(torch.device("cuda", 0)) is compiled.cuda_capture
+
+
+def test_auto_picks_the_compiled_engine_on_a_gpu_for_a_dense_model_when_vllm_is_missing(monkeypatch):
+    from gspo_bench.rollout.engines import vllm as vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "prefers_vllm", lambda model, device=None: False)
+    moe, _ = build_builtin("tiny-moe", 0)
+    dense_model, _ = build_builtin("tiny-dense", 0)
+    assert resolve_engine("auto", dense_model, device="cuda") == "compiled"
+    assert resolve_engine("auto", moe, device="cuda") == "fast"  # an MoE step cannot keep its shapes
+    assert resolve_engine("auto", dense_model, device="cpu") == "fast"
+    assert resolve_engine("auto", dense_model) == "fast"  # its weights are on the CPU

@@ -11,7 +11,7 @@ class HfEngine(InProcessEngine):
     """``engine.hf_generate``: its log-probs need every step's logits kept, so a run asks for them only when it
     uses them. It draws from torch's global generator (``generator`` must be None)."""
 
-    capabilities = Capabilities(free_logp=False, records_routes=True, auto_order=2)
+    capabilities = Capabilities(free_logp=False, records_routes=True, auto_order=3)
 
     def sample(self, model, tokenizer, prompts, *, max_new_tokens, temperature=1.0, greedy=False,
                return_logp=True, record_routes=False, generator=None):
