@@ -2,8 +2,10 @@
 
 Each (controls, rollout size) runs in a child process of its own, so one measurement's freed memory never
 lowers the next one's: the model (by default ``qwen3-0.6b-arch``, Qwen3-0.6B's shape with its 151,936-token
-vocabulary) and its optimiser, then two RL steps of the configured algorithm through Lightning, as ``run``
-takes them. The first step allocates AdamW's states; the second is measured:
+vocabulary) and its optimiser, then one RL step of the configured algorithm through Lightning, as ``run``
+takes it. Before it, one optimiser step on zero gradients allocates AdamW's states (its update is exactly 0,
+so the weights do not move: ``AllocateOptimiserStates``), which is what a step after the first finds; the step
+is measured:
 
 - on a CPU, the process's peak resident memory during the step (the kernel's high-water mark, reset at the
   step's start through ``/proc/self/clear_refs``) minus its resident memory when the step starts;
@@ -115,9 +117,23 @@ class StepMemory(L.Callback):
                        "device": str(pl_module.device)}
 
 
+class AllocateOptimiserStates(L.Callback):
+    """Before training starts, one step of every optimiser on gradients of zeros, then the gradients freed: AdamW
+    allocates its moments, and its update, lr * m / (sqrt(v) + eps) with m = v = 0, is exactly 0 (with weight
+    decay 0, the measurement's setting), so the weights stay as they were."""
+
+    def on_train_start(self, trainer, pl_module):
+        for opt in trainer.optimizers:
+            params = [p for group in opt.param_groups for p in group["params"] if p.requires_grad]
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+
 def measure_step(preset: str, overrides: dict, algo: str) -> dict:
-    """One measurement (in this process): build the run's objects as ``run`` does, take two RL steps, measure
-    the second."""
+    """One measurement (in this process): build the run's objects as ``run`` does, allocate the optimisers'
+    states, take one RL step and measure it."""
     from gspo_bench import algorithms
     from gspo_bench.config import load_config
     from gspo_bench.tasks import load_task
@@ -138,11 +154,11 @@ def measure_step(preset: str, overrides: dict, algo: str) -> dict:
     module = cls(cfg, ws.path, 0, settings)
     tok = AutoTokenizer.from_pretrained(ws.path)
     module.evaluate_now = lambda: None  # the held-out evaluation is not part of an RL step
-    probe = StepMemory(index=1)
-    trainer = L.Trainer(max_epochs=1, logger=False, callbacks=[probe], accelerator=cfg.train.accelerator, devices=1,
+    probe = StepMemory(index=0)
+    trainer = L.Trainer(max_epochs=1, logger=False, callbacks=[AllocateOptimiserStates(), probe], accelerator=cfg.train.accelerator, devices=1,
                         precision=cfg.train.precision, num_sanity_val_steps=0, enable_checkpointing=False,
                         enable_model_summary=False, enable_progress_bar=False)
-    dm = rollout_data(module, task, tok, steps=2, seed=0, device=trainer.strategy.root_device.type,
+    dm = rollout_data(module, task, tok, steps=1, seed=0, device=trainer.strategy.root_device.type,
                       model_dir=str(ws.path), eval_prompts=cfg.train.eval_prompts, eval_samples=0)
     trainer.fit(module, datamodule=dm)
     return probe.result
@@ -207,8 +223,9 @@ def markdown(results: list[dict], group_size: int, command: str, commit: str, ma
             if device.startswith("cuda") else
             "peak resident memory during the step (VmHWM, reset at its start) minus resident memory at its start")
     lines = [f"# Memory of one RL step\n", f"`{command}` at commit `{commit}`, on {machine} ({device}).\n",
-             f"What one RL step adds: {what}, the second step of each measurement (weights, gradients and "
-             "AdamW states already allocated), each in a process of its own. Settings: "
+             f"What one RL step adds: {what}, with the weights and AdamW's states already allocated (the "
+             "gradients are allocated inside the step, as in every step of a run), each measurement in a process "
+             "of its own. Settings: "
              f"{', '.join(f'`{s}`' for s in DEFAULT_SETTINGS)}, then the command's `--set`.\n",
              tables.markdown(COLUMNS, rows(results, group_size)), ""]
     lines += [f"- {s}" for s in ratios(results)]
