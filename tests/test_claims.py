@@ -386,3 +386,78 @@ def test_claims_runs_table_without_any_claim_experiment_is_one_line_exit_2(tmp_p
     assert "holds none of the experiments the claims read" in text and "it holds my-exp, other-exp" in text, text
     assert all(name in text for name in EXPERIMENTS)
     assert not out.parent.exists()  # refused before the page's folder is made
+
+
+def _outside_p_by_hand(ds: list[float], lo: float) -> float:
+    """2 P(T_{n-1} <= (mean - lo) / se): the test that the mean lies below ``lo``, two-sided-equivalent."""
+    n, mean = len(ds), sum(ds) / len(ds)
+    sd = math.sqrt(sum((d - mean) ** 2 for d in ds) / (n - 1))
+    return min(1.0, 2 * student_t.cdf((mean - lo) / (sd / math.sqrt(n)), n - 1))
+
+
+def test_a_part_that_is_a_paired_table_comparison_takes_the_tables_holm_verdict():
+    from gspo_bench.reporting.paired_table import paired_groups
+
+    # sapo ends 2, 3, 2.5 ... points below grpo on 4 seeds: its own interval lies below 0, so on its own the claim
+    # "sapo ends ahead" would be refuted; but the default task holds 12 algorithms against grpo, and the table's
+    # Holm adjustment over them leaves it undecided. Both pages must say the same.
+    runs = {"arith-default": [], "suite-hot": []}
+    others = ["a1", "a2", "a3", "a4", "a5", "a6", "a7", "a8", "a9", "a10", "a11"]
+    sapo = (-0.020, -0.030, -0.025, -0.005)
+    for s in range(4):
+        runs["arith-default"].append(_rd("grpo", s, 0.60 + s / 100, **DFLT))
+        runs["arith-default"].append(_rd("sapo", s, 0.60 + s / 100 + sapo[s], **DFLT))
+        for i, a in enumerate(others):  # noise around grpo, no effect
+            runs["arith-default"].append(_rd(a, s, 0.60 + s / 100 + ((i + s) % 3 - 1) / 100, **DFLT))
+    res = cl.evaluate((_claim("sapo"),), runs)[0]
+    part = res.parts[0]
+    ds = [100 * d for d in sapo]
+    assert part.stat.ci == pytest.approx(_t_ci(ds)) and part.stat.ci[1] < 0  # on its own: below 0
+    row = next(r for g in paired_groups(runs["arith-default"]) for r in g.rows
+               if r["algo"] == "sapo" and r["metric"] == "final_pass1")
+    assert part.p == pytest.approx(row["p"]) and part.p_family == pytest.approx(row["p_holm"])
+    assert row["p"] < 0.05 < row["p_holm"]
+    assert part.verdict == cl.UNDECIDED and "12 algorithms against grpo" in part.family
+    assert part.mde == pytest.approx(100 * row["mde"]) and part.mde_alpha == pytest.approx(0.05 / 12)
+    # the same differences with grpo and sapo alone: a family of one, decided below 0, so refuted
+    alone = {"arith-default": [r for r in runs["arith-default"] if r.algo in ("grpo", "sapo")], "suite-hot": []}
+    part = cl.evaluate((_claim("sapo"),), alone)[0].parts[0]
+    assert part.verdict == cl.REFUTED and part.p_family == pytest.approx(part.p)
+    assert part.p == pytest.approx(2 * student_t.cdf(part.stat.mean / (part.stat.sd / 2), 3))
+
+
+def test_other_parts_form_the_pages_family_and_holm_decides_a_refutation():
+    # dppo: two differences of differences (stale vs default, the page's own region tests, claimed above 0) and
+    # two offpolicy comparisons (paired-table comparisons with grpo: their table's family)
+    finals = {  # algo: (stale, default, offpolicy) final pass@1 per seed 0, 1, 2
+        "grpo": ((0.40, 0.42, 0.44), (0.55, 0.56, 0.57), (0.50, 0.50, 0.50)),
+        "dppo_tv": ((0.35, 0.39, 0.38), (0.55, 0.56, 0.57), (0.51, 0.53, 0.52)),
+        "dppo_kl": ((0.36, 0.39, 0.39), (0.56, 0.56, 0.58), (0.51, 0.52, 0.50)),
+    }
+    runs = {"suite-stale": [], "arith-default": [], "suite-offpolicy": []}
+    for algo, (stale, dflt, off) in finals.items():
+        for s in range(3):
+            runs["suite-stale"].append(_rd(algo, s, stale[s]))
+            runs["arith-default"].append(_rd(algo, s, dflt[s], **DFLT))
+            runs["suite-offpolicy"].append(_rd(algo, s, off[s]))
+    dppo = cl.evaluate((_claim("dppo-stale"),), runs)[0]
+    tv_did, tv_off, kl_did, kl_off = dppo.parts
+    # tv: (35 - 40) - 0, (39 - 42) - 0, (38 - 44) - 0; kl: (36 - 40) - 1, (39 - 42) - 0, (39 - 44) - 1
+    ds = [-5.0, -3.0, -6.0]
+    assert tv_did.stat.mean == pytest.approx(-14 / 3) == kl_did.stat.mean
+    assert tv_did.part.region == (0.0, math.inf) and tv_did.stat.ci[1] < 0  # each outside on its own
+    p_raw = _outside_p_by_hand(ds, 0.0)
+    assert tv_did.p == pytest.approx(p_raw) == kl_did.p and p_raw < 0.05
+    # Holm over the page's two region tests: both p equal, each doubled, above 0.05: neither refuted
+    assert tv_did.p_family == pytest.approx(2 * p_raw) == kl_did.p_family and 2 * p_raw > 0.05
+    assert tv_did.family == kl_did.family == "this page's 2 region tests"
+    assert tv_did.verdict == kl_did.verdict == cl.UNDECIDED and dppo.verdict != cl.REFUTED
+    assert tv_did.mde_alpha == pytest.approx(0.025)
+    assert tv_off.family == "suite-offpolicy: 2 algorithms against grpo, final pass@1"
+    # a stronger effect in one of them (kl: -11, -11, -12) is refuted at the family's level, and refutes the claim
+    runs["suite-stale"] = [r if r.algo != "dppo_kl" else _rd("dppo_kl", int(r.seed), (0.30, 0.31, 0.33)[int(r.seed)])
+                           for r in runs["suite-stale"]]
+    dppo = cl.evaluate((_claim("dppo-stale"),), runs)[0]
+    kl_did = dppo.parts[2]
+    assert kl_did.p_family == pytest.approx(2 * _outside_p_by_hand([-11.0, -11.0, -12.0], 0.0))
+    assert kl_did.verdict == cl.REFUTED and dppo.verdict == cl.REFUTED

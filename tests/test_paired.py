@@ -287,3 +287,24 @@ def test_seeds_needed_is_the_fewest_pairs_whose_mde_reaches_the_target():
     lo8, hi8 = sd_interval(1.0, 8)
     assert 0.6 < lo8 < 0.7 and 1.9 < hi8 < 2.1
     assert sd_interval(0.0, 5) is None and sd_interval(1.0, 1) is None
+
+
+@pytest.mark.parametrize("ds, region", [([1.0, 2.0, 1.5, 3.0], (0.0, math.inf)), ([-1.0, -2.5, -0.5], (0.0, math.inf)),
+                                        ([4.0, 5.0, 3.5], (-3.0, 3.0)), ([-4.0, -5.5, -3.9, -4.2], (-3.0, 3.0)),
+                                        ([0.5, -0.2, 0.1], (-3.0, 3.0))])
+def test_outside_p_rejects_exactly_when_the_interval_lies_outside_the_region(ds, region):
+    from scipy.stats import t as student
+
+    from gspo_bench.reporting.paired import outside_p
+
+    st = paired_summary(ds)
+    n, se = len(ds), st.sd / math.sqrt(len(ds))
+    lo, hi = region
+    # by hand: the smaller one-sided p (below lo, above hi), doubled
+    below = student.cdf((st.mean - lo) / se, n - 1) if math.isfinite(lo) else 1.0
+    above = student.sf((st.mean - hi) / se, n - 1) if math.isfinite(hi) else 1.0
+    assert outside_p(st, region) == pytest.approx(min(1.0, 2 * min(below, above)))
+    outside = st.ci[1] <= lo or st.ci[0] >= hi
+    assert (outside_p(st, region) < 0.05) == outside
+    assert outside_p(paired_summary([1.0, 1.0, 1.0]), region) is None  # a tie: nothing to test
+    assert outside_p(paired_summary([1.0]), region) is None

@@ -48,6 +48,26 @@ def test_significantly_best_and_worst_are_paired_intervals_against_the_neighbour
     assert rank_scenario(finals)["worst"]["significant"]
 
 
+def test_best_and_worst_are_one_family_holm_decides():
+    from scipy.stats import ttest_1samp
+
+    # top - mid: +0.10, +0.05, +0.12: its own interval lies above 0 (p about 0.04), but both tests are one family;
+    # low - mid is far from decided, so Holm doubles the smaller p and the top is not significantly best
+    finals = {"top": {"0": 0.70, "1": 0.68, "2": 0.73}, "mid": {"0": 0.60, "1": 0.63, "2": 0.61},
+              "low": {"0": 0.50, "1": 0.70, "2": 0.58}}
+    r = rank_scenario(finals)
+    p_best = ttest_1samp([0.10, 0.05, 0.12], 0.0).pvalue
+    p_worst = ttest_1samp([-0.10, 0.07, -0.03], 0.0).pvalue
+    assert r["best"]["p"] == pytest.approx(p_best) and p_best < 0.05 and r["best"]["ci"][0] > 0
+    assert r["best"]["p_holm"] == pytest.approx(min(1.0, 2 * p_best)) and r["best"]["p_holm"] > 0.05
+    assert r["worst"]["p_holm"] == pytest.approx(max(2 * p_best, p_worst))
+    assert not r["best"]["significant"] and not r["worst"]["significant"]
+    # two ranked algorithms: best and worst are one test, nothing adjusted
+    two = rank_scenario({a: finals[a] for a in ("top", "mid")})
+    assert two["best"]["p_holm"] == pytest.approx(p_best) and two["best"]["significant"]
+    assert two["worst"]["p_holm"] == pytest.approx(p_best) and two["worst"]["significant"]  # the same test
+
+
 def test_pairs_use_only_common_seeds_and_one_pair_is_never_significant():
     r = rank_scenario({"a": {"0": 0.9, "1": 0.9}, "b": {"0": 0.1}})
     assert r["best"]["n"] == 1 and r["best"]["ci"] is None and not r["best"]["significant"]

@@ -1,15 +1,24 @@
 """``claims``: a verdict on every claim of ``claim_specs`` from the benchmark's own MLflow runs.
 
-Per part (see ``claim_specs``): the per-seed differences ``d_s``, their mean, 95 % t interval and minimum
-detectable effect (``paired.paired_summary``), and a verdict against the claimed region R = (lo, hi):
+Per part (see ``claim_specs``): the per-seed differences ``d_s``, their mean and 95 % t interval
+(``paired.paired_summary``), and a verdict against the claimed region R = (lo, hi), under the project's one
+multiplicity rule (docs/algorithms.md, "One multiplicity rule"):
 
-    reproduced      the interval lies inside R
-    refuted         the interval lies outside R (no overlap)
-    not decided     the interval straddles an edge of R (or fewer than 2 seeds: no interval)
+    reproduced      the 95 % interval lies inside R
+    refuted         the test that the mean lies outside R (``paired.outside_p``) rejects at the level its
+                    family's Holm adjustment allows
+    not decided     neither (or fewer than 2 seeds: no interval)
 
-A claim is *refuted* when any decisive part is, *reproduced* when all are, else *not decided*; with no
-decisive part measured it is *not run*. Nothing here corrects for the several parts and claims tested at
-once: read each verdict with its interval.
+A part's family: when the part is one of the paired tables' comparisons (``shared_comparison``: an algorithm's
+final pass@1 minus the baseline's in one experiment, its region bounded at 0), that table's family, the
+experiment's algorithms against the baseline on final pass@1, and the part takes the table's verdict (decided
+when its Holm p is below 0.05, on the side its mean falls), so the two pages agree. Every other decisive part
+of the page is one family, the page's region tests, Holm over their ``outside_p``. A tie (every seed's
+difference equal) has no spread to test: its point interval decides, outside any family.
+
+A claim is *reproduced* when every decisive part is (an intersection-union test: each part at its own level,
+no correction, since all must hold), *refuted* when any decisive part is refuted at its family's level, else
+*not decided*; with no decisive part measured it is *not run*.
 
 ``evaluate(claims, runs_by_experiment)`` is pure; ``load`` reads MLflow; ``markdown`` and ``plot_claim``
 render.
@@ -25,10 +34,13 @@ from pathlib import Path
 from gspo_bench import tables
 from gspo_bench.reporting.claim_specs import EXPERIMENTS, Claim, Part, Term
 from gspo_bench.reporting.frame import FINISHED, RunData
-from gspo_bench.reporting.paired import PairedStat, paired_summary, signed_sum_by_seed
+from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE
+from gspo_bench.reporting.paired import (PairedStat, holm, holm_first_level, mde, outside_p, paired_summary,
+                                         signed_sum_by_seed)
 from gspo_bench.reporting.seeds import RUNS, SEED, per_seed, run_table
 
 REPRODUCED, REFUTED, UNDECIDED, NOT_RUN = "reproduced", "refuted", "not decided", "not run"
+ALPHA, POWER = 0.05, 0.8  # every family's level, and the power its MDE is quoted at
 METRICS = ("eval/pass1",)  # always loaded; ``needed_metrics`` adds what the claims measure and draw
 
 
@@ -49,6 +61,11 @@ class PartResult:
     seeds: list[str]
     verdict: str
     missing: str = ""  # why there is no data (an experiment or term without FINISHED runs)
+    p: float | None = None  # the deciding test's p: outside the region, or the paired table's t test
+    p_family: float | None = None  # that p, Holm-adjusted over the part's family
+    family: str = ""  # which family, in words
+    mde: float | None = None  # the effect beyond the region's edge the deciding level detects with 80 % power
+    mde_alpha: float = ALPHA  # that level: Holm's first step over the family
 
 
 @dataclass
@@ -152,12 +169,80 @@ def combine(results: list[PartResult]) -> str:
     return UNDECIDED
 
 
+def shared_comparison(part: Part, baseline: str = DEFAULT_BASELINE) -> tuple[str, str] | None:
+    """(experiment, algorithm) when ``part`` is one of the paired tables' comparisons: in one experiment, an
+    algorithm's final pass@1 minus ``baseline``'s under the same other tags, with 0 an edge of the claimed
+    region (the tables test against 0); None otherwise."""
+    if len(part.terms) != 2 or 0.0 not in part.region:
+        return None
+    a, b = part.terms
+    if a.experiment != b.experiment or (a.measure, b.measure) != ("final", "final") or (a.sign, b.sign) != (1, -1):
+        return None
+    ta, tb = dict(a.where), dict(b.where)
+    algo = ta.pop("algo", None)
+    if tb.pop("algo", None) != baseline or algo in (None, baseline) or ta != tb:
+        return None
+    return a.experiment, algo
+
+
+def _table_rows(experiment: str, runs: dict[str, list[RunData]], cache: dict) -> dict:
+    """(group, algorithm) -> the paired table's final pass@1 row and its family's size, for ``experiment``'s
+    runs against the baseline (computed once per experiment)."""
+    from gspo_bench.reporting.paired_table import paired_groups
+
+    if experiment not in cache:
+        cache[experiment] = {(g.key[:4], r["algo"]): (r, g.mde_algos_tested)
+                             for g in paired_groups(runs.get(experiment, []), DEFAULT_BASELINE, ALPHA, POWER)
+                             for r in g.rows if r["metric"] == "final_pass1"}
+    return cache[experiment]
+
+
+def _side(mean: float, region: tuple[float, float]) -> str:
+    """Reproduced or refuted, for a mean decided away from 0 whose claimed region has 0 as an edge."""
+    inside = mean > 0 if region[0] == 0.0 else mean < 0
+    return REPRODUCED if inside else REFUTED
+
+
+def apply_families(results: list[PartResult], runs: dict[str, list[RunData]]) -> None:
+    """Set each decisive part's family, p values, MDE and verdict under the one multiplicity rule (module
+    docstring). Parts not run keep their verdict; parts that are not decisive keep their interval's."""
+    tables: dict = {}
+    own: list[PartResult] = []
+    for r in results:
+        if not r.part.decisive or r.verdict == NOT_RUN or r.stat.ci is None:
+            continue
+        if r.stat.tied:  # no spread, no test (the paired tables show n/a): the point interval decides
+            r.family = "none (a tie: every seed's difference the same)"
+            continue
+        shared = shared_comparison(r.part)
+        if shared is not None:
+            experiment, algo = shared
+            group = next(iter(select(runs[experiment], r.part.terms[0].where).values())).group
+            row, k = _table_rows(experiment, runs, tables).get((group, algo), (None, 0))
+            if row is not None and row["n"] == r.stat.n:
+                r.family = f"{experiment}: {k} algorithms against {DEFAULT_BASELINE}, final pass@1"
+                r.p, r.p_family, r.mde_alpha = row["p"], row["p_holm"], row["mde_alpha"]
+                r.mde = None if row["mde"] is None else 100 * row["mde"]
+                decided = r.p_family is not None and r.p_family < ALPHA
+                r.verdict = _side(r.stat.mean, r.part.region) if decided else UNDECIDED
+                continue
+        own.append(r)
+    k = len(own)
+    level = holm_first_level(ALPHA, k)
+    for r, q in zip(own, holm([outside_p(r.stat, r.part.region) for r in own])):
+        r.family = f"this page's {k} region tests"
+        r.p, r.p_family, r.mde_alpha = outside_p(r.stat, r.part.region), q, level
+        r.mde = mde(r.stat.sd, r.stat.n, level, POWER)
+        inside = verdict(r.stat.ci, r.part.region) == REPRODUCED
+        r.verdict = REPRODUCED if inside else (REFUTED if q is not None and q < ALPHA else UNDECIDED)
+
+
 def evaluate(claims: tuple[Claim, ...], runs: dict[str, list[RunData]]) -> list[ClaimResult]:
-    out = []
-    for c in claims:
-        parts = [evaluate_part(p, runs) for p in c.parts]
-        out.append(ClaimResult(c, parts, combine(parts)))
-    return out
+    """Every claim's parts (``evaluate_part``), their verdicts under the one multiplicity rule over the whole
+    page (``apply_families``), and each claim's verdict (``combine``)."""
+    parts = [[evaluate_part(p, runs) for p in c.parts] for c in claims]
+    apply_families([r for ps in parts for r in ps], runs)
+    return [ClaimResult(c, ps, combine(ps)) for c, ps in zip(claims, parts)]
 
 
 def check_table(frame, experiments: set[str], source: str) -> None:
@@ -227,12 +312,18 @@ def part_row(r: PartResult) -> list[str]:
     mean = _num(st.mean, unit) + (f" ({_ratio(st.mean)})" if unit == "log10" and st.mean is not None else "")
     ci = "-" if st.ci is None else f"[{_num(st.ci[0], unit)}, {_num(st.ci[1], unit)}]" + (
         f" ({_ratio(st.ci[0])} to {_ratio(st.ci[1])})" if unit == "log10" else "")
-    mde = "-" if st.mde is None else _num(st.mde, unit).lstrip("+")
+    mde_cell = "-" if r.mde is None else f"{_num(r.mde, unit).lstrip('+')} (α {r.mde_alpha:.2g})"
     v = r.verdict + ("" if r.part.decisive else " (shown, not in the verdict)")
     if r.missing:
         v += f": {r.missing}"
     seeds = ",".join(r.seeds) or "-"
-    return [r.part.label, r.part.unit, f"{len(r.seeds)} ({seeds})", mean, ci, mde, _region(r.part.region, unit), v]
+    ps = [_p(r.p), _p(r.p_family)]
+    return [r.part.label, r.part.unit, f"{len(r.seeds)} ({seeds})", mean, ci, mde_cell, _region(r.part.region, unit),
+            *ps, r.family or "-", v]
+
+
+def _p(x: float | None) -> str:
+    return "-" if x is None else (f"{x:.2g}" if x < 0.01 else f"{x:.2f}")
 
 
 def seeds_and_mde(res: ClaimResult) -> str:
@@ -241,8 +332,8 @@ def seeds_and_mde(res: ClaimResult) -> str:
     if not decisive:
         return ""
     ns = sorted({p.stat.n for p in decisive})
-    mdes = [f"{p.part.label}: {p.stat.mde:.2g} {'log10' if p.part.unit == 'log10' else 'points'}"
-            for p in decisive if p.verdict == UNDECIDED and p.stat.mde is not None]
+    mdes = [f"{p.part.label}: {p.mde:.2g} {'log10' if p.part.unit == 'log10' else 'points'} at α {p.mde_alpha:.2g}"
+            for p in decisive if p.verdict == UNDECIDED and p.mde is not None]
     return f" at {'/'.join(map(str, ns))} seeds" + (f" (MDE {'; '.join(mdes)})" if mdes else "")
 
 
@@ -253,11 +344,16 @@ def markdown(results: list[ClaimResult], meta: dict, figures: dict[str, str]) ->
            f"Margin: {meta['margin']:g} points of greedy pass@1."
            + (f" Note: {meta['set_aside']}." if meta.get("set_aside") else ""), "",
            "How to read it: each claim is split into parts. A part is a per-seed paired difference d_s (runs with "
-           "the same seed share their warm start and prompt order), with its mean, 95 % t interval and MDE (the "
-           "true difference this design detects with 80 % power), and the region the claim predicts for it. "
-           "**Reproduced**: the interval lies inside that region; **refuted**: it lies outside; **not "
-           "decided**: it straddles an edge (then the MDE says what more seeds would buy). A claim is refuted "
-           "when any decisive part is, reproduced when all are. No correction for testing many parts at once. "
+           "the same seed share their warm start and prompt order), with its mean, 95 % t interval and the region "
+           "the claim predicts for it. **Reproduced**: the interval lies inside that region. **Refuted**: the "
+           "test that the mean lies outside the region (p) rejects after Holm's adjustment over the part's "
+           "family (Holm p below 0.05). A part that is also a comparison of the paired tables (an algorithm's "
+           "final pass@1 against grpo in one experiment, the region bounded at 0) belongs to that table's "
+           "family and gets its verdict, so both pages say the same; every other part belongs to this page's "
+           "family of region tests. **Not decided**: neither; the MDE is then the distance beyond the region's "
+           "edge that the deciding level (its α, Holm's first step over the family) detects with 80 % power. "
+           "A claim is reproduced when every decisive part is (each at its own level: all must hold, so no "
+           "correction), refuted when any decisive part is refuted at its family's level. "
            "Scope: these are miniatures (models of ~1M parameters, arithmetic tasks, 40 RL steps); a refutation "
            "says the effect does not appear at this scale, not that the source is wrong at its own.", ""]
     out += tables.markdown(("#", "claim", "verdict"), [
@@ -272,7 +368,8 @@ def markdown(results: list[ClaimResult], meta: dict, figures: dict[str, str]) ->
             # every command that made the experiment's runs, one sub-item each
             out += [f"- `{e}`: {what}." + (f" **Missing**: {meta['missing'][e]}" if e in meta["missing"] else ""),
                     *(f"  - `{cmd}`" for cmd in cmds)]
-        out += ["", *tables.markdown(("part", "unit", "seeds", "mean d", "95 % CI", "MDE", "claimed", "verdict"),
+        out += ["", *tables.markdown(("part", "unit", "seeds", "mean d", "95 % CI", "MDE", "claimed", "p",
+                                                     "Holm p", "family", "verdict"),
                                      map(part_row, r.parts)).rstrip("\n").split("\n")]
         if c.key in figures:
             out += ["", f"![{c.key}]({figures[c.key]})"]

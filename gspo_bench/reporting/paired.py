@@ -164,6 +164,29 @@ def seeds_needed(sd: float, target: float, alpha: float = 0.05, power: float = 0
     return hi
 
 
+def outside_p(stat: PairedStat, region: tuple[float, float]) -> float | None:
+    """The p value of the test that the true mean difference lies outside the open ``region`` (lo, hi): each
+    finite edge is a one-sided paired t test (H0: mean >= lo, against mean < lo; H0: mean <= hi, against
+    mean > hi), the smaller p doubled, so that p < alpha exactly when the two-sided (1 - alpha) interval lies
+    wholly outside the region on one side (the claims' "refuted"). None without an interval, or for a tie
+    (no spread to test)."""
+    from scipy.stats import t as student
+
+    if stat.ci is None or stat.sd is None or stat.tied:
+        return None
+    lo, hi = region
+    se = stat.sd / math.sqrt(stat.n)
+    ps = []
+    if math.isfinite(lo):
+        # below the region: P(T_{n-1} <= (mean - lo) / se)
+        ps.append(float(student.cdf((stat.mean - lo) / se, stat.n - 1)))
+    if math.isfinite(hi):
+        # above the region: P(T_{n-1} >= (mean - hi) / se)
+        ps.append(float(student.sf((stat.mean - hi) / se, stat.n - 1)))
+    # two one-sided tests at alpha / 2 each: the two-sided interval's rule
+    return min(1.0, 2 * min(ps)) if ps else None
+
+
 def holm_first_level(alpha: float, k: int) -> float:
     """The level Holm's method tests the smallest of ``k`` p values at: alpha / k. A comparison is decided
     for the family only below the level of its step (alpha / k, then alpha / (k - 1), ...), so an effect

@@ -8,14 +8,17 @@ over its FINISHED seeds, several runs of one seed counted by the rule of
 (two algorithms tied for first both get 1.5). An algorithm with no FINISHED
 seed gets no rank in that scenario.
 
-Significantly best / worst: the top algorithm is *significantly best* when
-its per-seed paired difference in final pass@1 to the runner-up (rank 2),
-over the seeds where both FINISHED, has a 95 % t interval (n - 1 df,
-``paired.paired_summary``, the same statistic as ``paired_table``) entirely
-above 0; the bottom one is *significantly worst* when its paired difference
-to the second-worst has an interval entirely below 0. Fewer than 2 pairs: no
-interval, never significant. Beating the runner-up is enough to beat every
-lower-ranked algorithm on the means, but it is one test, not one per rival.
+Significantly best / worst: the top algorithm's per-seed paired difference
+in final pass@1 to the runner-up (rank 2), over the seeds where both
+FINISHED, and the bottom one's to the second-worst are one scenario's two
+tests (paired t, n - 1 df, ``paired.paired_summary``, the same statistic as
+``paired_table``), one family under the project's multiplicity rule: the top
+one is *significantly best* when its Holm-adjusted p over the two is below
+0.05 and its mean difference above 0, the bottom one *significantly worst*
+likewise below 0 (with only two ranked algorithms the two tests are one, and
+nothing is adjusted). Fewer than 2 pairs, or a tie: no test, never
+significant. Beating the runner-up is enough to beat every lower-ranked
+algorithm on the means, but it is one test, not one per rival.
 
 Across scenarios (``rank_suite``, pure): per algorithm its rank in each
 scenario, the mean of its ranks over the scenarios where it has one, the
@@ -35,7 +38,7 @@ from scipy.stats import rankdata
 from gspo_bench import tables
 from gspo_bench.reporting.leaderboard import NOTES, run_summary
 from gspo_bench.reporting.frame import FINISHED, RunData, set_aside
-from gspo_bench.reporting.paired import pair_by_seed, paired_summary
+from gspo_bench.reporting.paired import holm, pair_by_seed, paired_summary
 from gspo_bench.reporting.paired_table import check_baseline, paired_groups, render_with_paired
 from gspo_bench.reporting.seeds import per_seed, run_table
 from gspo_bench.tracking.redact import redact
@@ -54,7 +57,7 @@ def _versus(finals: dict[str, dict[str, float]], a: str, b: str, alpha: float) -
     common, diffs = pair_by_seed(finals[a], finals[b])
     st = paired_summary(diffs, alpha)
     return {"algo": a, "vs": b, "n": st.n, "seeds": common, "mean_diff": st.mean,
-            "ci": list(st.ci) if st.ci else None, "significant": st.significant}
+            "ci": list(st.ci) if st.ci else None, "significant": st.significant, "p": st.p}
 
 
 def rank_scenario(finals: dict[str, dict[str, float]], alpha: float = ALPHA) -> dict:
@@ -76,9 +79,12 @@ def rank_scenario(finals: dict[str, dict[str, float]], alpha: float = ALPHA) -> 
     best = worst = None
     if len(order) >= 2:
         best = _versus(finals, order[0], order[1], alpha)
-        best["significant"] = bool(best["significant"] and best["ci"][0] > 0)
         worst = _versus(finals, order[-1], order[-2], alpha)
-        worst["significant"] = bool(worst["significant"] and worst["ci"][1] < 0)
+        # one family of two tests per scenario, Holm inside it; two ranked algorithms: one test, told twice
+        ps = [best["p"], worst["p"]]
+        best["p_holm"], worst["p_holm"] = ps if len(order) == 2 else holm(ps)
+        for t, sign in ((best, 1), (worst, -1)):
+            t["significant"] = bool(t["p_holm"] is not None and t["p_holm"] < alpha and sign * t["mean_diff"] > 0)
     return {"means": means, "n": {a: len(d) for a, d in finals.items()}, "ranks": ranks, "order": order,
             "best": best, "worst": worst}
 
@@ -164,7 +170,10 @@ def _test_cell(t: dict | None, sign: str) -> str:
         return "-"
     diff = "-" if t["mean_diff"] is None else f"{100 * t['mean_diff']:+.1f}"
     ci = f"[{100 * t['ci'][0]:+.1f}, {100 * t['ci'][1]:+.1f}]" if t["ci"] else "no interval"
-    return f"`{t['algo']}` vs `{t['vs']}`: {diff} pts {ci}, n={t['n']}" + (f" **{sign}**" if t["significant"] else "")
+    q = t.get("p_holm")
+    holm_p = "" if q is None else f", Holm p {q:.2g}"
+    return (f"`{t['algo']}` vs `{t['vs']}`: {diff} pts {ci}, n={t['n']}{holm_p}"
+            + (f" **{sign}**" if t["significant"] else ""))
 
 
 def limits_text(n_seeds: int, n_scenarios: int) -> list[str]:
