@@ -48,12 +48,13 @@ CONTROLS: dict[str, dict] = {
 """The ``train.`` settings of each named set of controls. ``micro``: gradient accumulation over micro-batches
 of at most 256 real tokens; ``chunk``: log-probs and entropy over 256 response tokens at a time; ``ckpt``:
 each decoder layer's activations recomputed in the backward. 256 tokens: below the smaller default rollout
-(6 prompts x 4 samples, about 1,000 real tokens), so that both sizes are cut into micro-batches of the same
+(4 prompts x 4 samples, about 650 real tokens), so that both sizes are cut into micro-batches of the same
 size and what grows with the rollout shows."""
 
-DEFAULT_PROMPTS = (6, 24)
+DEFAULT_PROMPTS = (4, 16)
 """``--prompts`` unless given: two rollout sizes 4x apart, the larger about as large as a 24 GiB machine holds
-with every control off (the step adds about 10 GiB there, over about 7 GiB of weights and AdamW states)."""
+with every control off (with about 7 GiB of weights and AdamW states resident, a step without controls adds
+about 5 MiB per response token; at 24 prompts it ran out of memory)."""
 
 DEFAULT_SETTINGS = ("model.name=qwen3-0.6b-arch", "rollout.engine=fast", "rollout.group_size=4",
                     "rollout.max_new_tokens=32",

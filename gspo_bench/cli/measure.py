@@ -54,7 +54,7 @@ def add_bench_parser(sub, csv, set_flag) -> None:
                    "set of memory controls (none, micro, chunk, ckpt, all; bench/memory.py), at each --prompts, "
                    "each in its own process (default model qwen3-0.6b-arch; --set over it)")
     b.add_argument("--prompts", type=csv, default=None, metavar="N[,N...]", help="with --memory: prompts per "
-                   "rollout of each measurement (default 6,24)")
+                   "rollout of each measurement (default 4,16)")
 
 
 def model_overrides(args, sets: dict, model: str | None) -> dict:
