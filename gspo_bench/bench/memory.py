@@ -3,8 +3,8 @@
 Each (controls, rollout size) runs in a child process of its own, so one measurement's freed memory never
 lowers the next one's: the model (by default ``qwen3-0.6b-arch``, Qwen3-0.6B's shape with its 151,936-token
 vocabulary) and its optimiser, then one RL step of the configured algorithm through Lightning, as ``run``
-takes it. Before it, one optimiser step on zero gradients allocates AdamW's states (its update is exactly 0,
-so the weights do not move: ``AllocateOptimiserStates``), which is what a step after the first finds; the step
+takes it. Before it, one optimiser step on zero gradients at a learning rate of 0 allocates AdamW's states
+(the weights do not move: ``AllocateOptimiserStates``), which is what a step after the first finds; the step
 is measured:
 
 - on a CPU, the process's peak resident memory during the step (the kernel's high-water mark, reset at the
@@ -119,17 +119,22 @@ class StepMemory(L.Callback):
 
 
 class AllocateOptimiserStates(L.Callback):
-    """Before training starts, one step of every optimiser on gradients of zeros, then the gradients freed: AdamW
-    allocates its moments, and its update, lr * m / (sqrt(v) + eps) with m = v = 0, is exactly 0 (with weight
-    decay 0, the measurement's setting), so the weights stay as they were."""
+    """Before training starts, one step of every optimiser on gradients of zeros at a learning rate of 0, then
+    the gradients freed and the rates put back: AdamW allocates its moments, and both its update and its
+    weight decay are scaled by the rate, so the weights stay exactly as they were."""
 
     def on_train_start(self, trainer, pl_module):
         for opt in trainer.optimizers:
-            params = [p for group in opt.param_groups for p in group["params"] if p.requires_grad]
-            for p in params:
-                p.grad = torch.zeros_like(p)
+            rates = [group["lr"] for group in opt.param_groups]
+            for group in opt.param_groups:
+                group["lr"] = 0.0
+                for p in group["params"]:
+                    if p.requires_grad:
+                        p.grad = torch.zeros_like(p)
             opt.step()
             opt.zero_grad(set_to_none=True)
+            for group, lr in zip(opt.param_groups, rates):
+                group["lr"] = lr
 
 
 def measure_step(preset: str, overrides: dict, algo: str) -> dict:
@@ -185,7 +190,12 @@ def measure(preset: str, settings: tuple[str, ...], controls: str, prompts: int,
     row = {"controls": controls, "prompts": prompts, "wall_s": time.perf_counter() - t0}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("MEMORY ")]
     if proc.returncode != 0 or not lines:
-        return {**row, "error": (proc.stdout + proc.stderr)[-2000:]}
+        why = (proc.stdout + proc.stderr)[-2000:]
+        if proc.returncode < 0:  # ended by a signal: the kernel's out-of-memory killer sends SIGKILL
+            sig = -proc.returncode
+            why += f"\nthe measurement was killed by signal {sig}" + (
+                " (SIGKILL: most likely out of memory; try fewer --prompts)" if sig == 9 else "")
+        return {**row, "error": why}
     return {**row, **json.loads(lines[-1][len("MEMORY "):])}
 
 

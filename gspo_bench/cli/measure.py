@@ -231,6 +231,7 @@ def memory_command(args, console) -> int:
     from gspo_bench.tracking.provenance import git_commit, machine
 
     controls = bench_memory.parse_controls(list(args.memory))
+    commit = git_commit()  # the code that measures: read now, since a long measurement may outlive a commit
     given = args.prompts or [str(n) for n in bench_memory.DEFAULT_PROMPTS]
     try:
         sizes = [int(n) for n in given]
@@ -263,7 +264,7 @@ def memory_command(args, console) -> int:
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(args.markdown).write_text(bench_memory.markdown(results, group, "python -m gspo_bench "
-                                                             + shlex.join(args.argv), git_commit(), machine()))
+                                                             + shlex.join(args.argv), commit, machine()))
         console.print(f"wrote {args.markdown}")
     return 0 if all("added" in r for r in results) else 1
 

@@ -1,0 +1,61 @@
+"""``bench --memory``'s pieces that run without measuring (gspo_bench.bench.memory): the settings each child gets,
+the sentences of the two bounds, a killed child, and the optimiser states allocated without moving a weight."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import torch
+
+from gspo_bench.bench import memory as bm
+
+
+def test_each_measurement_gets_the_defaults_then_the_commands_sets_then_its_controls_and_size():
+    sets = bm.child_overrides(("rollout.max_new_tokens=16",), "all", 7)
+    assert sets[: len(bm.DEFAULT_SETTINGS)] == bm.DEFAULT_SETTINGS
+    assert "rollout.engine=fast" in bm.DEFAULT_SETTINGS  # one copy of the weights in the process
+    rest = sets[len(bm.DEFAULT_SETTINGS):]
+    assert rest == ("rollout.max_new_tokens=16", "train.micro_batch_tokens=256", "train.logit_chunk_tokens=256",
+                    "train.activation_checkpointing=true", "rollout.prompts_per_step=7")
+    assert bm.parse_controls(["none", "all", "none"]) == ["none", "all"]
+    from gspo_bench.config import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown controls huge"):
+        bm.parse_controls(["huge"])
+
+
+def test_the_bounds_as_sentences_with_their_ratios():
+    gib = 2**30
+    results = [{"controls": "none", "prompts": 4, "added": 4 * gib}, {"controls": "all", "prompts": 4, "added": 3 * gib},
+               {"controls": "none", "prompts": 16, "added": 12 * gib},
+               {"controls": "all", "prompts": 16, "added": 3.36 * gib}]
+    lines = bm.ratios(results)
+    assert "`none`: the 16-prompt rollout's step adds 3.00x what the 4-prompt one's adds" in lines
+    assert "`all`: the 16-prompt rollout's step adds 1.12x what the 4-prompt one's adds" in lines
+    assert "16 prompts: every control on, the step adds 0.28x what it adds with none" in lines
+    assert "4 prompts: every control on, the step adds 0.75x what it adds with none" in lines
+
+
+def test_a_killed_measurement_says_so(monkeypatch):
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, -9, "", ""))
+    r = bm.measure("default", (), "none", 24, "grpo")
+    assert "killed by signal 9" in r["error"] and "out of memory" in r["error"] and "added" not in r
+    assert bm.rows([r], 4)[0][3] == "failed"
+
+
+def test_optimiser_states_are_allocated_and_no_weight_moves():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    opt = torch.optim.AdamW(net.parameters(), lr=0.1, weight_decay=0.1, fused=True)  # decay too: unmoved
+    before = [p.detach().clone() for p in net.parameters()]
+
+    class Trainer:
+        optimizers = [opt]
+
+    bm.AllocateOptimiserStates().on_train_start(Trainer(), None)
+    for p, b in zip(net.parameters(), before):
+        assert torch.equal(p, b) and p.grad is None  # an update of exactly 0, the gradients freed
+        state = opt.state[p]
+        assert state["exp_avg"].shape == p.shape and torch.count_nonzero(state["exp_avg_sq"]) == 0
+    assert [g["lr"] for g in opt.param_groups] == [0.1]  # the rate is back
