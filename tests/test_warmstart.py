@@ -150,14 +150,50 @@ def test_warm_start_config_rejects_bad_band_settings():
 
 
 def test_the_cache_key_changed_with_the_stop_rule(monkeypatch):
-    """Version 2 (fine checks, target 40 %) must not reuse a version-1 checkpoint that stopped elsewhere."""
+    """Version 3 (accepted on the dev split) must not reuse a version-2 checkpoint accepted on the eval split."""
     import gspo_bench.train.warmstart as wsm
 
     task = load_task("arith", 0)
     key = cache_key(task, ModelConfig("tiny-dense"), WarmStartConfig(), 0)
-    assert wsm.CACHE_VERSION == 2
-    monkeypatch.setattr(wsm, "CACHE_VERSION", 1)
+    assert wsm.CACHE_VERSION == 3
+    monkeypatch.setattr(wsm, "CACHE_VERSION", 2)
     assert cache_key(task, ModelConfig("tiny-dense"), WarmStartConfig(), 0) != key
+
+
+def test_the_dev_split_is_held_out_of_training_and_disjoint_from_eval(monkeypatch):
+    import datasets
+
+    import gspo_bench.train.warmstart as wsm
+
+    task = load_task("arith", 0)  # 1,024 eval prompts, 8,976 train rows
+    sft, dev = wsm.dev_split(task)
+    assert len(dev) == 1024 and len(sft) == len(task.train) - 1024
+    assert not set(dev["prompt"]) & set(task.eval["prompt"]) and not set(dev["prompt"]) & set(sft["prompt"])
+    assert list(dev["prompt"]) == list(task.train["prompt"][-1024:])  # the train split's last rows
+    # a task whose splits share prompts: the shared ones leave the dev split
+    shared = task.eval["prompt"][:3]
+    train = datasets.Dataset.from_dict({"prompt": [f"{i}+0=" for i in range(37)] + shared,
+                                        "answer": ["0"] * 40, "target": ["0"] * 40})
+    odd = type(task)(task.spec, train, task.eval)
+    sft, dev = wsm.dev_split(odd)
+    assert len(sft) == 30 and list(dev["prompt"]) == [f"{i}+0=" for i in range(30, 37)]
+    # the fine-tune checks its stop on the dev split and never trains on it
+    seen, checked = set(), []
+    real_sft = wsm.sft_batch
+
+    def record(tok, prompts, targets, device):
+        seen.update(prompts)
+        return real_sft(tok, prompts, targets, device)
+
+    monkeypatch.setattr(wsm, "sft_batch", record)
+    scores = iter([0.1, 0.2, 0.41])
+    monkeypatch.setattr(wsm, "greedy_pass1", lambda *a, rows=None, **k: (checked.append(rows), next(scores))[1])
+    model, tok = build_builtin("tiny-dense", 0)
+    cfg = WarmStartConfig(target_pass1=0.4, eval_every=5, batch_size=64)
+    assert wsm.finetune(model, tok, task, cfg, 0, 8, progress=False) == (0.41, 10)
+    dev_prompts = wsm.dev_split(task)[1]["prompt"]
+    assert len(checked) == 3 and all(list(rows["prompt"]) == list(dev_prompts) for rows in checked)
+    assert len(seen) > 300 and not seen & set(dev_prompts)  # 640 rows drawn, none from the dev split
 
 
 def test_warmstart_command_reports_the_band(tmp_path, monkeypatch):

@@ -4,7 +4,7 @@ Random weights earn no reward on the built-in tasks (measured: 0 on 2-digit
 addition with an exact-match verifier), so every policy-gradient method would
 see all-zero groups and learn nothing. ``warm_start`` fine-tunes the model on
 the task's train split (loss on the completion only) until greedy pass@1 on
-the held-out split reaches ``target_pass1``, then saves it with
+a dev split reaches ``target_pass1``, then saves it with
 ``save_pretrained``. The checkpoint is keyed by task, model, seed and the
 warm-start config, so every algorithm, and later runs, all start from the
 very same weights.
@@ -16,8 +16,8 @@ apart, and the step at which it starts varies by hundreds of steps between
 seeds. So a fixed budget cannot land in a band, and a coarse check (every 50
 steps on a 128-prompt subset, before) stopped wherever float rounding put the
 crossing: on another CPU the same seed stopped at 28.9 % instead of 41.8 %.
-Now the stop is checked every ``eval_every`` (10) steps on the whole eval
-split, the prompts RL is evaluated on, and a check that jumps past the band
+Now the stop is checked every ``eval_every`` (10) steps on the whole dev
+split, and a check that jumps past the band
 (``target + tolerance``) is undone: the model and optimiser go back to the
 last check below the target and go on with a smaller learning rate
 (``backoff``) and more frequent checks (every 3 steps, then every step), so
@@ -27,6 +27,13 @@ pass@1 by a point or more (measured on tiny-moe), so the finer checks matter
 more than the smaller rate. The measured band over seeds is in
 ``results/warmstart-band.md`` (``warmstart --seeds N --markdown`` writes it). The checks use the fast engine's greedy decoding
 (identical tokens to ``generate``'s, tested), which is what makes them cheap.
+
+The dev split (``dev_split``) is held out of the train split, never trained on
+by the warm start, and disjoint from the eval split: accepting the warm start
+on the very prompts RL's final score is read on would select, among the
+checks, one whose eval score is lucky, and bias the lift RL adds to it. The
+eval split's score is still measured once at the end (``WarmStart.pass1``,
+RL's step-0 starting point).
 """
 
 from __future__ import annotations
@@ -52,16 +59,18 @@ from gspo_bench.models import BUILTIN_MODELS, build_builtin, classify_model_ref,
 from gspo_bench.paths import cache_dir
 from gspo_bench.tasks import Task
 
-CACHE_VERSION = 2  # 2: fine stop checks on the whole eval split, target 40 %, overshoots undone
+CACHE_VERSION = 3  # 2: fine stop checks, target 40 %, overshoots undone; 3: accepted on a dev split, not the eval
+DEV_SHARE = 4  # the dev split takes at most a quarter of the train split
 
 
 @dataclass
 class WarmStart:
     path: Path  # checkpoint directory (model + tokenizer)
-    pass1: float  # greedy pass@1 on the whole eval split
+    pass1: float  # greedy pass@1 on the whole eval split (RL's starting point)
     steps: int  # supervised steps taken
     seconds: float  # wall time of the fine-tune (0 when cached and not run now)
     cached: bool  # True when this call loaded an existing checkpoint
+    dev_pass1: float | None = None  # greedy pass@1 on the dev split, where it was accepted (None: not fine-tuned)
 
 
 def cache_key(task: Task, model_cfg: ModelConfig, ws: WarmStartConfig, seed: int) -> str:
@@ -98,9 +107,26 @@ def load_base(model_cfg: ModelConfig, seed: int):
     return load_pretrained(model_cfg.name, trust_remote_code=model_cfg.trust_remote_code, dtype=dtype)
 
 
-def greedy_pass1(model, tok, task: Task, n: int | None, max_new_tokens: int, batch: int = 512) -> float:
-    """Fraction of the first ``n`` eval prompts (all when None) whose greedy completion verifies."""
-    rows = task.eval if n is None else task.eval.select(range(min(n, len(task.eval))))
+def dev_split(task: Task):
+    """(the rows the warm start trains on, the dev split it is accepted on): the dev split is the last
+    min(len(eval), len(train) // DEV_SHARE) rows of the train split (at least one), less any whose prompt is an
+    eval prompt, so it is disjoint from the eval split even for data whose splits share prompts; the warm start
+    trains on the rest."""
+    train = task.train
+    n = max(1, min(len(task.eval), len(train) // DEV_SHARE))
+    held = set(range(len(train) - n, len(train)))
+    evals = set(task.eval["prompt"])
+    dev = [i for i in sorted(held) if train[i]["prompt"] not in evals]
+    rest = [i for i in range(len(train)) if i not in held]
+    return train.select(rest), train.select(dev)
+
+
+def greedy_pass1(model, tok, task: Task, n: int | None, max_new_tokens: int, batch: int = 512,
+                 rows=None) -> float:
+    """Fraction of the first ``n`` prompts of ``rows`` (a split of ``task``; default its eval split; all when
+    ``n`` is None) whose greedy completion verifies."""
+    rows = task.eval if rows is None else rows
+    rows = rows if n is None else rows.select(range(min(n, len(rows))))
     was_training = model.training
     model.eval()
     hits = 0.0
@@ -141,7 +167,8 @@ def finetune(model, tok, task: Task, ws: WarmStartConfig, seed: int, max_new_tok
     model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
-    score = greedy_pass1(model, tok, task, ws.eval_prompts, max_new_tokens)
+    sft, dev = dev_split(task)
+    score = greedy_pass1(model, tok, task, ws.eval_prompts, max_new_tokens, rows=dev)
     step = backoffs = since_check = 0
     every = ws.eval_every
     below = _snapshot(model, opt, score)  # the last state whose check was below the target
@@ -150,8 +177,8 @@ def finetune(model, tok, task: Task, ws: WarmStartConfig, seed: int, max_new_tok
     with Progress(*cols, disable=not progress, transient=True) as bar:
         job = bar.add_task("ws", total=ws.max_steps, p=score)
         while score < ws.target_pass1 and step < ws.max_steps:
-            idx = torch.randint(len(task.train), (ws.batch_size,), generator=gen).tolist()
-            rows = task.train.select(idx)
+            idx = torch.randint(len(sft), (ws.batch_size,), generator=gen).tolist()
+            rows = sft.select(idx)
             loss = model(**sft_batch(tok, list(rows["prompt"]), list(rows["target"]), device)).loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -161,7 +188,7 @@ def finetune(model, tok, task: Task, ws: WarmStartConfig, seed: int, max_new_tok
             since_check += 1
             if since_check == every:
                 since_check = 0
-                score = greedy_pass1(model, tok, task, ws.eval_prompts, max_new_tokens)
+                score = greedy_pass1(model, tok, task, ws.eval_prompts, max_new_tokens, rows=dev)
                 if score > ws.target_pass1 + ws.tolerance and backoffs < ws.max_backoffs:
                     # overshoot: undo the steps since the last check below the target; then smaller steps,
                     # checked more often (near the transition a few steps move greedy pass@1 by points)
@@ -209,19 +236,19 @@ def _cached(path: Path) -> WarmStart | None:
     if not meta_file.is_file():
         return None
     meta = json.loads(meta_file.read_text())
-    return WarmStart(path, meta["pass1"], meta["steps"], meta["seconds"], cached=True)
+    return WarmStart(path, meta["pass1"], meta["steps"], meta["seconds"], cached=True, dev_pass1=meta.get("dev_pass1"))
 
 
 def _fine_tune(task, model_cfg, ws, seed, max_new_tokens, progress, device, log, root: Path, path: Path) -> WarmStart:
     torch.manual_seed(seed)
     model, tok = load_base(model_cfg, seed)
     t0 = time.perf_counter()
-    steps = 0
+    steps, dev_pass1 = 0, None
     if ws.enabled:
         log(f"warm start: supervised fine-tune of {model_cfg.name} on {task.name} "
             f"until greedy pass@1 lands in [{ws.target_pass1:.0%}, {ws.target_pass1 + ws.tolerance:.0%}] "
             f"(at most {ws.max_steps} steps)")
-        _, steps = finetune(model, tok, task, ws, seed, max_new_tokens, progress, device)
+        dev_pass1, steps = finetune(model, tok, task, ws, seed, max_new_tokens, progress, device)
     seconds = time.perf_counter() - t0
     pass1 = greedy_pass1(model, tok, task, len(task.eval), max_new_tokens)
     # write to a temp dir and rename, so concurrent workers never read a half-written checkpoint
@@ -231,7 +258,8 @@ def _fine_tune(task, model_cfg, ws, seed, max_new_tokens, progress, device, log,
         model.to("cpu").save_pretrained(tmp)
         tok.save_pretrained(tmp)
         meta = {"pass1": pass1, "steps": steps, "seconds": seconds, "task": task.name, "model": model_cfg.name,
-                "seed": seed, "target_pass1": ws.target_pass1, "enabled": ws.enabled}
+                "seed": seed, "target_pass1": ws.target_pass1, "enabled": ws.enabled, "dev_pass1": dev_pass1,
+                "dev_prompts": len(dev_split(task)[1])}
         (tmp / "warmstart.json").write_text(json.dumps(meta, indent=2))
     except BaseException:  # a signal or a full disk: leave no half-written folder behind
         shutil.rmtree(tmp, ignore_errors=True)
@@ -240,12 +268,13 @@ def _fine_tune(task, model_cfg, ws, seed, max_new_tokens, progress, device, log,
         os.replace(tmp, path)
     except OSError:  # another worker won the race; theirs is equivalent
         shutil.rmtree(tmp, ignore_errors=True)
-    log(f"warm start: greedy pass@1 {pass1:.1%} on {len(task.eval)} held-out prompts after {steps} steps "
+    dev = "" if dev_pass1 is None else f" (accepted at {dev_pass1:.1%} on {len(dev_split(task)[1])} dev prompts)"
+    log(f"warm start: greedy pass@1 {pass1:.1%} on {len(task.eval)} held-out prompts after {steps} steps{dev} "
         f"({seconds:.0f}s) -> {path}")
-    if ws.enabled and pass1 < ws.target_pass1:
+    if ws.enabled and (dev_pass1 or 0.0) < ws.target_pass1:
         log(f"[warning] the warm start stopped at max_steps={ws.max_steps} below its target "
             f"{ws.target_pass1:.0%}: RL starts lower than the documented band (raise warmstart.max_steps or lr)")
-    return WarmStart(path, pass1, steps, seconds, cached=False)
+    return WarmStart(path, pass1, steps, seconds, cached=False, dev_pass1=dev_pass1)
 
 
 @dataclass
