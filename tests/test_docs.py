@@ -97,7 +97,7 @@ def test_collapse_placeholder_names_every_kind():
     assert "collapse/<kind>" in rows
     kinds = set(re.findall(r"`([a-z_]+)`", rows["collapse/<kind>"]))
     assert kinds == set(COLLAPSE_KINDS)
-    assert [n for n in rows if _is_placeholder(n)] == ["eval/pass_at_<k>", "collapse/<kind>"]
+    assert [n for n in rows if _is_placeholder(n)] == ["eval/pass_at_<k>", "eval/mean_at_<k>", "collapse/<kind>"]
 
 
 def test_every_documented_metric_is_logged(logged):
@@ -106,7 +106,7 @@ def test_every_documented_metric_is_logged(logged):
                if not _is_placeholder(name) and not name.startswith(TUNE_ONLY) and name not in seen]
     assert not missing, f"documented in docs/algorithms.md but logged by no run: {missing}"
     # the forced collapse shows up under its kind's name, pass@k under its k (the smoke preset's 2 samples: 1)
-    assert "collapse/entropy_collapse" in seen and "eval/pass_at_1" in seen
+    assert "collapse/entropy_collapse" in seen and "eval/pass_at_1" in seen and "eval/mean_at_1" in seen
 
 
 def test_every_logged_metric_is_documented(logged):
@@ -114,7 +114,7 @@ def test_every_logged_metric_is_documented(logged):
     seen = set().union(*logged)
     collapse = {k for k in seen if k.startswith("collapse/")}
     assert collapse - {"collapse/events"} <= {f"collapse/{k}" for k in COLLAPSE_KINDS}, collapse
-    pass_at = {k for k in seen if re.fullmatch(r"eval/pass_at_\d+", k)}  # the eval/pass_at_<k> row
+    pass_at = {k for k in seen if re.fullmatch(r"eval/(pass|mean)_at_\d+", k)}  # the eval/<pass|mean>_at_<k> rows
     undocumented = sorted(k for k in seen - collapse - pass_at if "/" in k and k not in documented)
     assert not undocumented, f"logged but missing from the Metrics table of docs/algorithms.md: {undocumented}"
 

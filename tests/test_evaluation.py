@@ -144,5 +144,9 @@ def test_the_evaluator_logs_pass_at_k_from_its_samples():
     # per prompt 1 - C(4 - c, k) / C(4, k), averaged: k=1 (1/4 + 3/4) / 2; k=2 (1/2 + 1) / 2; k=4 (1 + 1) / 2
     assert m["eval/pass_at_1"] == pytest.approx(0.5) and m["eval/pass_at_2"] == pytest.approx(0.75)
     assert m["eval/pass_at_4"] == 1.0 and "eval/pass_at_8" not in m
+    # mean@k: each prompt's mean reward over its first k samples, averaged over prompts:
+    # k=1 (1 + 1) / 2; k=2 (1/2 + 1) / 2; k=4 (1/4 + 3/4) / 2 = the mean reward
+    assert m["eval/mean_at_1"] == 1.0 and m["eval/mean_at_2"] == pytest.approx(0.75)
+    assert m["eval/mean_at_4"] == pytest.approx(0.5) == m["eval/reward_mean"] and "eval/mean_at_8" not in m
     assert set(Evaluator(rows, RolloutConfig(max_new_tokens=4), samples=0, ks=(1, 4)).run(Data(), None)) == {
         "eval/pass1"}

@@ -289,3 +289,26 @@ def test_target_mde_plans_the_seeds_each_comparison_needs(store, capsys):
     assert f"| {seeds_needed(sd, 0.05, 0.05)} | " in md
     assert main(["leaderboard", "--tracking-uri", store, "--experiment", EXP, "--target-mde", "0"]) == 2
     assert "--target-mde 0: a difference to detect must be > 0" in _one_line_error(capsys)
+
+
+def test_final_pass_at_k_and_mean_at_k_are_averaged_over_seeds_and_shown_when_logged():
+    from gspo_bench.reporting.frame import RunData
+    from gspo_bench.reporting.leaderboard import summarise
+
+    def run(algo, seed, p1, p4, m4):
+        tags = {"algo": algo, "seed": str(seed), "task": "arith", "model": "tiny-dense", "preset": "default"}
+        latest = {"eval/pass1": 0.5, "eval/pass_at_1": p1, "eval/pass_at_4": p4, "eval/mean_at_4": m4}
+        return RunData(f"{algo}{seed}", "FINISHED", tags, {}, latest, {"eval/pass1": [(0, 0.4), (20, 0.5)]})
+
+    runs = [run("grpo", 0, 0.50, 0.70, 0.45), run("grpo", 1, 0.54, 0.76, 0.47), run("gspo", 0, 0.40, 0.60, 0.35)]
+    rows = summarise(runs)
+    grpo = next(r for r in rows if r["algo"] == "grpo")
+    assert grpo["at_k"] == pytest.approx({"pass_at_1": 0.52, "pass_at_4": 0.73, "mean_at_4": 0.46})
+    md = render(rows, "md")
+    assert "| final pass@1 | final pass@k | best pass@1 |" in md
+    assert "| @1 0.520, @4 0.730, mean@4 0.460 |" in md
+    table = list(csv.DictReader(io.StringIO(render(rows, "csv"))))
+    assert float(table[0]["final_pass_at_4"]) == pytest.approx(0.73) and table[0]["algo"] == "grpo"
+    # runs that logged none (made before pass@k was): no column at all
+    old = [RunData(r.run_id, r.status, r.tags, {}, {"eval/pass1": 0.5}, r.history) for r in runs]
+    assert "final pass@k" not in render(summarise(old), "md")

@@ -67,6 +67,8 @@ NOTES = (
     "AUC = trapezoid of eval/pass1 over steps rescaled to [0, 1] = mean pass@1 over training. "
     "steps to +10 pts = the step where pass@1 first reaches step-0 pass@1 + 0.10, read linearly between the "
     "evaluation below it and the first at or above it, mean over the seeds that reached it (reached/seeds). "
+    "final pass@k (when the runs logged it): the last evaluation's unbiased pass@k (@k) and mean@k from its "
+    "eval_samples samples per prompt, mean over seeds. "
     "clip/frac = mean over steps, then over seeds. completions/s = end to end: "
     "prompts_per_step x group_size x steps done / time/wall_s. FAILED and RUNNING runs are counted, never averaged; "
     "so is a SUPERSEDED one: a FINISHED run of the same settings, algorithm and seed as a newer one, which alone "
@@ -164,6 +166,8 @@ def run_summary(run: RunData) -> dict:
     group = _param(run, "resolved.rollout.group_size", "rollout.group_size")
     cps = per_step * group * steps_done / wall if None not in (per_step, group, steps_done) and wall else None
     tag = run.tags.get("collapse.count")
+    # the last evaluation's unbiased pass@k and mean@k, for every k the run logged (eval/pass_at_<k>, ...)
+    at_k = {key.split("/", 1)[1]: v for key, v in run.metrics.items() if AT_K.fullmatch(key)}
     return {
         "warm": ev[0][1] if ev else _param(run, "resolved.warmstart.pass1"),
         "final": ev[-1][1] if ev else None,
@@ -174,12 +178,14 @@ def run_summary(run: RunData) -> dict:
         "collapses": int(tag) if tag and tag.isdigit() else len(run.collapse_steps()),
         "wall": wall,
         "cps": cps,
+        **at_k,
     }
 
 
 # -- aggregation -------------------------------------------------------------------------------------------------
 GROUP = ["task", "model", "preset", "config"]
 SUMMARY = ["warm", "final", "best", "auc", "steps_to", "clip", "wall", "cps"]  # ``run_summary``'s averaged values
+AT_K = re.compile(r"eval/(pass|mean)_at_(\d+)")  # the sampled evaluation's pass@k and mean@k metrics
 
 
 def _run_frame(runs: list[RunData], by: tuple[str, ...], finished: bool) -> pd.DataFrame:
@@ -224,9 +230,12 @@ def summarise(runs: list[RunData], by: tuple[str, ...] = ()) -> list[dict]:
             rows.append(start(tuple(key), status, part) | {"collapses": int(part["collapses"].sum())})
     finished = _run_frame(runs, by, finished=True)
     if not finished.empty:
-        seeds = per_seed(finished, cell, SUMMARY)  # one row per (cell, seed): the mean of its runs
+        at_k = sorted((c for c in finished.columns if AT_K.fullmatch(f"eval/{c}")),
+                      key=lambda c: (c.split("_")[0] != "pass", int(c.rsplit("_", 1)[1])))
+        values = SUMMARY + at_k
+        seeds = per_seed(finished, cell, values)  # one row per (cell, seed): the mean of its runs
         over = seeds.groupby(level=cell, sort=False)
-        means, stds = over[SUMMARY].mean(), over[SUMMARY].std(ddof=1)  # skipping NaN: the seeds that have it
+        means, stds = over[values].mean(), over[values].std(ddof=1)  # skipping NaN: the seeds that have it
         reached = over["steps_to"].count()
         for key, part in finished.groupby(cell, sort=False, dropna=False):
             key = key if isinstance(key, tuple) else (key,)
@@ -239,6 +248,8 @@ def summarise(runs: list[RunData], by: tuple[str, ...] = ()) -> list[dict]:
             row["clip_frac"] = _number(m["clip"])
             row["collapses"] = int(part["collapses"].sum())  # events, over every run
             row["wall_s"], row["completions_per_s"] = _number(m["wall"]), _number(m["cps"])
+            # over the seeds that logged it (runs made before pass@k was logged have none)
+            row["at_k"] = {c: v for c in at_k if (v := _number(m[c])) is not None}
             rows.append(row)
 
     def order(row):
@@ -280,17 +291,40 @@ def _pm(mean, std, fmt: str = ".3f") -> str:
     return f"{mean:{fmt}}" if std is None else f"{mean:{fmt}} ± {std:{fmt}}"
 
 
-def _cells(row: dict) -> list[str]:
+def at_k_names(rows: list[dict]) -> list[str]:
+    """The pass@k and mean@k values any row has (``pass_at_1``, ``pass_at_4``, ``mean_at_1``, ...), in order."""
+    names = {c for row in rows for c in row.get("at_k", {})}
+    return sorted(names, key=lambda c: (c.split("_")[0] != "pass", int(c.rsplit("_", 1)[1])))
+
+
+def _at_k_cell(row: dict, names: list[str]) -> str:
+    """``@1 0.512, @4 0.700 | mean@4 0.488``: the final sampled evaluation's pass@k (and mean@k), over seeds."""
+    got = row.get("at_k", {})
+    parts = [f"{'@' if c.startswith('pass') else 'mean@'}{c.rsplit('_', 1)[1]} {got[c]:.3f}" for c in names if c in got]
+    return ", ".join(parts) or "-"
+
+
+def columns(rows: list[dict]) -> tuple[str, ...]:
+    """The leaderboard's columns: ``final pass@k`` after ``final pass@1`` when a row has pass@k values."""
+    if not at_k_names(rows):
+        return COLUMNS
+    i = COLUMNS.index("final pass@1") + 1
+    return (*COLUMNS[:i], "final pass@k", *COLUMNS[i:])
+
+
+def _cells(row: dict, names: list[str] | None = None) -> list[str]:
+    names = names or []
     head = [row["task"], row["model"], row["preset"], row["config"], *row.get("by", {}).values(), row["algo"]]
     if row["status"] != FINISHED:
-        return head + [f"{row['status']} ×{row['n']}", f"{row['n']} ({row['seeds']})"] + ["-"] * 6 + [
-            str(row.get("collapses", "-"))] + ["-"] * 2
+        return head + [f"{row['status']} ×{row['n']}", f"{row['n']} ({row['seeds']})"] + ["-"] * (
+            6 + bool(names)) + [str(row.get("collapses", "-"))] + ["-"] * 2
     steps = row["steps_to_10"]
     reach = f"({row['reached_10']}/{row['n']})"
     clip = row["clip_frac"]
     return head + [
         "finished", f"{row['n']} ({row['seeds']})", _pm(row["warm_pass1"], None),
-        _pm(row["final_pass1"], row["final_pass1_std"]), _pm(row["best_pass1"], row["best_pass1_std"]),
+        _pm(row["final_pass1"], row["final_pass1_std"]), *([_at_k_cell(row, names)] if names else []),
+        _pm(row["best_pass1"], row["best_pass1_std"]),
         _pm(row["auc_pass1"], row["auc_pass1_std"]), f"{steps:.0f} {reach}" if steps is not None else f"never {reach}",
         f"{100 * clip:#.3g} %" if clip is not None else "-", str(row["collapses"]),
         f"{row['wall_s']:.0f}" if row["wall_s"] is not None else "-",
@@ -303,7 +337,8 @@ def rich_table(rows: list[dict], title: str | None = None):
 
     t = Table(title=title)
     names = by_names(rows)
-    cols = with_by(COLUMNS, names)
+    cols = with_by(columns(rows), names)
+    ks = at_k_names(rows)
     for col in cols:
         t.add_column(col, justify="left" if col in cols[:7 + len(names)] else "right")
     prev = None
@@ -312,17 +347,20 @@ def rich_table(rows: list[dict], title: str | None = None):
         if prev is not None and group != prev:
             t.add_section()
         prev = group
-        t.add_row(*_cells(row), style=None if row["status"] == FINISHED else "red")
+        t.add_row(*_cells(row, ks), style=None if row["status"] == FINISHED else "red")
     return t
 
 
 def render(rows: list[dict], fmt: str = "md", title: str | None = None) -> str:
     """``table`` (Rich, as plain text), ``md`` (formatted cells) or ``csv`` (raw numbers, empty = none): the
     leaderboard table alone (``paired_table.render_with_paired`` goes on with the paired differences)."""
-    if fmt == "csv":
-        return tables.csv_text(with_by(CSV_FIELDS, by_names(rows)), map(flat, rows))  # --by: the tags after config
+    ks = at_k_names(rows)
+    if fmt == "csv":  # --by: the tags after config; pass@k and mean@k as final_<name> after the fixed fields
+        fields = (*with_by(CSV_FIELDS, by_names(rows)), *(f"final_{c}" for c in ks))
+        return tables.csv_text(fields, ({**flat(r), **{f"final_{c}": v for c, v in r.get("at_k", {}).items()}}
+                                        for r in rows))
     if fmt == "md":
-        return tables.markdown(with_by(COLUMNS, by_names(rows)), map(_cells, rows))
+        return tables.markdown(with_by(columns(rows), by_names(rows)), (_cells(r, ks) for r in rows))
     if fmt == "table":
         return _plain(rich_table(rows, title))
     raise ConfigError(f"format {fmt!r} is not one of: table, md, csv")

@@ -1,8 +1,8 @@
 """``Evaluator``: the held-out evaluation of a policy, with the run's engine and the task's scorer.
 
 Greedy pass@1 over the eval prompts and, with ``eval_samples`` n > 0, the
-mean reward, the sampled pass@1 and the unbiased pass@k over n samples per
-prompt (``pass_at_k``), aggregated with
+mean reward, the sampled pass@1, the unbiased pass@k over n samples per
+prompt (``pass_at_k``) and mean@k (the mean reward of a prompt's first k samples), aggregated with
 torchmetrics (on W > 1 processes each rank scores its share of the prompts,
 and ``compute`` averages over all of them). The completions come from the
 datamodule's engine and are scored by its verifier call (``Sampling``), so an
@@ -88,8 +88,11 @@ class Evaluator:
             out["pass1_sampled"] = (reward >= 1.0).float()
             # c_p: a prompt's fully verified samples among its k (the samples of a prompt are side by side)
             correct = (reward >= 1.0).reshape(len(prompts), k).sum(-1).tolist()
+            per_prompt = reward.reshape(len(prompts), k)
             for j in self.ks:
                 out[f"pass_at_{j}"] = torch.tensor([pass_at_k(k, int(c), j) for c in correct])
+                # mean@j: a prompt's mean reward over its first j samples (what a j-sample evaluation reports)
+                out[f"mean_at_{j}"] = per_prompt[:, :j].float().mean(-1)
         return out
 
     def run(self, data: Sampling, policy, rank: int = 0, world: int = 1) -> dict[str, float] | None:
@@ -97,7 +100,7 @@ class Evaluator:
         over every process's); None when there was nothing to evaluate."""
         # torchmetrics means over every eval prompt (pass1) and every sampled completion (reward, pass1_sampled)
         means = {"pass1": MeanMetric(), "reward": MeanMetric(), "pass1_sampled": MeanMetric(),
-                 **{f"pass_at_{j}": MeanMetric() for j in self.ks}}
+                 **{f"{kind}_at_{j}": MeanMetric() for j in self.ks for kind in ("pass", "mean")}}
         seen = set()
         for batch in self.batches(rank, world):
             for k, v in self.evaluate(data, policy, batch).items():
@@ -109,6 +112,7 @@ class Evaluator:
         if self.samples:
             metrics["eval/reward_mean"] = float(means["reward"].compute())
             metrics["eval/pass1_sampled"] = float(means["pass1_sampled"].compute())
-            for j in self.ks:  # the mean over prompts of each prompt's unbiased pass@k
+            for j in self.ks:  # the means over prompts of each prompt's unbiased pass@k and mean@k
                 metrics[f"eval/pass_at_{j}"] = float(means[f"pass_at_{j}"].compute())
+                metrics[f"eval/mean_at_{j}"] = float(means[f"mean_at_{j}"].compute())
         return metrics
