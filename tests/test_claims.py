@@ -461,3 +461,33 @@ def test_other_parts_form_the_pages_family_and_holm_decides_a_refutation():
     kl_did = dppo.parts[2]
     assert kl_did.p_family == pytest.approx(2 * _outside_p_by_hand([-11.0, -11.0, -12.0], 0.0))
     assert kl_did.verdict == cl.REFUTED and dppo.verdict == cl.REFUTED
+
+
+def test_claims_target_mde_prints_the_seeds_each_part_needs_at_its_deciding_level(tmp_path, capsys):
+    from gspo_bench.reporting.paired import sd_interval, seeds_needed
+
+    finals = {"grpo": ((0.40, 0.42, 0.44), (0.55, 0.56, 0.57), (0.50, 0.50, 0.50)),
+              "dppo_tv": ((0.35, 0.39, 0.38), (0.55, 0.56, 0.57), (0.51, 0.53, 0.52)),
+              "dppo_kl": ((0.36, 0.39, 0.39), (0.56, 0.56, 0.58), (0.51, 0.52, 0.50))}
+    runs = {"suite-stale": [], "arith-default": [], "suite-offpolicy": []}
+    for algo, (stale, dflt, off) in finals.items():
+        for s in range(3):
+            runs["suite-stale"].append(_rd(algo, s, stale[s]))
+            runs["arith-default"].append(_rd(algo, s, dflt[s], **DFLT))
+            runs["suite-offpolicy"].append(_rd(algo, s, off[s]))
+    res = cl.evaluate((_claim("dppo-stale"),), runs)
+    plan = cl.plan_parts(res, 3.0)
+    tv = next(r for r in plan if r["part"].startswith("stale vs default: (dppo_tv"))
+    sd = math.sqrt(((-5 + 14 / 3) ** 2 + (-3 + 14 / 3) ** 2 + (-6 + 14 / 3) ** 2) / 2)  # of -5, -3, -6
+    assert tv["sd"] == pytest.approx(sd) and tv["level"] == pytest.approx(0.025)  # the page's 2 region tests
+    assert tv["seeds"] == seeds_needed(sd, 3.0, 0.025) and tv["sd_ci"] == pytest.approx(sd_interval(sd, 3))
+    assert tv["seeds_range"] == tuple(seeds_needed(x, 3.0, 0.025) for x in sd_interval(sd, 3))
+    assert 3 < tv["seeds"] < tv["seeds_range"][1]
+    text = cl.render_plan(plan, 3.0)
+    assert "| dppo-stale | stale vs default: (dppo_tv - grpo) - (dppo_tv - grpo) | points | 3 |" in text
+    # the command: printed, no page written; a target of 0 is one line and exit 2
+    out = tmp_path / "c.md"
+    assert main(["claims", "--runs", "results/claims/runs.csv.gz", "--target-mde", "5", "--out", str(out)]) == 0
+    assert "Seeds to detect 5" in capsys.readouterr().out and not out.exists()
+    assert main(["claims", "--runs", "results/claims/runs.csv.gz", "--target-mde", "0"]) == 2
+    assert "--target-mde 0" in one_line(capsys)

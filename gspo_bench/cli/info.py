@@ -7,6 +7,7 @@ do the work and print with the console they are given.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from rich.table import Table
@@ -98,9 +99,8 @@ def collapse_check_command(args, console) -> int:
 
 
 def leaderboard_command(args, console) -> int:
-    """``leaderboard``: the table, then the paired differences vs --baseline (an algorithm, or a split)."""
-    import sys
-
+    """``leaderboard``: the table, then the paired differences vs --baseline (an algorithm, or a split); with
+    ``--fit``, the compute-scaling fits instead (``scaling_table.py``)."""
     from gspo_bench.config import ConfigError
     from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE
     from gspo_bench.reporting.grouping import check_by
@@ -110,18 +110,35 @@ def leaderboard_command(args, console) -> int:
     from gspo_bench.reporting.split_pairs import (check_split_value, parse_split_baseline, render_split_pairs,
                                                   render_with_split_pairs, split_pair_groups, split_pairs_rich)
 
+    fit = getattr(args, "fit", None)
+    if fit is not None and (args.paired or getattr(args, "target_mde", None) is not None):
+        raise ConfigError("--fit prints the scaling fits instead of the tables; --paired and --target-mde ask for "
+                          "other tables: give one")
     if args.runs:  # a results folder's raw data, no MLflow store
         from gspo_bench.reporting.frame import read_frame, runs_of, select
 
         runs = runs_of(select(read_frame(args.runs), args.experiment, args.task, args.model))
     else:
-        runs = load_runs(read_uri(args.tracking_uri), args.experiment, args.task, args.model)
+        from gspo_bench.reporting.leaderboard import LEADERBOARD_METRICS
+        from gspo_bench.reporting.scaling_table import SCALING_HISTORIES
+
+        metrics = LEADERBOARD_METRICS + ((fit, *SCALING_HISTORIES) if fit is not None else ())
+        runs = load_runs(read_uri(args.tracking_uri), args.experiment, args.task, args.model, metrics)
     by = tuple(dict.fromkeys(args.by))  # --by: the tags splitting the groups, in order, once each
     rows = summarise(runs, by)
     if not rows:  # an empty leaderboard is a mistake (wrong experiment or filter), not a result
         raise ConfigError(no_runs_message(args.experiment, args.task, args.model))
     if by:
         check_by(runs, by)
+    if fit is not None:  # the scaling fits instead of the tables
+        from gspo_bench.reporting.scaling_table import check_metric, render_scaling, scaling_groups
+
+        check_metric(runs, fit)
+        groups = scaling_groups(runs, fit, args.fit_x, by, args.fit_resamples, args.fit_split)
+        fmt = "csv" if args.format == "csv" else "md"
+        sys.stdout.write(render_scaling(groups, fmt))
+        _say_set_aside(runs, fmt, console)
+        return 0
     if split_base := parse_split_baseline(args.baseline, by):  # --baseline TAG=VALUE: splits vs a split
         check_split_value(runs, *split_base)
         sgroups = split_pair_groups(runs, *split_base, by)
@@ -181,8 +198,8 @@ def add_claims_parser(sub, default_uri: str) -> None:
                        description="Reads the experiments " + ", ".join(EXPERIMENTS) + " (each from --tracking-uri "
                        "unless --source names another store), takes each claim's per-seed paired differences, their "
                        "95 %% t interval and MDE, and writes a Markdown page with one figure per claim: reproduced "
-                       "when the interval lies inside the region the claim predicts, refuted when outside, not "
-                       "decided otherwise. An experiment that is missing leaves its claims 'not run'; a --runs table "
+                       "when the interval lies inside the region the claim predicts, refuted when the test that it "
+                       "lies outside rejects at its family's Holm level, not decided otherwise. An experiment that is missing leaves its claims 'not run'; a --runs table "
                        "holding none of the experiments is an error (exit 2).")
     c.add_argument("--tracking-uri", help=f"MLflow URI (default $MLFLOW_TRACKING_URI or {default_uri})")
     c.add_argument("--source", action="append", default=[], metavar="EXPERIMENT=URI",
@@ -193,6 +210,10 @@ def add_claims_parser(sub, default_uri: str) -> None:
                    "(runs.csv.gz, the page's raw data) go beside it in <stem>/ (default results/claims.md)")
     c.add_argument("--runs", metavar="FILE", help="read every experiment from a runs table an earlier claims "
                    "wrote (<stem>/runs.csv.gz) instead of MLflow stores")
+    c.add_argument("--target-mde", type=float, metavar="X",
+                   help="instead of the page: per decisive part, the seeds needed to detect X (in the part's unit: "
+                   "points of pass@1, log10, or the metric) with 80 %% power at the level that decides it, from the "
+                   "observed sd of its per-seed differences, with that sd's 95 %% interval")
 
 
 def claims_command(args, console) -> int:
@@ -207,6 +228,8 @@ def claims_command(args, console) -> int:
 
     if not args.margin > 0:
         raise ConfigError(f"--margin must be > 0, got {args.margin}")
+    if args.target_mde is not None and not args.target_mde > 0:
+        raise ConfigError(f"--target-mde {args.target_mde:g}: a difference to detect must be > 0")
     uris = {}
     if args.runs and args.source:
         raise ConfigError("--runs reads every experiment from the table; --source names MLflow stores: give one")
@@ -230,12 +253,17 @@ def claims_command(args, console) -> int:
                 default = default or read_uri(args.tracking_uri)
                 uris[name] = default
     out = Path(args.out)
-    try:
-        probe_writable_dir(out.parent, make=True)
-    except OSError as e:
-        raise ConfigError(f"--out {args.out!r}: {e.strerror or e}") from None
+    if args.target_mde is None:
+        try:
+            probe_writable_dir(out.parent, make=True)
+        except OSError as e:
+            raise ConfigError(f"--out {args.out!r}: {e.strerror or e}") from None
     runs, missing, frame = cl.load(uris, experiments, cl.needed_metrics(specs), table)
     results = cl.evaluate(specs, runs)
+    if args.target_mde is not None:  # the seed planner: printed, no page written
+        console.print(cl.render_plan(cl.plan_parts(results, args.target_mde), args.target_mde), soft_wrap=True,
+                      markup=False)
+        return 0
     fig_dir = out.parent / out.stem
     figures = {}
     for r in results:

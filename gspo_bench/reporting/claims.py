@@ -285,6 +285,49 @@ def load(uris: dict[str, str] | None, experiments: set[str], metrics: tuple[str,
     return runs, missing, (pd.concat(frames, ignore_index=True) if frames else None)
 
 
+# -- the seed planner ----------------------------------------------------------------------------------------------
+def plan_parts(results: list[ClaimResult], target: float, power: float = POWER) -> list[dict]:
+    """``claims --target-mde``: per decisive part with a spread, the seeds its design needs for an MDE of
+    ``target`` (in the part's unit) at the level that decides it (``PartResult.mde_alpha``: Holm's first step over
+    its family), at the observed sd and at the ends of that sd's 95 % interval (``paired.sd_interval``; None:
+    more than ``seeds_needed``'s limit)."""
+    from gspo_bench.reporting.paired import sd_interval, seeds_needed
+
+    out = []
+    for res in results:
+        for r in res.parts:
+            st = r.stat
+            if not r.part.decisive or st.sd is None or st.tied or r.verdict == NOT_RUN:
+                continue
+            band = sd_interval(st.sd, st.n)
+            out.append({"claim": res.claim.key, "part": r.part.label, "unit": r.part.unit, "n": st.n, "sd": st.sd,
+                        "sd_ci": band, "level": r.mde_alpha, "verdict": r.verdict,
+                        "seeds": seeds_needed(st.sd, target, r.mde_alpha, power),
+                        "seeds_range": None if band is None else tuple(seeds_needed(x, target, r.mde_alpha, power)
+                                                                       for x in band)})
+    return out
+
+
+def render_plan(rows: list[dict], target: float) -> str:
+    """The plan as Markdown: how to read it, then one row per part."""
+    def seeds(n: int | None) -> str:
+        return "over 10000" if n is None else str(n)
+
+    head = (f"**Seeds to detect {target:g} (in each part's unit) with 80 % power**, per decisive part, at the level "
+            "that decides it (Holm's first step over its family), from the observed sd of its per-seed differences; "
+            "the last column is the same at the ends of that sd's 95 % interval (from 3 seeds the sd is known only "
+            "to within about x0.5 to x6).\n\n")
+    if not rows:
+        return head + "No decisive part has 2 or more seeds with a spread: nothing to plan from.\n"
+    cells = [[r["claim"], r["part"], r["unit"], str(r["n"]), f"{r['sd']:.3g}",
+              "-" if r["sd_ci"] is None else f"[{r['sd_ci'][0]:.3g}, {r['sd_ci'][1]:.3g}]", f"{r['level']:.2g}",
+              r["verdict"], seeds(r["seeds"]),
+              "-" if r["seeds_range"] is None else f"{seeds(r['seeds_range'][0])} to {seeds(r['seeds_range'][1])}"]
+             for r in rows]
+    return head + tables.markdown(("claim", "part", "unit", "seeds now", "sd", "sd 95 % CI", "α", "verdict",
+                                   "seeds for the target", "over the sd's CI"), cells)
+
+
 # -- rendering -----------------------------------------------------------------------------------------------------
 def _num(x: float | None, unit: str) -> str:
     if x is None or not math.isfinite(x):
