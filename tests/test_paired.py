@@ -308,3 +308,22 @@ def test_outside_p_rejects_exactly_when_the_interval_lies_outside_the_region(ds,
     assert (outside_p(st, region) < 0.05) == outside
     assert outside_p(paired_summary([1.0, 1.0, 1.0]), region) is None  # a tie: nothing to test
     assert outside_p(paired_summary([1.0]), region) is None
+
+
+def test_tost_power_against_simulated_studies():
+    import numpy as np
+    from scipy.stats import t as student
+
+    from gspo_bench.reporting.paired import tost_power
+
+    rng = np.random.default_rng(0)
+    for sd, n in ((2.0, 8), (2.0, 3), (1.0, 3), (3.0, 20)):
+        crit = student.ppf(0.975, n - 1)
+        # studies with the true mean at the centre of (-3, 3): how often the 95 % interval lands inside
+        d = rng.normal(0.0, sd, size=(40000, n))
+        m, half = d.mean(1), crit * d.std(1, ddof=1) / math.sqrt(n)
+        inside = ((m - half > -3) & (m + half < 3)).mean()
+        assert tost_power(sd, n, (-3.0, 3.0)) == pytest.approx(inside, abs=0.01), (sd, n)
+    assert tost_power(2.0, 3, (-3.0, 3.0)) < tost_power(2.0, 8, (-3.0, 3.0)) < tost_power(2.0, 30, (-3.0, 3.0))
+    assert tost_power(2.0, 8, (0.0, math.inf)) is None and tost_power(None, 8, (-3.0, 3.0)) is None
+    assert tost_power(0.0, 8, (-3.0, 3.0)) == 1.0

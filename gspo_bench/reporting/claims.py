@@ -36,7 +36,7 @@ from gspo_bench.reporting.claim_specs import EXPERIMENTS, Claim, Part, Term
 from gspo_bench.reporting.frame import FINISHED, RunData
 from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE
 from gspo_bench.reporting.paired import (PairedStat, holm, holm_first_level, mde, outside_p, paired_summary,
-                                         signed_sum_by_seed)
+                                         signed_sum_by_seed, tost_power)
 from gspo_bench.reporting.seeds import RUNS, SEED, per_seed, run_table
 
 REPRODUCED, REFUTED, UNDECIDED, NOT_RUN = "reproduced", "refuted", "not decided", "not run"
@@ -356,6 +356,9 @@ def part_row(r: PartResult) -> list[str]:
     ci = "-" if st.ci is None else f"[{_num(st.ci[0], unit)}, {_num(st.ci[1], unit)}]" + (
         f" ({_ratio(st.ci[0])} to {_ratio(st.ci[1])})" if unit == "log10" else "")
     mde_cell = "-" if r.mde is None else f"{_num(r.mde, unit).lstrip('+')} (α {r.mde_alpha:.2g})"
+    tost = tost_power(st.sd, st.n, r.part.region) if r.part.decisive and not st.tied else None
+    if tost is not None:  # an equivalence claim: the chance to reproduce it were the truth the region's centre
+        mde_cell += f"; {100 * tost:.0f} % to land inside at its centre"
     v = r.verdict + ("" if r.part.decisive else " (shown, not in the verdict)")
     if r.missing:
         v += f": {r.missing}"
@@ -394,7 +397,9 @@ def markdown(results: list[ClaimResult], meta: dict, figures: dict[str, str]) ->
            "final pass@1 against grpo in one experiment, the region bounded at 0) belongs to that table's "
            "family and gets its verdict, so both pages say the same; every other part belongs to this page's "
            "family of region tests. **Not decided**: neither; the MDE is then the distance beyond the region's "
-           "edge that the deciding level (its α, Holm's first step over the family) detects with 80 % power. "
+           "edge that the deciding level (its α, Holm's first step over the family) detects with 80 % power, and "
+           "for an equivalence region (bounded on both sides) the chance that the interval lands inside it were "
+           "the true difference its centre (the power of the two one-sided tests, computed exactly). "
            "A claim is reproduced when every decisive part is (each at its own level: all must hold, so no "
            "correction), refuted when any decisive part is refuted at its family's level. "
            "Scope: these are miniatures (models of ~1M parameters, arithmetic tasks, 40 RL steps); a refutation "

@@ -187,6 +187,33 @@ def outside_p(stat: PairedStat, region: tuple[float, float]) -> float | None:
     return min(1.0, 2 * min(ps)) if ps else None
 
 
+def tost_power(sd: float | None, n: int, region: tuple[float, float], alpha: float = 0.05) -> float | None:
+    """The chance that the (1 - alpha) t interval of n paired differences lands inside a bounded ``region``
+    (lo, hi) when the true mean is its centre c and the true sd is ``sd``: the power of the two one-sided tests
+    (TOST) that reproduce an equivalence claim. Exact: the mean m ~ N(c, sd^2 / n) and the sample sd s, with
+    (n - 1) s^2 / sd^2 ~ chi2(n - 1), are independent, so P = E_s[P(lo + t* s / sqrt(n) < m < hi - t* s /
+    sqrt(n))], t* the t quantile at 1 - alpha / 2 with n - 1 df, integrated over the chi-square. None without an
+    sd, with fewer than 2 seeds, or for an unbounded region (no centre)."""
+    from scipy.integrate import quad
+    from scipy.stats import chi2, norm
+    from scipy.stats import t as student
+
+    lo, hi = region
+    if sd is None or n < 2 or not (math.isfinite(lo) and math.isfinite(hi)):
+        return None
+    if sd == 0:
+        return 1.0
+    crit, se, centre, df = float(student.ppf(1 - alpha / 2, n - 1)), sd / math.sqrt(n), (lo + hi) / 2, n - 1
+
+    def inside(q: float) -> float:
+        half = crit * sd * math.sqrt(q / df) / math.sqrt(n)  # t* s / sqrt(n) at s = sd sqrt(q / (n - 1))
+        # P(lo + half < m < hi - half), m ~ N(centre, se^2)
+        p = norm.cdf((hi - half - centre) / se) - norm.cdf((lo + half - centre) / se)
+        return max(0.0, float(p)) * float(chi2.pdf(q, df))
+
+    return min(1.0, quad(inside, 0, math.inf, limit=200)[0])
+
+
 def holm_first_level(alpha: float, k: int) -> float:
     """The level Holm's method tests the smallest of ``k`` p values at: alpha / k. A comparison is decided
     for the family only below the level of its step (alpha / k, then alpha / (k - 1), ...), so an effect
