@@ -312,3 +312,16 @@ def test_final_pass_at_k_and_mean_at_k_are_averaged_over_seeds_and_shown_when_lo
     # runs that logged none (made before pass@k was): no column at all
     old = [RunData(r.run_id, r.status, r.tags, {}, {"eval/pass1": 0.5}, r.history) for r in runs]
     assert "final pass@k" not in render(summarise(old), "md")
+
+
+def test_runs_from_before_the_dev_split_are_named_in_one_line():
+    from gspo_bench.reporting.frame import RunData
+    from gspo_bench.reporting.leaderboard import predates_dev_split
+
+    def run(i, params, status="FINISHED"):
+        return RunData(f"r{i}", status, {"algo": "grpo", "seed": str(i)}, params, {}, {})
+
+    new = {"resolved.warmstart.dev_pass1": "0.41"}
+    assert predates_dev_split([run(0, new), run(1, new), run(2, {}, "FAILED")]) == ""
+    line = predates_dev_split([run(0, new), run(1, {}), run(2, {})])
+    assert line.startswith("2 of 3 FINISHED runs predate the dev split") and "\n" not in line

@@ -181,12 +181,13 @@ def _say_set_aside(runs, fmt: str, console) -> None:
     """The line saying how many FINISHED runs the tables set aside (``frame.newest_counts``), if any: under the
     tables, or on stderr beside a CSV (which must stay one table)."""
     from gspo_bench.reporting.frame import set_aside
+    from gspo_bench.reporting.leaderboard import predates_dev_split
 
-    line = set_aside(runs)
-    if line and fmt == "csv":
-        sys.stderr.write(f"note: {line}\n")
-    elif line:
-        console.print(f"note: {line}", soft_wrap=True, markup=False)
+    for line in (set_aside(runs), predates_dev_split(runs)):
+        if line and fmt == "csv":
+            sys.stderr.write(f"note: {line}\n")
+        elif line:
+            console.print(f"note: {line}", soft_wrap=True, markup=False)
 
 
 def add_claims_parser(sub, default_uri: str) -> None:
@@ -271,11 +272,13 @@ def claims_command(args, console) -> int:
             path = cl.plot_claim(r, runs, fig_dir / f"claim-{r.claim.key}.png")
             figures[r.claim.key] = str(path.relative_to(out.parent))
     from gspo_bench.reporting.frame import set_aside
+    from gspo_bench.reporting.leaderboard import predates_dev_split
     from gspo_bench.tracking.provenance import git_commit, machine
 
     meta = {"command": "python -m gspo_bench " + shlex.join(args.argv), "commit": git_commit(),
             "margin": args.margin, "machine": machine(), "missing": missing,
-            "set_aside": set_aside([r for rs in runs.values() for r in rs])}
+            "set_aside": set_aside([r for rs in runs.values() for r in rs]),
+            "predates": predates_dev_split([r for rs in runs.values() for r in rs])}
     out.write_text(cl.markdown(results, meta, figures))
     if frame is not None and table is None:  # the page's raw data: claims --runs reads it back
         from gspo_bench.reporting.frame import RUNS_FILE, write_frame

@@ -388,7 +388,8 @@ def markdown(results: list[ClaimResult], meta: dict, figures: dict[str, str]) ->
     out = ["# The sources' claims, checked in miniature", "",
            f"Made by `{meta['command']}` at commit `{meta['commit']}` ({meta['machine']}). "
            f"Margin: {meta['margin']:g} points of greedy pass@1."
-           + (f" Note: {meta['set_aside']}." if meta.get("set_aside") else ""), "",
+           + (f" Note: {meta['set_aside']}." if meta.get("set_aside") else "")
+           + (f" Note: {meta['predates']}." if meta.get("predates") else ""), "",
            "How to read it: each claim is split into parts. A part is a per-seed paired difference d_s (runs with "
            "the same seed share their warm start and prompt order), with its mean, 95 % t interval and the region "
            "the claim predicts for it. **Reproduced**: the interval lies inside that region. **Refuted**: the "

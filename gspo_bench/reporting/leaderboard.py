@@ -263,6 +263,17 @@ def summarise(runs: list[RunData], by: tuple[str, ...] = ()) -> list[dict]:
     return sorted(rows, key=order)
 
 
+def predates_dev_split(runs: list[RunData]) -> str:
+    """One sentence when FINISHED runs among ``runs`` were warm-started before the dev split existed (they log no
+    ``resolved.warmstart.dev_pass1``: their warm start was accepted on the eval split), or ''."""
+    finished = [r for r in runs if r.status == FINISHED]
+    old = sum("resolved.warmstart.dev_pass1" not in r.params for r in finished)
+    if not old:
+        return ""
+    return (f"{old} of {len(finished)} FINISHED runs predate the dev split: their warm start was accepted on the "
+            "eval split their scores are read on, which flatters the starting point the lift is measured from")
+
+
 def no_runs_message(experiment: str, task: str | None = None, model: str | None = None) -> str:
     filt = ", ".join(f"{k}={v!r}" for k, v in (("task", task), ("model", model)) if v)
     return f"experiment {experiment!r} has no benchmark runs" + (f" matching {filt}" if filt else "")

@@ -101,7 +101,8 @@ def resolved_settings(cfg: RunConfig, algo: str, seed: int, ws: WarmStart, setti
     resolved["algos"] = [algo]
     resolved["seeds"] = [seed]
     resolved["resolved"] = {"loss": to_dict(settings.loss), "rollout": to_dict(settings.rollout),
-                            "warmstart": {"path": str(ws.path), "pass1": ws.pass1, "steps": ws.steps}}
+                            "warmstart": {"path": str(ws.path), "pass1": ws.pass1, "steps": ws.steps,
+                                          "dev_pass1": ws.dev_pass1}}
     return redact_nested(resolved)
 
 
