@@ -9,7 +9,10 @@ Up to ``OVERLAY_MAX`` algorithms share one axes. With more, the curve figures
 (eval, clip, MoE flip rate) become small multiples: a panel per algorithm on
 shared axes, each with the reference algorithm's mean curve (``--baseline``,
 grpo by default, else the first present) as a thin grey line. The paired
-differences are a forest plot: a row per algorithm, sorted by mean.
+differences are a forest plot: a row per algorithm, sorted by mean. The
+compute-scaling figure (``plot_scaling``) draws eval scores against rollout
+compute on a log axis with each algorithm's fitted ScaleRL curve
+(``scaling_table.py``).
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter, MaxNLocator, PercentFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter, PercentFormatter
 
 from gspo_bench.reporting.frame import RunData
 from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE
 from gspo_bench.reporting.pairing import POWER, level_text
+from gspo_bench.reporting.scaling_table import UNIT_TEXT, compact
 
 CLIP_FLOOR = 1e-5  # clip/frac is drawn on a log axis: a step with no clipped token is drawn here
 ARTICLE_CLIP = {"gspo": 0.15, "grpo": 0.0013}  # GSPO article: ~15 % vs ~0.13 % of tokens clipped
@@ -555,3 +559,91 @@ def plot_splits(splits: dict[str, list[RunData]], metrics: list[str], path: Path
                fontsize=8)
     fig.suptitle(f"{title}: splits compared (mean over seeds, band = min–max)")
     return _save(fig, path)
+
+
+def _scaling_panel(ax, a, i: int, solo: bool, label: bool = True) -> None:
+    """One algorithm's compute-scaling data on ``ax`` (log x): every seed's evaluations with C > 0 as faint
+    dots, their mean per step as markers joined by a thin line, and the pooled fitted curve, solid over the
+    data and dotted past it (to 4 x the largest C), with its asymptote A as a dashed line."""
+    style = _solo(i) if solo else _style(i)
+    color = style["color"]
+    xs = np.concatenate([c.C[c.C > 0] for c in a.curves.values()])
+    ys = np.concatenate([c.R[c.C > 0] for c in a.curves.values()])
+    ax.scatter(xs, ys, s=9, color=color, alpha=0.3, linewidths=0)
+    steps = sorted({int(s) for c in a.curves.values() for s in c.steps[c.C > 0]})
+    # the mean over seeds at each step: mean C, mean R (seeds differ in C only on the token axis)
+    mean = [(np.mean(sel[0]), np.mean(sel[1])) for s in steps
+            for sel in [(np.concatenate([c.C[c.steps == s] for c in a.curves.values()]),
+                         np.concatenate([c.R[c.steps == s] for c in a.curves.values()]))]]
+    if mean:
+        ax.plot(*zip(*mean), marker="o", markersize=4, color=color, linestyle="none")
+    fit = a.fit.pooled
+    name = f"{a.algo} (n={len(a.curves)})"
+    if fit is None:
+        ax.plot([], [], color=color, label=f"{name}: no fit" if label else None)
+        return
+    top = float(xs.max())
+    inside = np.geomspace(float(xs.min()) / 2, top, 80)
+    ax.plot(inside, fit.predict(inside), color=color, linewidth=style["linewidth"],
+            label=f"{name}: A={fit.A:.3f}, B={fit.B:.2f}, C_mid={compact(fit.C_mid)}" if label else None)
+    past = np.geomspace(top, 4 * top, 30)
+    ax.plot(past, fit.predict(past), color=color, linewidth=1.0, linestyle=":")
+    ax.axhline(fit.A, color=color, linewidth=0.8, linestyle="--", alpha=0.6)
+
+
+def scaling_figure(group, title: str) -> Figure:
+    """The figure ``plot_scaling`` writes for one ``scaling_table.ScalingGroup``: eval score against compute
+    (log x), the warm start R0 as a grey line; one axes up to ``OVERLAY_MAX`` algorithms, else a panel per
+    algorithm on shared axes, each titled with its fit."""
+    index = style_indices([a.algo for a in group.algos])
+    algos = sorted(group.algos, key=lambda a: index[a.algo])
+    r0 = next((a.fit.pooled.R0 for a in algos if a.fit.pooled is not None), None)
+    xlabel = f"{UNIT_TEXT[group.unit]} (log scale)"
+    if len(algos) <= OVERLAY_MAX:
+        fig = Figure(figsize=(8.5, 5), layout="constrained")
+        ax = fig.subplots()
+        axes = [ax]
+        for a in algos:
+            _scaling_panel(ax, a, index[a.algo], solo=False)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(group.metric)
+        ax.legend(fontsize=7, loc="lower right")
+    else:
+        rows, cols = grid_shape(len(algos))
+        fig = Figure(figsize=(3.2 * cols, 2.3 * rows + 1.4), layout="constrained")
+        axes = _grid(fig, len(algos))
+        for ax, a in zip(axes, algos):
+            i = index[a.algo]
+            ax.set_label(f"scaling|{a.algo}")
+            _scaling_panel(ax, a, i, solo=True, label=False)
+            fit = a.fit.pooled
+            ax.set_title(f"{a.algo}: " + (f"A={fit.A:.2f} B={fit.B:.2f}" if fit else "no fit"),
+                         color=PALETTE[i % len(PALETTE)], fontsize=9, fontweight="bold", pad=3)
+            ax.tick_params(labelsize=7)
+        for j, ax in enumerate(axes):
+            if j + cols >= len(axes):  # the lowest panel of its column
+                ax.set_xlabel(xlabel, fontsize=8)
+        fig.supylabel(group.metric, fontsize=9)
+        handles = [Line2D([], [], color="0.3", linewidth=1.8, label="pooled fit R(C)"),
+                   Line2D([], [], color="0.3", linestyle=":", label="the fit past the last evaluation"),
+                   Line2D([], [], color="0.3", linestyle="--", label="asymptote A"),
+                   Line2D([], [], marker="o", linestyle="", color="0.3", label="mean over seeds per step; dots: seeds")]
+        fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8)
+    for ax in axes:
+        ax.set_xscale("log")
+        # major ticks as 2.56k / 10k, minor ones unlabelled (their labels collide on a narrow panel)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: compact(v)))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.grid(alpha=0.3, which="both")
+        if r0 is not None:
+            ax.axhline(r0, color=REFERENCE_COLOR, linewidth=0.9, linestyle="-.", zorder=1)
+    fig.suptitle(f"{title}: {group.metric} against rollout compute, ScaleRL fit "
+                 f"(grey dash-dot: warm start R0 = {r0:.3f})" if r0 is not None else
+                 f"{title}: {group.metric} against rollout compute, ScaleRL fit")
+    return fig
+
+
+def plot_scaling(group, path: Path, title: str) -> Path:
+    """(h): a group's evaluations against rollout compute with each algorithm's pooled ScaleRL fit
+    (``scaling_figure``)."""
+    return _save(scaling_figure(group, title), path)

@@ -88,8 +88,14 @@ def experiment_id(client, experiment: str) -> str:
 
 
 def history_keys(latest: dict, wanted: tuple[str, ...]) -> list[str]:
-    """The metric histories read for a FINISHED run: those of ``wanted`` it logged, and every collapse event."""
-    return list(dict.fromkeys([k for k in wanted if k in latest] + [k for k in latest if k.startswith("collapse/")]))
+    """The metric histories read for a FINISHED run: those of ``wanted`` it logged (an entry ending in ``*``
+    names every metric starting with what precedes it, ``eval/mean_at_*``), and every collapse event."""
+    def logged(w: str) -> list[str]:
+        # "prefix*": every metric the run logged that starts with prefix, by name; else ``w`` if it logged it
+        return sorted(k for k in latest if k.startswith(w[:-1])) if w.endswith("*") else [w] * (w in latest)
+
+    named = [k for w in wanted for k in logged(w)]
+    return list(dict.fromkeys(named + [k for k in latest if k.startswith("collapse/")]))
 
 
 def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -103,7 +109,7 @@ def load_frame(uri: str, experiment: str, task: str | None = None, model: str | 
                metrics: tuple[str, ...] = (), hidden: bool = False) -> pd.DataFrame:
     """The experiment's benchmark runs (no report, study or trial run unless ``hidden``), ``task`` / ``model``
     filtered, as the long table (see the module docstring); ``metrics``: the histories to read for FINISHED
-    runs, beside every collapse event's."""
+    runs, beside every collapse event's (``history_keys``: ``prefix*`` names every metric with that prefix)."""
     import mlflow
     from mlflow.utils import get_results_from_paginated_fn
 

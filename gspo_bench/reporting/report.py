@@ -19,7 +19,12 @@ Per leaderboard group (task, model, preset, config) of FINISHED runs:
     moe/routing_mismatch and moe/expert_flip_rate (those logged) vs step, a
     panel per metric and algorithm, a line per split (mean over seeds,
     min–max band), and a table of each split's seeds, final pass@1 and mean
-    mismatch.
+    mismatch;
+(h) compute scaling, in each group's section after (f): each algorithm's
+    evaluations against the rollout compute (log axis) with its pooled
+    ScaleRL fit, and the fits' table (A, B, C_mid with bootstrap intervals
+    over seeds, RMS, the final evaluation predicted from the first half) for
+    eval/pass1 and every eval/mean_at_<k> logged (``scaling_table.py``).
 
 Missing data skips a figure with a sentence saying why. The files are logged
 as artifacts of a new run named ``report`` tagged ``kind=report``, which the
@@ -63,11 +68,13 @@ from gspo_bench.reporting.leaderboard import (DEFAULT_BASELINE, DEFAULT_EXPERIME
 from gspo_bench.reporting.paired import seed_key
 from gspo_bench.reporting.paired_table import PairedGroup, check_baseline, paired_groups, render_paired
 from gspo_bench.reporting.pairing import group_title
+from gspo_bench.reporting.scaling_table import (AUTO, MEAN_AT, NOTES as SCALING_NOTES, SCALING_HISTORIES,
+                                                ScalingGroup, axis_text, fit_metrics, group_markdown, scaling_groups)
 from gspo_bench.reporting.split_pairs import (check_split_value, parse_split_baseline, split_pair_groups,
                                               split_pairs_section)
 
 REPORT_METRICS = ("eval/pass1", "eval/reward_mean", "clip/frac", "reward/mean", "moe/expert_flip_rate",
-                  "mismatch/kl", "moe/routing_mismatch")
+                  "mismatch/kl", "moe/routing_mismatch", f"{MEAN_AT}*", *SCALING_HISTORIES)
 RATIO_ALGOS = ("gspo", "gspo_token")  # whose ratios/step_*.json figure (c) draws, in order of preference
 # the settings every run of a comparison should share: (label, param keys tried in order)
 CONFIG_KEYS = (
@@ -195,8 +202,10 @@ def paired_section(paired: PairedGroup | None, baseline: str, note: str | None, 
 
 def group_section(client, key: tuple, runs: list[RunData], rows: list[dict], out: Path,
                   paired: PairedGroup | None = None, baseline: str = DEFAULT_BASELINE,
-                  paired_note: str | None = None, by: tuple[str, ...] = ()) -> tuple[list[str], list[Path]]:
-    """The section of one group (``key`` = task, model, preset, config, then the values of the ``by`` tags)."""
+                  paired_note: str | None = None, by: tuple[str, ...] = (),
+                  scaling: list[ScalingGroup] | None = None) -> tuple[list[str], list[Path]]:
+    """The section of one group (``key`` = task, model, preset, config, then the values of the ``by`` tags);
+    ``scaling``: the group's compute-scaling fits, one per fitted metric."""
     task, model, preset, config, *vals = key
     title = group_title(key, by)
     name = slug(task, model, *(p for p in (preset, config) if p != "default"), *by_slug(by, tuple(vals)))
@@ -252,7 +261,31 @@ def group_section(client, key: tuple, runs: list[RunData], rows: list[dict], out
             [[r.algo, r.seed, e.get("kind"), e.get("step"), val(e, "value"), val(e, "threshold"), e.get("detail", "-")]
              for r, e in sorted(events, key=lambda x: (x[0].algo, x[0].seed, x[1].get("step", 0)))]))
     pmd, pfigs = paired_section(paired, baseline, paired_note, title, name, out)
-    return md + pmd, figs + pfigs
+    smd, sfigs = scaling_section(scaling or [], title, name, out)
+    return md + pmd + smd, figs + pfigs + sfigs
+
+
+def scaling_section(groups: list[ScalingGroup], title: str, name: str, out: Path) -> tuple[list[str], list[Path]]:
+    """(h): the figure of the group's first fitted metric (eval/pass1) and a table per fitted metric."""
+    md = ["### (h) Compute scaling", ""]
+    groups = [g for g in groups if g.algos]
+    if not groups:
+        return md + ["Skipped: no finished run of this group has an eval history and the rollout settings "
+                     "(prompts per step, group size) that place it on a compute axis.", ""], []
+    first, figs = groups[0], []
+    if any(a.fit.pooled is not None for a in first.algos):
+        figs.append(figures.plot_scaling(first, out / f"scaling_{name}.png", title))
+        md += [f"![{first.metric} against rollout compute, {title}]({figs[0].name})", "",
+               f"{first.metric} against the rollout compute ({axis_text(first)}), log axis: faint dots = each "
+               "seed's evaluations, markers = their mean per evaluation step, line = the pooled fit "
+               "R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) (dotted past the last evaluation), dashed = its "
+               "asymptote A, grey dash-dot = the warm start R0 (step 0, not on a log axis).", ""]
+    else:
+        md += [f"No figure: no algorithm's {first.metric} has as many distinct compute values (C > 0) as the "
+               "curve has parameters.", ""]
+    for g in groups:
+        md += [f"**{g.metric}** against {axis_text(g)}", "", group_markdown(g).rstrip("\n"), ""]
+    return md + [SCALING_NOTES, ""], figs
 
 
 def _cell(xs: list[float], fmt: str) -> str:
@@ -399,9 +432,14 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
     if runs and not groups:
         md += ["No finished run: no figures.", ""]
     keys = sorted(groups)
+    scaling: dict[tuple, list[ScalingGroup]] = {}  # (h): per group, a fit per metric (eval/pass1 first)
+    for metric in fit_metrics(runs):
+        for g in scaling_groups(runs, metric, AUTO, by):
+            scaling.setdefault(g.key, []).append(g)
     for n, key in enumerate(keys):
         mine = [r for r in rows if (r["task"], r["model"], r["preset"], r["config"], *r.get("by", {}).values()) == key]
-        section, figs = group_section(client, key, groups[key], mine, out, paired.get(key), baseline, paired_note, by)
+        section, figs = group_section(client, key, groups[key], mine, out, paired.get(key), baseline, paired_note, by,
+                                      scaling.get(key))
         md += section
         report.figures += figs
         if by and (n + 1 == len(keys) or keys[n + 1][:4] != key[:4]):  # (g) after the group's last split
