@@ -20,6 +20,8 @@ from gspo_bench.train.interrupts import Interrupted, handle_signals
 from gspo_bench.tracking.redact import RedactingConsole, redact
 from gspo_bench.reporting.frame import RUNS_FILE
 from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE, DEFAULT_EXPERIMENT, NOTES
+from gspo_bench.reporting.scaling import N_BOOT, SPLIT
+from gspo_bench.reporting.scaling_table import AUTO, FIT_METRIC, X_CHOICES
 
 console = RedactingConsole(highlight=False)  # every printed line passes through redact: no credentials
 if not console.is_terminal:  # logs and CI: don't squeeze tables into 80 columns
@@ -170,6 +172,19 @@ def build_parser() -> argparse.ArgumentParser:
                    "is an error, not skipped)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar (one line per cell still printed)")
     s.add_argument("--dry-run", action="store_true", help="print the plan and the ETA; run and write nothing")
+    s.add_argument("--until-decided", action="store_true",
+                   help="after the seeds above, add seeds in batches only to the algorithms whose final-pass@1 "
+                   f"difference to {DEFAULT_BASELINE} is undecided under an anytime-valid t confidence sequence "
+                   "(Lai 1976; Holm over each scenario's comparisons), until all are decided or --max-seeds; "
+                   "the summary reports the intervals and decisions")
+    s.add_argument("--max-seeds", type=int, metavar="N",
+                   help="with --until-decided: the most seeds a scenario gets, the configured ones included")
+    s.add_argument("--seed-batch", type=int, metavar="B",
+                   help="with --until-decided: seeds added per round (default 2)")
+    s.add_argument("--target-mde", type=float, metavar="X",
+                   help="with --dry-run: per scenario, the seeds, cells and hours to detect X points of final "
+                   f"pass@1 against {DEFAULT_BASELINE} with 80 %% power (fixed-n paired t at Holm's first step), "
+                   "from the observed sd of the runs it has")
     add_claims_parser(sub, DEFAULT_TRACKING_URI)
     sub.add_parser("list", help="show algorithms, tasks, models and presets (with one-line descriptions)")
     cc = sub.add_parser("collapse-check", help="replay the collapse detector over recorded runs and list the events",
@@ -225,6 +240,21 @@ def build_parser() -> argparse.ArgumentParser:
                            "difference of X (points of pass@1, or steps) with 80 %% power at the level that "
                            "decides it (Holm's first step), from the observed sd of its per-seed differences, "
                            "and the same at the ends of that sd's 95 %% interval (md or csv)")
+            c.add_argument("--fit", nargs="?", const=FIT_METRIC, metavar="METRIC",
+                           help="instead of the tables: per group and algorithm, ScaleRL's compute-scaling curve "
+                           "R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) fitted to METRIC (default "
+                           f"{FIT_METRIC}; e.g. eval/mean_at_4) against the rollout compute, per seed and pooled, "
+                           "with bootstrap intervals over seeds, and the final evaluation predicted from the "
+                           "first half of the steps (md or csv); a METRIC no FINISHED run has is an error (exit 2)")
+            c.add_argument("--fit-x", choices=X_CHOICES, default=AUTO,
+                           help="the fit's compute axis: completions generated, or generated tokens (needs the "
+                           "response/length_mean history); auto (default): tokens where every run of the group has "
+                           "them, else completions")
+            c.add_argument("--fit-resamples", type=int, default=N_BOOT, metavar="N",
+                           help=f"bootstrap resamples of the seeds per algorithm (default {N_BOOT}; 0: no intervals)")
+            c.add_argument("--fit-split", type=float, default=SPLIT, metavar="F",
+                           help=f"the extrapolation check fits the evaluations at steps <= F x the final step "
+                           f"(default {SPLIT:g})")
         else:
             c.add_argument("--out", help="output folder (default results/<experiment>)")
             c.add_argument("--storage", help="also report the Optuna studies in this storage (trial history, "
@@ -337,7 +367,8 @@ def cmd_suite(args) -> int:
     req = SuiteRequest(scenarios=tuple(args.scenarios), algos=None if args.algos == "all" else _csv(args.algos),
                        seeds=seeds, prefix=args.experiment_prefix, tracking_uri=args.tracking_uri, out=args.out,
                        sets=tuple(args.sets), progress=not args.no_progress, dry_run=args.dry_run,
-                       command="python -m gspo_bench " + shlex.join(args.argv))
+                       command="python -m gspo_bench " + shlex.join(args.argv), until_decided=args.until_decided,
+                       max_seeds=args.max_seeds, seed_batch=args.seed_batch, target_mde=args.target_mde)
     return run_suite(req, log=lambda m: console.print(m, markup=False, highlight=False, soft_wrap=True),
                      console=console)
 

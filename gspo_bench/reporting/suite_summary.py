@@ -41,6 +41,7 @@ from gspo_bench.reporting.frame import FINISHED, RunData, set_aside
 from gspo_bench.reporting.paired import holm, pair_by_seed, paired_summary
 from gspo_bench.reporting.paired_table import check_baseline, paired_groups, render_with_paired
 from gspo_bench.reporting.seeds import per_seed, run_table
+from gspo_bench.reporting.sequential import METHOD, versus_baseline
 from gspo_bench.tracking.redact import redact
 
 ALPHA = 0.05
@@ -156,6 +157,50 @@ def leaderboard_md(runs: list[RunData], scenario: str, experiment: str, baseline
     return "\n".join(head) + "\n" + body + "\n" + (f"Note: {aside}.\n\n" if aside else "") + NOTES + "\n"
 
 
+def sequential_json(per_scenario: dict[str, dict[str, dict[str, float]]], baseline: str, max_seeds: int,
+                    seed_batch: int, rounds: int, alpha: float = ALPHA) -> dict:
+    """``suite --until-decided``'s decisions, per scenario and algorithm against ``baseline``
+    (``sequential.versus_baseline`` over the final pass@1 of every seed), with the method and the settings."""
+    scenarios = {}
+    for name, finals in per_scenario.items():
+        family = versus_baseline(finals, baseline, alpha)
+        scenarios[name] = {a: {"n": d.stat.n, "mean_diff": d.stat.mean, "ci": list(d.stat.ci) if d.stat.ci else None,
+                               "level": d.stat.level, "e": d.stat.e, "p": d.stat.p, "p_holm": d.p_holm,
+                               "decision": d.decision} for a, d in family.items()}
+    return {"method": METHOD, "alpha": alpha, "baseline": baseline, "metric": "final eval pass@1",
+            "max_seeds": max_seeds, "seed_batch": seed_batch, "rounds": rounds, "scenarios": scenarios}
+
+
+def sequential_markdown(seq: dict, scenario_seeds: dict[str, list]) -> list[str]:
+    """The summary's section on ``--until-decided``: every comparison's anytime-valid interval and decision."""
+    md = ["## Until decided: sequential comparisons against " + f"`{seq['baseline']}`", "",
+          f"Seeds were added in batches of {seq['seed_batch']} (up to {seq['max_seeds']} per scenario; "
+          f"{seq['rounds']} round(s) run by this invocation) only to the algorithms whose paired difference in "
+          f"{seq['metric']} to `{seq['baseline']}` was still undecided. Rule: {METHOD}. A confidence sequence "
+          "holds the true mean "
+          "difference at every number of seeds at once, so stopping at the first decision keeps the chance of "
+          f"any false decision in a scenario's family at most {seq['alpha']:g}, which a t test repeated after "
+          "each batch would not. *Decided* means the Holm-adjusted sequential p is at most "
+          f"{seq['alpha']:g}: the difference is above 0 or below 0. The interval is the confidence sequence at "
+          f"{seq['alpha']:g} / k for a family of k (it holds every comparison of the scenario at once); a tie "
+          "(every difference equal) is no evidence. The best / worst marks above and the paired tables of "
+          "`leaderboard.md` are fixed-n t tests: on seeds added until decided they are not at their nominal "
+          "level; these decisions are.", ""]
+    rows = []
+    for name, family in seq["scenarios"].items():
+        for a, d in family.items():
+            diff = "-" if d["mean_diff"] is None else f"{100 * d['mean_diff']:+.1f}"
+            ci = "whole line" if d["ci"] is None else f"[{100 * d['ci'][0]:+.1f}, {100 * d['ci'][1]:+.1f}]"
+            rows.append([f"`{name}`", f"`{a}`", f"{d['n']}/{len(scenario_seeds.get(name, []))}", diff, ci,
+                         f"{d['level']:.2g}", f"{d['p']:.2g}", f"{d['p_holm']:.2g}",
+                         f"**{d['decision']}**" if d["decision"] else "not decided"])
+    if not rows:
+        return md + ["No comparison: no FINISHED run of the baseline.", ""]
+    return md + [tables.markdown(("scenario", f"algo vs `{seq['baseline']}`", "pairs / seeds", "mean diff (pts)",
+                                  "anytime-valid interval (pts)", "interval level", "sequential p", "Holm p",
+                                  "decision"), rows)]
+
+
 # -- the summary page --------------------------------------------------------------------------------------------
 def _rank_cell(row: dict, name: str, n_seeds: int, ranking: dict) -> str:
     r, m, n = row["ranks"].get(name), row["means"].get(name), ranking["n"].get(row["algo"], 0)
@@ -202,10 +247,16 @@ def limits_text(n_seeds: int, n_scenarios: int) -> list[str]:
         "failed ones; they are not weighed into the ranks.", ""]
 
 
+def _seed_count(meta: dict, scenario: str) -> int:
+    """The seeds of a scenario: the configured ones, or those ``--until-decided`` reached."""
+    return len(meta["scenario_info"].get(scenario, {}).get("seeds", meta["seeds"]))
+
+
 def summary_markdown(result: dict, meta: dict) -> str:
     """``summary.md`` from ``rank_suite``'s ``result`` and ``meta`` (command, commit, machine, times, plan)."""
     names = list(result["scenarios"])
-    n_seeds = len(meta["seeds"])
+    # with --until-decided the scenarios' seeds differ: the limits below are stated for the most of them
+    n_seeds = max((_seed_count(meta, s) for s in names), default=len(meta["seeds"]))
     md = [f"# gspo_bench suite `{meta['prefix']}`", "",
           f"- command: `{meta['command']}`", f"- commit: `{meta['commit']}`", f"- machine: {meta['machine']}",
           f"- tracking URI: `{meta['tracking_uri']}`; experiments `{meta['prefix']}-<scenario>`",
@@ -214,7 +265,10 @@ def summary_markdown(result: dict, meta: dict) -> str:
           f"- cells: {meta['cells']} ({meta['finished']} FINISHED; {meta['ran']} run by this invocation, "
           f"{meta['skipped']} already done)",
           f"- wall time of this invocation: {meta['wall_s']:.0f} s; training time of all FINISHED cells "
-          f"(sum of `time/wall_s`): {meta['cell_s']:.0f} s", "",
+          f"(sum of `time/wall_s`): {meta['cell_s']:.0f} s",
+          *([f"- seeds per scenario, until decided: " + "; ".join(
+              f"`{s}` {', '.join(map(str, meta['scenario_info'][s]['seeds']))}" for s in names)]
+            if "sequential" in meta else []), "",
           "## Ranking across scenarios", "",
           "Cell: rank in that scenario by mean final eval pass@1 over seeds (1 = best, ties share the average "
           "place), the mean in brackets. Significantly best / worst: scenarios where its paired final-pass@1 "
@@ -225,7 +279,8 @@ def summary_markdown(result: dict, meta: dict) -> str:
         mr = "-" if row["mean_rank"] is None else f"{row['mean_rank']:.2f}"
         if row["mean_rank"] is not None and row["ranked_in"] != len(names):
             mr += f" (over {row['ranked_in']})"
-        ranked.append([f"`{row['algo']}`", *(_rank_cell(row, s, n_seeds, result["scenarios"][s]) for s in names),
+        ranked.append([f"`{row['algo']}`", *(_rank_cell(row, s, _seed_count(meta, s), result["scenarios"][s])
+                                             for s in names),
                        mr, str(row["significantly_best"]), str(row["significantly_worst"]),
                        str(row["collapse_events"])])
     md += [tables.markdown(cols, ranked)]
@@ -238,6 +293,8 @@ def summary_markdown(result: dict, meta: dict) -> str:
             for s in names for info, sc in [(meta["scenario_info"][s], result["scenarios"][s])]]
     md += [tables.markdown(("scenario", "task / model", "cells FINISHED", "best vs runner-up",
                             "worst vs second-worst", "outputs"), scen)]
+    if "sequential" in meta:
+        md += sequential_markdown(meta["sequential"], {s: meta["scenario_info"][s]["seeds"] for s in names})
     md += [*limits_text(n_seeds, len(names))]
     return redact("\n".join(md))  # the tracking URI and command line, without their credentials
 

@@ -26,6 +26,11 @@ driver's summary counts what is FINISHED when it ends.
 ETA, rough: per cell, measured wall times where the experiment has some, else a cost model
 (``suite_cost``).
 
+``--until-decided --max-seeds N``: after the configured cells, rounds of ``--seed-batch`` new seeds for the
+baseline and each algorithm whose comparison against it is undecided under the anytime-valid rule
+(``until_decided.py``; its planner is pure, the rounds run here through ``run_cells``). ``--dry-run
+--target-mde X``: the seeds, cells and hours that X points of final pass@1 would take (``target.py``).
+
 Outputs (after the cells; nothing with ``dry_run``): ``<out>/<scenario>/leaderboard.md`` (the suite's cells:
 the leaderboard and the paired table vs grpo, as ``leaderboard --format md``), ``<out>/<scenario>/report.md``
 with figures (``write_report`` over the whole experiment; logged to MLflow only when this invocation ran
@@ -48,6 +53,8 @@ from gspo_bench.config.loading import deep_merge
 from gspo_bench.config.sections import repeated
 from gspo_bench.tracking.redact import redact
 from gspo_bench.suite.cost import ALGO_COST, WARMSTART_S, cell_seconds, warmstart_key
+from gspo_bench.suite.target import target_lines
+from gspo_bench.suite.until_decided import DEFAULT_SEED_BATCH, Extension, run_until_decided
 from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE
 from gspo_bench.reporting.frame import FINISHED
 from gspo_bench.tracking.ui import benchmark_run
@@ -72,6 +79,10 @@ class SuiteRequest:
     progress: bool = True
     dry_run: bool = False
     command: str = "python -m gspo_bench suite"
+    until_decided: bool = False  # then add seeds to undecided comparisons (``until_decided.py``)
+    max_seeds: int | None = None  # with until_decided: the most seeds a scenario gets, configured ones included
+    seed_batch: int | None = None  # with until_decided: seeds added per round (None: DEFAULT_SEED_BATCH)
+    target_mde: float | None = None  # with dry_run: the seeds and hours to detect this many points (``target.py``)
 
 
 @dataclass
@@ -214,8 +225,20 @@ def make_plan(req: SuiteRequest) -> Plan:
         raise ConfigError(f"--scenarios: {', '.join(map(repr, unknown))} not a preset (presets: "
                           f"{', '.join(presets())})")
     algos = list(dict.fromkeys(req.algos or algorithms.names()))
+    if (req.until_decided or req.target_mde is not None) and DEFAULT_BASELINE not in algos:
+        flag = "--until-decided" if req.until_decided else "--target-mde"
+        raise ConfigError(f"{flag} compares every algorithm against {DEFAULT_BASELINE}: add {DEFAULT_BASELINE} to "
+                          "--algos")
+    if (req.until_decided or req.target_mde is not None) and len(algos) < 2:
+        raise ConfigError(f"--algos {algos[0]}: one algorithm has no comparison to decide or size")
     plan = Plan([plan_scenario(n, req, algos) for n in dict.fromkeys(req.scenarios)], algos,
                 list(dict.fromkeys(req.seeds)))
+    charge_warmstarts(plan)
+    return plan
+
+
+def charge_warmstarts(plan: Plan) -> None:
+    """Each to-do seed's warm start in ``warmstart_s``: WARMSTART_S for the first cell needing an uncached one."""
     from gspo_bench.train.warmstart import for_model  # here: the parser imports this module, transformers stays unloaded
 
     charged: set[str] = set()  # scenarios sharing task, model and warm-start config share the checkpoint
@@ -225,7 +248,34 @@ def make_plan(req: SuiteRequest) -> Plan:
             key = warmstart_key(sp.cfg, seed) if for_model(sp.cfg.warmstart, sp.cfg.model.name).enabled else None
             sp.warmstart_s[seed] = WARMSTART_S if key and key not in charged else 0.0
             charged.add(key or "")
-    return plan
+
+
+def check_request(req: SuiteRequest) -> None:
+    """The options that go together (ConfigError, one line, before any work): ``--until-decided`` needs
+    ``--max-seeds`` at or above the configured seeds and a ``--seed-batch`` >= 1, and excludes ``--target-mde``;
+    ``--max-seeds`` and ``--seed-batch`` need it; ``--target-mde`` needs ``--dry-run`` and a positive value."""
+    if req.until_decided:
+        if req.max_seeds is None:
+            raise ConfigError("--until-decided needs --max-seeds N (the most seeds a scenario may get)")
+        if req.target_mde is not None:
+            raise ConfigError("--until-decided and --target-mde exclude each other: the first adds seeds until the "
+                              "comparisons are decided, the second sizes a fixed number of seeds in advance")
+        configured = list(dict.fromkeys(req.seeds))
+        if req.max_seeds < len(configured):
+            raise ConfigError(f"--max-seeds {req.max_seeds} is below the {len(configured)} configured seed(s) "
+                              f"({', '.join(map(str, configured))})")
+        if req.seed_batch is not None and req.seed_batch < 1:
+            raise ConfigError(f"--seed-batch {req.seed_batch} must be >= 1")
+    else:
+        for flag, value in (("--max-seeds", req.max_seeds), ("--seed-batch", req.seed_batch)):
+            if value is not None:
+                raise ConfigError(f"{flag} applies only with --until-decided")
+    if req.target_mde is not None:
+        if not req.dry_run:
+            raise ConfigError("--target-mde plans without running: use it with --dry-run")
+        if not req.target_mde > 0:
+            raise ConfigError(f"--target-mde {req.target_mde:g}: a difference to detect must be > 0 (points of "
+                              "final pass@1)")
 
 
 def plan_lines(plan: Plan) -> list[str]:
@@ -246,6 +296,26 @@ def plan_lines(plan: Plan) -> list[str]:
                                                 if s.todo else ""))
     lines.append(f"ETA: ~{fmt_s(p.eta_s)} (rough: measured cells where the experiments have some, else the cost "
                  "model of gspo_bench/suite/run.py)")
+    return lines
+
+
+def worst_case_lines(plan: Plan, req: SuiteRequest) -> list[str]:
+    """``--until-decided --dry-run``: what the seed batches may add at most, if no comparison is ever decided."""
+    batch = req.seed_batch or DEFAULT_SEED_BATCH
+    lines = [f"until decided: then batches of {batch} seed(s) for the baseline ({DEFAULT_BASELINE}) and each "
+             f"algorithm whose comparison against it is undecided, up to {req.max_seeds} seeds per scenario"]
+    from gspo_bench.train.warmstart import for_model
+
+    total = 0.0
+    for s in plan.scenarios:
+        more = max(0, req.max_seeds - len(plan.seeds))
+        warm = WARMSTART_S if for_model(s.cfg.warmstart, s.cfg.model.name).enabled else 0.0  # per new seed, if uncached
+        seconds = more * (sum(s.per_cell[a][0] for a in plan.algos) + warm)
+        total += seconds
+        lines.append(f"  {s.name}: at most {more} more seed(s), {more * len(plan.algos)} cell(s), "
+                     f"~{fmt_s(seconds)}")
+    lines.append(f"until decided, worst case (nothing decided): ~{fmt_s(total)} more; a decided comparison's "
+                 "algorithm gets no further seed")
     return lines
 
 
@@ -314,30 +384,59 @@ def run_cells(plan: Plan, log, progress: bool, console=None) -> dict[str, int]:
 
 
 # -- outputs -----------------------------------------------------------------------------------------------------
-def scenario_runs(s: ScenarioPlan, algos: list[str], seeds: list[int]) -> list:
-    """The scenario's cell runs as ``frame.RunData`` (FINISHED ones with their histories)."""
+def scenario_runs(s: ScenarioPlan, algos: list[str], seeds: list[int] | None) -> list:
+    """The scenario's cell runs as ``frame.RunData`` (FINISHED ones with their histories); ``seeds`` None: of
+    every seed."""
     from gspo_bench.reporting.leaderboard import load_runs
 
     if not cell_runs(s.uri, s.experiment):
         return []
-    keep = {str(x) for x in seeds}
+    keep = None if seeds is None else {str(x) for x in seeds}
     return [r for r in load_runs(s.uri, s.experiment)
-            if r.tags.get("preset") == s.name and r.algo in algos and r.seed in keep]
+            if r.tags.get("preset") == s.name and r.algo in algos and (keep is None or r.seed in keep)]
 
 
-def write_outputs(plan: Plan, req: SuiteRequest, ran: dict[str, int], wall_s: float, log) -> tuple[dict, int]:
+def run_extension(plan: Plan, req: SuiteRequest, ran: dict[str, int], log, console=None) -> Extension:
+    """``--until-decided``: after the configured cells, batches of seeds for the undecided comparisons
+    (``until_decided.run_until_decided``), each batch run by ``run_cells``; ``ran`` counts them in."""
+    from gspo_bench.reporting.suite_summary import finals_of
+
+    by_name = {s.name: s for s in plan.scenarios}
+
+    def read_finals(name: str) -> dict:
+        return finals_of(scenario_runs(by_name[name], plan.algos, None), plan.algos)
+
+    def run_batch(cells: dict[str, list[tuple[str, int]]]) -> None:
+        batch = Plan([dataclasses.replace(by_name[n], done={}, todo=list(c), warmstart_s={}) for n, c in cells.items()],
+                     plan.algos, sorted({seed for c in cells.values() for _, seed in c}))
+        charge_warmstarts(batch)
+        for name, count in run_cells(batch, log, req.progress, console).items():
+            ran[name] = ran.get(name, 0) + count
+
+    tried = {(s.name, a, seed) for s in plan.scenarios for a, seed in s.todo}
+    return run_until_decided([s.name for s in plan.scenarios], plan.seeds, plan.algos, DEFAULT_BASELINE,
+                             req.max_seeds, req.seed_batch or DEFAULT_SEED_BATCH, read_finals, run_batch, tried, log)
+
+
+def write_outputs(plan: Plan, req: SuiteRequest, ran: dict[str, int], wall_s: float, log,
+                  extension: Extension | None = None) -> tuple[dict, int]:
     """Per scenario ``leaderboard.md`` and the report, then ``summary.md`` and ``suite.json``; returns the
-    summary dict and the exit code (0: every cell FINISHED)."""
+    summary dict and the exit code (0: every cell FINISHED). ``extension``: the seeds and cells
+    ``--until-decided`` added, counted in, and its sequential decisions reported."""
     from gspo_bench.reporting.report import write_report
     from gspo_bench.reporting.suite_summary import (collapses_of, finals_of, leaderboard_md, rank_suite,
-                                                    summary_markdown)
+                                                    sequential_json, summary_markdown)
     from gspo_bench.tracking.provenance import git_commit, machine
 
     out = Path(req.out)
     per_scenario, collapses, info = {}, {}, {}
-    finished_cells, cell_s = 0, 0.0
+    finished_cells, cell_s, n_cells = 0, 0.0, 0
     for s in plan.scenarios:
-        runs = scenario_runs(s, plan.algos, plan.seeds)
+        seeds = extension.seeds[s.name] if extension else plan.seeds
+        cells = {(a, str(x)) for a in plan.algos for x in plan.seeds}
+        cells |= {(a, str(x)) for a, x in (extension.cells[s.name] if extension else [])}
+        n_cells += len(cells)
+        runs = scenario_runs(s, plan.algos, seeds)
         folder = out / s.name
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "leaderboard.md").write_text(leaderboard_md(runs, s.name, s.experiment, DEFAULT_BASELINE,
@@ -356,18 +455,22 @@ def write_outputs(plan: Plan, req: SuiteRequest, ran: dict[str, int], wall_s: fl
         per_scenario[s.name] = finals_of(runs, plan.algos)
         for a, n in collapses_of(runs).items():
             collapses[a] = collapses.get(a, 0) + n
-        done = {(r.algo, r.seed) for r in runs if r.status == FINISHED}
+        done = {(r.algo, r.seed) for r in runs if r.status == FINISHED} & cells
         finished_cells += len(done)
-        cell_s += sum(r.metrics.get("time/wall_s", 0.0) for r in runs if r.status == FINISHED)
+        cell_s += sum(r.metrics.get("time/wall_s", 0.0) for r in runs
+                      if r.status == FINISHED and (r.algo, r.seed) in cells)
         info[s.name] = {"experiment": s.experiment, "task": s.cfg.task, "model": s.cfg.model.name,
-                        "cells": len(plan.algos) * len(plan.seeds), "finished": len(done), "ran": ran.get(s.name, 0),
-                        "outputs": outputs}
+                        "cells": len(cells), "finished": len(done), "ran": ran.get(s.name, 0), "outputs": outputs,
+                        "seeds": seeds}
     result = rank_suite(per_scenario, {a: collapses.get(a, 0) for a in plan.algos})
     meta = {"prefix": req.prefix, "command": req.command, "commit": git_commit(), "machine": machine(),
-            "tracking_uri": redact(plan.scenarios[0].uri), "algos": plan.algos, "seeds": plan.seeds, "cells": plan.cells,
+            "tracking_uri": redact(plan.scenarios[0].uri), "algos": plan.algos, "seeds": plan.seeds, "cells": n_cells,
             "finished": finished_cells, "ran": sum(ran.values()), "skipped": plan.done, "wall_s": wall_s,
             "cell_s": cell_s, "scenario_info": info}
-    code = 0 if finished_cells == plan.cells else 1
+    if extension is not None:
+        meta["sequential"] = sequential_json(per_scenario, DEFAULT_BASELINE, req.max_seeds,
+                                             req.seed_batch or DEFAULT_SEED_BATCH, extension.rounds)
+    code = 0 if finished_cells == n_cells else 1
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.md").write_text(summary_markdown(result, meta) + "\n")
     doc = {**meta, "exit_code": code, "scenarios": list(result["scenarios"]), "ranking": result}
@@ -381,14 +484,23 @@ def run_suite(req: SuiteRequest, log=print, console=None) -> int:
 
     t0 = time.perf_counter()
     quiet()
+    check_request(req)
     plan = make_plan(req)
     for line in plan_lines(plan):
         log(line)
     if req.dry_run:
+        if req.until_decided:
+            for line in worst_case_lines(plan, req):
+                log(line)
+        if req.target_mde is not None:
+            runs = {s.name: scenario_runs(s, plan.algos, None) for s in plan.scenarios}
+            for line in target_lines(plan, req.target_mde, DEFAULT_BASELINE, runs):
+                log(line)
         log("dry run: nothing run, nothing written")
         return 0
     ran = run_cells(plan, log, req.progress, console)
-    doc, code = write_outputs(plan, req, ran, time.perf_counter() - t0, log)
+    extension = run_extension(plan, req, ran, log, console) if req.until_decided else None
+    doc, code = write_outputs(plan, req, ran, time.perf_counter() - t0, log, extension)
     log(f"suite: {doc['finished']}/{doc['cells']} cells FINISHED ({doc['ran']} run now, {doc['skipped']} already "
         f"done) in {fmt_s(doc['wall_s'])}; wrote {Path(req.out) / 'summary.md'} and {Path(req.out) / 'suite.json'}")
     return code
