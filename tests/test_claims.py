@@ -286,6 +286,17 @@ def test_sapo_by_hand():
     assert cl.evaluate((_claim("sapo", delta=5.0),), runs)[0].verdict == cl.REPRODUCED
 
 
+def _stale_runs(finals: dict) -> dict:
+    """The three experiments' runs from ``finals[algo] = (stale, default, offpolicy)`` final pass@1 per seed 0-2."""
+    runs = {"suite-stale": [], "arith-default": [], "suite-offpolicy": []}
+    for algo, (stale, dflt, off) in finals.items():
+        for s in range(3):
+            runs["suite-stale"].append(_rd(algo, s, stale[s]))
+            runs["arith-default"].append(_rd(algo, s, dflt[s], **DFLT))
+            runs["suite-offpolicy"].append(_rd(algo, s, off[s]))
+    return runs
+
+
 def test_vespo_and_dppo_under_staleness_by_hand():
     finals = {  # algo: (stale, default, offpolicy) final pass@1 per seed 0, 1, 2
         "grpo": ((0.40, 0.42, 0.44), (0.55, 0.56, 0.57), (0.50, 0.50, 0.50)),
@@ -293,12 +304,7 @@ def test_vespo_and_dppo_under_staleness_by_hand():
         "dppo_tv": ((0.45, 0.47, 0.49), (0.55, 0.56, 0.57), (0.52, 0.52, 0.52)),
         "dppo_kl": ((0.30, 0.31, 0.33), (0.56, 0.56, 0.58), (0.51, 0.51, 0.51)),
     }
-    runs = {"suite-stale": [], "arith-default": [], "suite-offpolicy": []}
-    for algo, (stale, dflt, off) in finals.items():
-        for s in range(3):
-            runs["suite-stale"].append(_rd(algo, s, stale[s]))
-            runs["arith-default"].append(_rd(algo, s, dflt[s], **DFLT))
-            runs["suite-offpolicy"].append(_rd(algo, s, off[s]))
+    runs = _stale_runs(finals)
     vespo, dppo = cl.evaluate((_claim("vespo-stale"), _claim("dppo-stale")), runs)
     # vespo: (50 - 40) - (56 - 55) = 9, (50 - 42) - (57 - 56) = 7, (53 - 44) - (57 - 57) = 9
     assert vespo.parts[0].stat.mean == pytest.approx(25 / 3)
@@ -434,12 +440,7 @@ def test_other_parts_form_the_pages_family_and_holm_decides_a_refutation():
         "dppo_tv": ((0.35, 0.39, 0.38), (0.55, 0.56, 0.57), (0.51, 0.53, 0.52)),
         "dppo_kl": ((0.36, 0.39, 0.39), (0.56, 0.56, 0.58), (0.51, 0.52, 0.50)),
     }
-    runs = {"suite-stale": [], "arith-default": [], "suite-offpolicy": []}
-    for algo, (stale, dflt, off) in finals.items():
-        for s in range(3):
-            runs["suite-stale"].append(_rd(algo, s, stale[s]))
-            runs["arith-default"].append(_rd(algo, s, dflt[s], **DFLT))
-            runs["suite-offpolicy"].append(_rd(algo, s, off[s]))
+    runs = _stale_runs(finals)
     dppo = cl.evaluate((_claim("dppo-stale"),), runs)[0]
     tv_did, tv_off, kl_did, kl_off = dppo.parts
     # tv: (35 - 40) - 0, (39 - 42) - 0, (38 - 44) - 0; kl: (36 - 40) - 1, (39 - 42) - 0, (39 - 44) - 1
@@ -469,12 +470,7 @@ def test_claims_target_mde_prints_the_seeds_each_part_needs_at_its_deciding_leve
     finals = {"grpo": ((0.40, 0.42, 0.44), (0.55, 0.56, 0.57), (0.50, 0.50, 0.50)),
               "dppo_tv": ((0.35, 0.39, 0.38), (0.55, 0.56, 0.57), (0.51, 0.53, 0.52)),
               "dppo_kl": ((0.36, 0.39, 0.39), (0.56, 0.56, 0.58), (0.51, 0.52, 0.50))}
-    runs = {"suite-stale": [], "arith-default": [], "suite-offpolicy": []}
-    for algo, (stale, dflt, off) in finals.items():
-        for s in range(3):
-            runs["suite-stale"].append(_rd(algo, s, stale[s]))
-            runs["arith-default"].append(_rd(algo, s, dflt[s], **DFLT))
-            runs["suite-offpolicy"].append(_rd(algo, s, off[s]))
+    runs = _stale_runs(finals)
     res = cl.evaluate((_claim("dppo-stale"),), runs)
     plan = cl.plan_parts(res, 3.0)
     tv = next(r for r in plan if r["part"].startswith("stale vs default: (dppo_tv"))
