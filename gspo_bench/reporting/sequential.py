@@ -60,7 +60,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gspo_bench.reporting.paired import pair_by_seed
+from gspo_bench.reporting.paired import holm, pair_by_seed
 
 MIXTURE_G = 4.0  # the prior variance g of the standardised effect mu / sigma (see the module docstring)
 ABOVE, BELOW = "above 0", "below 0"  # a decided comparison's side; None: not decided
@@ -175,19 +175,6 @@ def sequential_summary(diffs: list[float], alpha: float = 0.05, g: float = MIXTU
     return SequentialStat(n, mean, sd, math.exp(best_log_e), min(1.0, math.exp(-best_log_e)), side, alpha, ci)
 
 
-def holm_adjusted(ps: list[float]) -> list[float]:
-    """Holm-adjusted p values, equal to ``paired.holm``'s (statsmodels' ``multipletests``), computed here because
-    that function runs ``gc.collect()`` on every call (about 0.1 s in a process holding torch) and the planner
-    decides every scenario's family after each batch (the tests, thousands of times)."""
-    k = len(ps)
-    out, running = [0.0] * k, 0.0
-    # ordered p_(1) <= ... <= p_(k):  p~_(i) = max_{j <= i} min(1, (k - j + 1) p_(j))
-    for j, i in enumerate(sorted(range(k), key=lambda i: ps[i])):
-        running = max(running, min(1.0, (k - j) * ps[i]))
-        out[i] = running
-    return out
-
-
 def decide_family(diffs: dict[str, list[float]], alpha: float = 0.05,
                   g: float = MIXTURE_G) -> dict[str, FamilyDecision]:
     """Every comparison of one family (name -> its paired differences in seed order), decided by Holm's method
@@ -203,7 +190,7 @@ def decide_family(diffs: dict[str, list[float]], alpha: float = 0.05,
         return {}
     k = len(names)
     stats = {name: sequential_summary(diffs[name], alpha / k, g) for name in names}
-    adjusted = holm_adjusted([stats[name].p for name in names])
+    adjusted = holm([stats[name].p for name in names])
     out = {}
     for name, q in zip(names, adjusted):
         st = stats[name]
