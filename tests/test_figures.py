@@ -15,11 +15,13 @@ sapo's seed 2 has one collapse event (eval_drop at step 20).
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
 from matplotlib.collections import PathCollection
 from matplotlib.colors import to_rgba
+from scipy.stats import t as student
 
 from gspo_bench.core.losses import LOSSES
 from gspo_bench.reporting import figures
@@ -34,10 +36,12 @@ LUCK = (0.0, 0.05, -0.05)  # grpo's final pass@1 per seed, minus 0.5
 SPREAD = (-1.0, 0.0, 1.0)  # points added to an algorithm's mean difference per seed
 MEANS = {"ppo": -6.0, "dapo": 4.0, "gspo": 1.0, "gspo_token": 0.5, "cispo": -2.0, "sapo": 8.0, "gmpo": -3.5,
          "dr_grpo": 2.0, "luspo": -1.0, "vespo": 3.0, "dppo_tv": 6.0, "dppo_kl": -4.5}
-# by hand from MEANS: largest first; decided = |mean| > 2.484 with three pairs; vespo has one pair
+# by hand from MEANS: largest first; vespo has one pair. Several intervals exclude 0 (|mean| > 2.484 with three
+# pairs), but none is decided: the largest, sapo's t = 8 sqrt(3) = 13.9 on 2 df, has p 0.0052, times the k > 10
+# algorithms with a p (Holm's first step) > 0.05
 FOREST_ORDER = ["sapo", "dppo_tv", "dapo", "vespo", "dr_grpo", "gspo", "gspo_token", "luspo", "cispo", "gmpo",
                 "dppo_kl", "ppo"]
-DECIDED = {"sapo", "dppo_tv", "dapo", "gmpo", "dppo_kl", "ppo"}
+EXCLUDE_0 = {"sapo", "dppo_tv", "dapo", "gmpo", "dppo_kl", "ppo"}
 GRPO_PASS1 = [0.400, 0.425, 0.450, 0.475, 0.500]
 GRPO_REWARD = [0.2000, 0.2125, 0.2250, 0.2375, 0.2500]
 KEY = ("arith", "tiny-dense", "default", "default")
@@ -106,29 +110,31 @@ def test_grid_shape_and_reference_algorithm():
 
 
 def test_forest_rows_by_hand():
-    """Sorted by mean, ties in registry order then by name; only final pass@1 rows with a pair; in points."""
-    def row(algo, n, mean, ci=None, metric="final_pass1"):
-        return {"metric": metric, "algo": algo, "n": n, "mean_diff": mean,
+    """Sorted by mean, ties in registry order then by name; only final pass@1 rows with a pair; in points; decided
+    only by the Holm-adjusted p (an interval that excludes 0 on its own is not enough)."""
+    def row(algo, n, mean, ci=None, metric="final_pass1", p_holm=None):
+        return {"metric": metric, "algo": algo, "n": n, "mean_diff": mean, "p_holm": p_holm,
                 "ci_low": ci[0] if ci else None, "ci_high": ci[1] if ci else None}
 
     g = PairedGroup(KEY, "grpo", [
-        row("zeta", 3, 0.02, (0.005, 0.035)), row("gmpo", 3, 0.02, (-0.01, 0.05)),
-        row("gspo", 3, 0.02, (0.01, 0.03)), row("gspo", 3, 0.9, (0.8, 1.0), metric="auc_pass1"),
-        row("dapo", 3, -0.03, (-0.05, -0.01)), row("cispo", 3, 0.05, (-0.01, 0.11)), row("sapo", 1, 0.01),
-        row("ppo", 0, None), row("luspo", 3, 0.015, (0.0, 0.04))])
+        row("zeta", 3, 0.02, (0.005, 0.035), p_holm=0.03), row("gmpo", 3, 0.02, (-0.01, 0.05), p_holm=0.4),
+        row("gspo", 3, 0.02, (0.01, 0.03), p_holm=0.2), row("gspo", 3, 0.9, (0.8, 1.0), metric="auc_pass1"),
+        row("dapo", 3, -0.03, (-0.05, -0.01), p_holm=0.01), row("cispo", 3, 0.05, (-0.01, 0.11), p_holm=0.3),
+        row("sapo", 1, 0.01), row("ppo", 0, None), row("luspo", 3, 0.015, (0.0, 0.04), p_holm=0.0499)])
     rows = figures.forest_rows(g)
     assert [f.algo for f in rows] == ["cispo", "gspo", "gmpo", "zeta", "luspo", "sapo", "dapo"]
-    assert {f.algo for f in rows if f.decided} == {"gspo", "zeta", "dapo"}  # luspo's interval touches 0
+    # gspo's interval excludes 0 but its Holm p does not decide; luspo's p_Holm < 0.05 does
+    assert {f.algo for f in rows if f.decided} == {"zeta", "dapo", "luspo"}
     gspo = rows[1]
     assert (gspo.n, gspo.mean, gspo.lo, gspo.hi) == (3, pytest.approx(2.0), pytest.approx(1.0), pytest.approx(3.0))
-    assert gspo.value_text() == "+2.0 [+1.0, +3.0]  decided"
-    assert rows[5].value_text() == "+1.0 (1 pair)" and rows[5].lo is None
-    assert rows[0].value_text() == "+5.0 [-1.0, +11.0]"
-    # a row that carries its Holm-adjusted p shows it before the mark
-    holm = figures.forest_rows(PairedGroup(KEY, "grpo", [{**row("gspo", 3, 0.02, (0.01, 0.03)), "p_holm": 0.0123},
-                                                         {**row("dapo", 3, 0.01, (-0.01, 0.03)), "p_holm": 0.0004}]))
+    assert gspo.value_text() == "+2.0 [+1.0, +3.0]  Holm p 0.200"
+    assert rows[3].value_text() == "+2.0 [+0.5, +3.5]  Holm p 0.030  decided"
+    assert rows[5].value_text() == "+1.0 (1 pair)" and rows[5].lo is None and not rows[5].decided
+    assert rows[0].value_text() == "+5.0 [-1.0, +11.0]  Holm p 0.300"
+    holm = figures.forest_rows(PairedGroup(KEY, "grpo", [row("gspo", 3, 0.02, (0.01, 0.03), p_holm=0.0123),
+                                                         row("dapo", 3, 0.01, (0.005, 0.015), p_holm=0.0004)]))
     assert [f.value_text() for f in holm] == ["+2.0 [+1.0, +3.0]  Holm p 0.012  decided",
-                                              "+1.0 [-1.0, +3.0]  Holm p <0.001"]
+                                              "+1.0 [+0.5, +1.5]  Holm p <0.001  decided"]
 
 
 # -- (f) the forest plot ---------------------------------------------------------------------------------------------
@@ -146,10 +152,15 @@ def test_forest_plot_rows_sorted_decided_filled(group):
     (right,) = ax.child_axes
     values = _top_to_bottom(ax, right.get_yticklabels())
     # the rows come from paired_groups, so each with an interval carries its Holm p (tested in test_paired.py)
-    assert re.fullmatch(r"\+8\.0 \[\+5\.5, \+10\.5\]  Holm p 0\.\d{3}  decided", values[0])
+    # sapo's p (t = 8 sqrt(3) on 2 df) times the k algorithms with a p: Holm's first step, still above 0.05
+    k = len(FOREST_ORDER) - 1
+    p_sapo = 2 * student.sf(8 * math.sqrt(3), 2)
+    assert k * p_sapo > 0.05 and values[0] == f"+8.0 [+5.5, +10.5]  Holm p {k * p_sapo:.3f}"
     assert values[3] == "+3.0 (1 pair)" and re.fullmatch(r"\+2\.0 \[-0\.5, \+4\.5\]  Holm p [01]\.\d{3}", values[4])
-    assert re.fullmatch(r"-6\.0 \[-8\.5, -3\.5\]  Holm p \S+  decided", values[-1])
-    assert [v.endswith("decided") for v in values] == [a in DECIDED for a in FOREST_ORDER]
+    assert re.fullmatch(r"-6\.0 \[-8\.5, -3\.5\]  Holm p 0\.\d{3}", values[-1])
+    assert not any(v.endswith("decided") for v in values)
+    excluding = {f.algo for f in figures.forest_rows(group) if f.lo is not None and (f.lo > 0 or f.hi < 0)}
+    assert excluding == EXCLUDE_0  # intervals that exclude 0 on their own, none of them decided
     # per row y: the marker (filled iff decided) and the interval line (none for the one-pair row)
     markers = {int(ln.get_ydata()[0]): ln for ln in ax.get_lines() if ln.get_marker() == "o"}
     spans = {int(ln.get_ydata()[0]): tuple(ln.get_xdata()) for ln in ax.get_lines()
@@ -157,7 +168,7 @@ def test_forest_plot_rows_sorted_decided_filled(group):
              and ln.get_ydata()[0] == ln.get_ydata()[1]}
     for y, algo in enumerate(FOREST_ORDER):
         assert markers[y].get_xdata()[0] == pytest.approx(MEANS[algo])
-        assert (to_rgba(markers[y].get_markerfacecolor()) != to_rgba("white")) == (algo in DECIDED), algo
+        assert to_rgba(markers[y].get_markerfacecolor()) == to_rgba("white"), algo  # none decided
         if algo == "vespo":
             assert y not in spans
         else:
@@ -172,6 +183,41 @@ def test_forest_plot_rows_sorted_decided_filled(group):
     assert f"± MDE {100 * group.mde:.1f} pts (n=3 pairs, α {0.05 / k:.2g}, 80 % power)" in legend
     (span,) = [p for p in ax.patches if p.get_width() > 0]  # the ± MDE region
     assert span.get_x() == pytest.approx(-100 * group.mde) and span.get_width() == pytest.approx(200 * group.mde)
+
+
+def test_the_forest_plot_fills_exactly_the_rows_holm_decides():
+    # three algorithms: Holm over 3. sapo (p 0.0052 x 3 = 0.016) and ppo (p 0.0091 x 2 = 0.018) are decided;
+    # gspo's (+1.0, p 0.225 at the last step) is not; in the larger group above the same sapo and ppo rows are not
+    (g,) = paired_groups(_runs(("grpo", "sapo", "ppo", "gspo")))
+    fig = figures.paired_figure(g, "arith / tiny-dense")
+    (ax,) = [a for a in fig.get_axes() if a.get_label() == "forest"]
+    (right,) = ax.child_axes
+    values = _top_to_bottom(ax, right.get_yticklabels())
+    assert values == ["+8.0 [+5.5, +10.5]  Holm p 0.016  decided", "+1.0 [-1.5, +3.5]  Holm p 0.225",
+                      "-6.0 [-8.5, -3.5]  Holm p 0.018  decided"]
+    markers = {int(ln.get_ydata()[0]): ln for ln in ax.get_lines() if ln.get_marker() == "o"}
+    filled = [to_rgba(markers[y].get_markerfacecolor()) != to_rgba("white") for y in range(3)]
+    assert filled == [True, False, True]
+    legend = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert "decided: Holm p < 0.05" in legend and "undecided: Holm p ≥ 0.05" in legend
+
+
+def test_an_mde_past_100_points_shades_the_whole_scale_and_says_so():
+    # grpo and ppo only, ppo's differences -6 + (-40, 0, +40) points: sd 40, n 3, d = 3.26, MDE about 130 points
+    runs = [r for r in _runs(("grpo",))]
+    runs += [_run("ppo", seed, 0.5 + luck + (-6.0 + spread) / 100)
+             for seed, (luck, spread) in enumerate(zip(LUCK, (-40.0, 0.0, 40.0)))]
+    (g,) = paired_groups(runs)
+    assert 100 * g.mde > 100
+    fig = figures.paired_figure(g, "arith / tiny-dense")
+    (ax,) = [a for a in fig.get_axes() if a.get_label() == "forest"]
+    (span,) = [p for p in ax.patches if p.get_width() > 0]
+    assert span.get_x() == pytest.approx(-100) and span.get_width() == pytest.approx(200)
+    legend = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert any(t.startswith("± MDE > 100 pts (n=3 pairs") for t in legend), legend
+    lo, hi = ax.get_xlim()
+    # the axis holds the scale and ppo's interval [-105, +93], not the MDE's +/-130
+    assert -100 * g.mde < lo < -105 and 100 < hi < 100 * g.mde
 
 
 def test_plot_paired_keeps_its_signature_and_writes_a_png(group, tmp_path):

@@ -327,3 +327,19 @@ def test_tost_power_against_simulated_studies():
     assert tost_power(2.0, 3, (-3.0, 3.0)) < tost_power(2.0, 8, (-3.0, 3.0)) < tost_power(2.0, 30, (-3.0, 3.0))
     assert tost_power(2.0, 8, (0.0, math.inf)) is None and tost_power(None, 8, (-3.0, 3.0)) is None
     assert tost_power(0.0, 8, (-3.0, 3.0)) == 1.0
+
+
+def test_an_mde_past_the_pass1_scale_reads_as_more_than_100_points():
+    from gspo_bench.reporting.pairing import points_text, stat_cells
+    from gspo_bench.reporting.paired import paired_summary
+
+    assert points_text(0.5149) == "51.5" and points_text(1.0) == "100.0" and points_text(1.561) == "> 100"
+    st = paired_summary([0.1, -0.2, 0.05])
+
+    def row(unit: str, scale: float, mde: float) -> dict:
+        return {"label": "m", "unit": unit, "scale": scale, "n": 3, "common": 3, "mean_diff": st.mean,
+                "ci_low": st.ci[0], "ci_high": st.ci[1], "significant": False, "stat": st, "mde": mde}
+
+    assert stat_cells(row("points", 100.0, 1.561))[-1] == "> 100"
+    assert stat_cells(row("points", 100.0, 0.4))[-1] == "40.0"
+    assert stat_cells(row("steps", 1.0, 156.1))[-1] == "156.1"  # steps have no ceiling

@@ -141,6 +141,7 @@ def test_the_runs_table_remakes_leaderboard_and_report_without_the_store(made, t
 
     made_md, again_md = (out / "report.md").read_text(), (again / "report.md").read_text()
     assert f"- runs table: `{table}`" in again_md
+    assert "Skipped: read from a runs table, which holds metrics, not the runs' artifacts" in again_md
     assert tables(again_md) == tables(made_md) and len(tables(made_md)) > 10
     assert (again / "eval_arith_tiny-dense.png").is_file() and not (again / "runs.csv.gz").samefile(table)
 
@@ -230,3 +231,27 @@ def test_a_missing_optuna_storage_file_stops_the_report_before_its_folder_is_mad
     text = one_line(capsys)
     assert code == 2 and f"no database file {str(missing)!r}" in text, text
     assert not out.exists() and not missing.exists()
+
+
+def test_the_collapse_table_keeps_the_detectors_values_or_says_where_they_are():
+    from gspo_bench.reporting.frame import RunData
+    from gspo_bench.reporting.report import collapse_table
+
+    def run(algo: str, seed: str) -> RunData:
+        return RunData(run_id=f"{algo}{seed}", status="FINISHED", tags={"algo": algo, "seed": seed}, params={},
+                       metrics={})
+
+    assert collapse_table([]) == ["none", ""]
+    full = collapse_table([(run("grpo", "1"), {"kind": "eval_drop", "step": 20, "value": 0.1234567, "threshold": 0.2,
+                                               "detail": "eval pass@1 0.123 vs best 0.400"}),
+                           (run("grpo", "0"), {"kind": "reward_drop", "step": 7, "value": 0.05})])
+    rows = [ln for ln in full[0].splitlines() if ln.startswith("| grpo")]
+    assert rows == ["| grpo | 0 | reward_drop | 7 | 0.05 | - | - |",
+                    "| grpo | 1 | eval_drop | 20 | 0.1235 | 0.2 | eval pass@1 0.123 vs best 0.400 |"]
+    # from a runs table: kinds and steps only, no column of dashes, and the note naming the artifact
+    bare = collapse_table([(run("cispo", "2"), {"kind": "eval_drop", "step": 10}),
+                           (run("cispo", "0"), {"kind": "ratio_explosion", "step": 1})])
+    assert bare[0].splitlines()[0] == "| algo | seed | kind | step |"
+    assert [ln for ln in bare[0].splitlines() if ln.startswith("| cispo")] == [
+        "| cispo | 0 | ratio_explosion | 1 |", "| cispo | 2 | eval_drop | 10 |"]
+    assert "`collapse_events.json` artifact" in bare[2]

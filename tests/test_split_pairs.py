@@ -88,6 +88,17 @@ def test_r3_vs_none_matches_the_hand_computation(store):
         assert row["ci_high"] == pytest.approx(mean + HALF, abs=1e-4)
         assert row["mde"] is not None and row["mde"] > HALF
     assert not grpo["significant"] and gspo["significant"]  # grpo's interval [-.024, +.224] contains 0
+    # the one multiplicity rule: Holm over the group's two (algorithm, split) comparisons of final pass@1.
+    # t = mean / (.05 / sqrt(3)): grpo 3.464, gspo 6.928 on 2 df; Holm: the smaller p x 2, then the larger x 1
+    # (never below the one before)
+    from scipy.stats import t as student
+
+    p_grpo, p_gspo = (2 * student.sf(m / (0.05 / math.sqrt(3)), 2) for m in (0.10, 0.20))
+    assert grpo["p"] == pytest.approx(p_grpo) and gspo["p"] == pytest.approx(p_gspo)
+    assert gspo["p_holm"] == pytest.approx(2 * p_gspo) and gspo["p_holm"] < 0.05  # 0.040: decided
+    assert grpo["p_holm"] == pytest.approx(max(p_grpo, 2 * p_gspo)) and grpo["p_holm"] > 0.05
+    assert groups[0].mde_alpha == pytest.approx(0.025) and groups[0].mde_tested == 2
+    assert grpo["mde_alpha"] == pytest.approx(0.025)
     auc = _rows(groups, "auc_pass1")
     assert auc["grpo", "r3"]["mean_diff"] == pytest.approx(0.05) and auc["gspo", "r3"]["mean_diff"] == pytest.approx(0.10)
 
@@ -99,10 +110,11 @@ def test_md_output_has_title_and_rows(store, capsys):
     assert board.startswith("| task | model | preset | config | routing_replay | algo |")
     assert "| task | model | preset | config | algo | routing_replay | vs | metric |" in paired
     assert ("| arith | tiny-dense | default | default | gspo | r3 | routing_replay=none | final pass@1 (points) | "
-            "3 | +20.0 | [+7.6, +32.4] | yes |") in paired
+            "3 | +20.0 | [+7.6, +32.4] | yes | 0.0202 | 0.0404 |") in paired
     assert ("| arith | tiny-dense | default | default | grpo | r3 | routing_replay=none | final pass@1 (points) | "
             "3 | +10.0 | [-2.4, +22.4] | no |") in paired
-    assert "- arith / tiny-dense: MDE (final pass@1, 3 seeds" in paired and "over 2 algorithm x split" in paired
+    assert ("- arith / tiny-dense: MDE (final pass@1, 3 seeds, α 0.025 = 0.05 / 2, Holm's first step, 80 % power)"
+            in paired and "over 2 algorithm x split" in paired)
     assert "vs grpo" not in out
     assert _cli(store, "--by", "routing_replay", "--baseline", "routing_replay=none", "--format", "table") == 0
     assert "same algorithm, same seed" in capsys.readouterr().out
@@ -114,7 +126,8 @@ def test_paired_csv_columns(store, capsys):
     text = capsys.readouterr().out
     assert text.splitlines()[0].split(",") == [
         "task", "model", "preset", "config", "algo", "routing_replay", "baseline", "baseline_split", "metric", "n",
-        "common", "seeds", "mean_diff", "sd_diff", "ci_low", "ci_high", "significant", "mde", "note"]
+        "common", "seeds", "mean_diff", "sd_diff", "ci_low", "ci_high", "significant", "p", "p_holm", "mde",
+        "mde_alpha", "note"]
     back = list(csv.DictReader(io.StringIO(text)))
     assert len(back) == 2 * 3  # 2 algorithms x 1 compared split x 3 metrics
     final = {r["algo"]: r for r in back if r["metric"] == "final_pass1"}

@@ -396,6 +396,9 @@ def plot_moe(runs: list[RunData], path: Path, title: str, reference: str = DEFAU
     return _save(fig, path)
 
 
+DECIDE_ALPHA = 0.05  # a forest row is decided when its Holm-adjusted p is below this
+
+
 @dataclass(frozen=True)
 class ForestRow:
     """One row of the forest plot: an algorithm's paired difference in final pass@1 to the baseline, in points."""
@@ -409,13 +412,14 @@ class ForestRow:
 
     @property
     def decided(self) -> bool:
-        """The interval excludes 0 (the sign of the difference is decided at 95 %)."""
-        # decided  <=>  0 lies outside [lo, hi]
-        return self.lo is not None and (self.lo > 0 or self.hi < 0)
+        """Decided under the project's one multiplicity rule: the Holm-adjusted p over the group's final pass@1
+        family is below 0.05 (an interval that excludes 0 on its own is not enough)."""
+        # decided  <=>  p_Holm < 0.05
+        return self.lo is not None and self.p_holm is not None and self.p_holm < DECIDE_ALPHA
 
     def value_text(self) -> str:
         """``mean [lo, hi]`` in signed points (``mean (1 pair)`` without an interval), then the Holm p when there
-        is one, then ``decided`` when the interval excludes 0."""
+        is one, then ``decided`` when it is below 0.05."""
         if self.lo is None:
             return f"{self.mean:+.1f} (1 pair)"
         holm = "" if self.p_holm is None else f"  Holm p {'<0.001' if self.p_holm < 0.001 else f'{self.p_holm:.3f}'}"
@@ -449,20 +453,23 @@ def _forest_xlim(rows: list[ForestRow], mde_pts: float | None) -> tuple[float, f
 
 def paired_figure(group, title: str) -> Figure:
     """The forest plot ``plot_paired`` writes: a row per algorithm (``forest_rows``), largest mean on top, its
-    mean and 95 % t interval; decided rows (interval excludes 0) filled with a solid line, undecided ones
+    mean and 95 % t interval; decided rows (Holm p < 0.05) filled with a solid line, undecided ones
     hollow with a faint line and grey label, a one-pair row hollow with no line; the zero line, ± the group's
     MDE shaded; ``algo (n=K)`` on the left, ``mean [lo, hi]`` on the right."""
     rows = forest_rows(group)
     index = style_indices([f.algo for f in rows] + [group.baseline])
     mde_pts = None if group.mde is None else 100 * group.mde
+    # past 100 points no pass@1 difference could be detected: shade the whole scale, and say so
+    shade = None if mde_pts is None else min(mde_pts, 100.0)
     fig = Figure(figsize=(8.5, 0.36 * len(rows) + 2.3), layout="constrained")
     ax = fig.subplots()
     ax.set_label("forest")
     handles = []
     if mde_pts is not None:
-        ax.axvspan(-mde_pts, mde_pts, color="0.92", linewidth=0, zorder=0)
+        ax.axvspan(-shade, shade, color="0.92", linewidth=0, zorder=0)
         # the MDE at the level that decides final pass@1 for the group (Holm's first step)
-        handles.append(Patch(color="0.92", label=f"± MDE {mde_pts:.1f} pts (n={group.mde_n} pairs, "
+        size = f"{mde_pts:.1f}" if mde_pts <= 100 else "> 100"
+        handles.append(Patch(color="0.92", label=f"± MDE {size} pts (n={group.mde_n} pairs, "
                                                  f"{level_text(group.mde_alpha)}, {100 * POWER:g} % power)"))
     ax.axvline(0, color="black", linewidth=1, zorder=1)
     for y, f in enumerate(rows):
@@ -486,19 +493,19 @@ def paired_figure(group, title: str) -> Figure:
     ax.tick_params(axis="y", length=0)
     # row 0 (the largest mean) on top
     ax.set_ylim(max(len(rows), 1) - 0.5, -0.5)
-    ax.set_xlim(*_forest_xlim(rows, mde_pts))
+    ax.set_xlim(*_forest_xlim(rows, shade))
     ax.set_xlabel(f"final pass@1: algo − {group.baseline} (points)")
     ax.grid(alpha=0.3, axis="x")
     handles += [Line2D([], [], color="0.2", marker="o", linewidth=2.4, markersize=7,
-                       label="decided: 95 % interval excludes 0"),
+                       label="decided: Holm p < 0.05"),
                 Line2D([], [], color="0.2", marker="o", linewidth=1.4, alpha=0.45, markersize=7,
-                       markerfacecolor="white", label="undecided: interval holds 0"),
+                       markerfacecolor="white", label="undecided: Holm p ≥ 0.05"),
                 Line2D([], [], color="0.2", marker="o", linestyle="", markersize=7, markerfacecolor="white",
                        label="one pair: no interval")]
     fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8)
     fig.suptitle(f"{title}: final pass@1, paired difference vs {group.baseline}\nper seed; mean and 95 % t "
-                 "interval, sorted by mean; decided = interval excludes 0, each on its own; Holm p: adjusted over the "
-                 "group's algorithms", fontsize=10)
+                 "interval, sorted by mean; decided = Holm p < 0.05, the p adjusted over the group's algorithms",
+                 fontsize=10)
     return fig
 
 

@@ -84,7 +84,8 @@ NOTES = (
     "the true difference a two-sided paired t test at Holm's first step (alpha 0.05 / k over the k algorithms "
     "with a p) detects with 80 % power, d solved exactly from the noncentral t with n-1 df. The "
     "group's MDE line uses the pooled sd sqrt(mean of the algorithms' variances of the final pass@1 differences) "
-    "and their common number of pairs (the smallest when they differ). Fewer than 2 pairs: no interval, no MDE; "
+    "and their common number of pairs (the smallest when they differ); an MDE past 100 points (pass@1 differences "
+    "run from -100 to +100) shows as > 100: no difference could be detected. Fewer than 2 pairs: no interval, no MDE; "
     "every seed's difference equal (a tie): n/a, and no member of the Holm family."
 )
 

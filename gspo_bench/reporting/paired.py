@@ -42,6 +42,8 @@ import statistics
 import warnings
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class PairedStat:
@@ -90,8 +92,10 @@ def mde(sd: float | None, n: int, alpha: float = 0.05, power: float = 0.8) -> fl
 def _effect_size(n: int, alpha: float, power: float) -> float:
     from statsmodels.stats.power import TTestPower
 
-    return float(TTestPower().solve_power(effect_size=None, nobs=n, alpha=alpha, power=power,
-                                          alternative="two-sided"))
+    d = TTestPower().solve_power(effect_size=None, nobs=n, alpha=alpha, power=power, alternative="two-sided")
+    # statsmodels returns a scalar or, from its root finder's fallback, a one-element array (numpy >= 2.4 no
+    # longer converts the latter with float())
+    return float(np.asarray(d).reshape(-1)[0])
 
 
 def paired_summary(diffs: list[float], alpha: float = 0.05, power: float = 0.8) -> PairedStat:

@@ -42,10 +42,10 @@ from gspo_bench.config import ConfigError
 from gspo_bench.reporting.frame import FINISHED, RunData
 from gspo_bench.reporting.grouping import with_by
 from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE, _plain
-from gspo_bench.reporting.paired import holm, holm_first_level, mde
-from gspo_bench.reporting.pairing import (ALPHA, PAIRED_METRICS, POWER, Pooled, cell, compare, csv_text, group_title,
-                                          markdown, mde_text, pooled_mde, rich, seed_table, stat_cells,
-                                          with_leaderboard)
+from gspo_bench.reporting.paired import holm_first_level
+from gspo_bench.reporting.pairing import (ALPHA, POWER, Pooled, adjust_holm, cell, compare, csv_text, decided,
+                                          group_title, markdown, mde_text, p_cells, pooled_mde, rich,
+                                          seed_table, stat_cells, with_leaderboard)
 
 
 @dataclass
@@ -63,23 +63,6 @@ class PairedGroup:
     mde_algos_tested: int = 0  # that family's size: the algorithms with a p value for final pass@1
     note: str | None = None  # set when the group has no pair at all: why (then no table is drawn)
     by: tuple[str, ...] = ()  # the ``--by`` tags whose values end ``key``
-
-
-def adjust_holm(rows: list[dict], alpha: float = ALPHA, power: float = POWER) -> int:
-    """Set ``p_holm`` on ``rows`` (one group's): Holm's adjustment over the group's algorithms, per metric, so a
-    group of k algorithms compared with the baseline is one family of k tests per metric. Each row's ``mde``
-    is then the one at the level that decides it for the family, Holm's first step alpha / k
-    (``holm_first_level``), named in ``mde_alpha``. Returns k for final pass@1 (the group line's level)."""
-    sizes = {}
-    for name, *_ in PAIRED_METRICS:
-        family = [r for r in rows if r["metric"] == name]
-        sizes[name] = k = sum(r["p"] is not None for r in family)
-        level = holm_first_level(alpha, k)
-        for r, q in zip(family, holm([r["p"] for r in family])):
-            r["p_holm"], r["mde_alpha"] = q, level
-            st = r["stat"]
-            r["mde"] = None if st is None or st.tied else mde(st.sd, st.n, level, power)
-    return sizes.get("final_pass1", 0)
 
 
 def check_baseline(runs: list[RunData], baseline: str, strict: bool = True) -> str | None:
@@ -165,15 +148,7 @@ PAIRED_CSV_FIELDS = ("task", "model", "preset", "config", "algo", "baseline", "m
 
 def _paired_cells(row: dict) -> list[str]:
     return [row["task"], row["model"], row["preset"], row["config"], *row.get("by", {}).values(), row["algo"],
-            row["baseline"], *stat_cells(row, lambda r: [_p(r.get("p"), r), _p(r.get("p_holm"), r)])]
-
-
-def _p(x: float | None, row: dict | None = None) -> str:
-    """A p value for a table: 3 significant digits, below 0.001 as '<0.001', '-' when there is none ('n/a' for
-    a tie: every seed's difference equal)."""
-    if x is None:
-        return "n/a" if row is not None and row["stat"] is not None and row["stat"].tied else "-"
-    return "<0.001" if x < 0.001 else f"{x:.3g}"
+            row["baseline"], *stat_cells(row, p_cells)]
 
 
 ALGORITHMS = Pooled("algorithm", "algorithms", "no algorithm")
@@ -220,7 +195,7 @@ def paired_rich(groups: list[PairedGroup], baseline: str = DEFAULT_BASELINE, not
         return [Text(f"No paired differences: {note}.")]
     shown = [g for g in groups if not g.note]
     by = shown[0].by if shown else ()
-    sections = [[(_paired_cells(r), "bold" if r["significant"] else None) for r in g.rows] for g in shown]
+    sections = [[(_paired_cells(r), "bold" if decided(r) else None) for r in g.rows] for g in shown]
     return rich(_paired_title(baseline), with_by(PAIRED_COLUMNS, by), 7 + len(by), sections,
                 [mde_line(g) for g in groups])
 

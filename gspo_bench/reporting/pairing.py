@@ -23,7 +23,8 @@ from gspo_bench import tables
 from gspo_bench.reporting.frame import RunData
 from gspo_bench.reporting.grouping import by_title, flat, split_values
 from gspo_bench.reporting.leaderboard import _plain, render, rich_table, run_summary
-from gspo_bench.reporting.paired import mde, pair_by_seed, paired_summary, pooled_sd, seed_key
+from gspo_bench.reporting.paired import (holm, holm_first_level, mde, pair_by_seed, paired_summary, pooled_sd,
+                                        seed_key)
 from gspo_bench.reporting.seeds import RUNS, per_seed, run_table
 
 ALPHA, POWER = 0.05, 0.8  # paired tables: 95 % intervals, MDE at 80 % power
@@ -130,9 +131,38 @@ def mde_text(head: str, baseline: str, note: str | None, mde_: float | None, n: 
         return f"{head}no paired differences vs {baseline}: {note}."
     if mde_ is None:
         return f"{head}MDE (final pass@1): not available, {pooled.who} has 2 or more seeds paired with {baseline}."
-    return (f"{head}MDE (final pass@1, {n} seeds, {level_text(alpha)}{why}, 80 % power): {100 * mde_:.1f} points "
+    return (f"{head}MDE (final pass@1, {n} seeds, {level_text(alpha)}{why}, 80 % power): {points_text(mde_)} points "
             f"(pooled sd of the paired differences {100 * sd:.1f} points over {k} "
             f"{pooled.one if k == 1 else pooled.many})")
+
+
+def points_text(mde_: float) -> str:
+    """An MDE of pass@1 in points; past 100 (no difference a pass@1 can have, which runs from -100 to +100
+    points, would be detected) '> 100', not a number that suggests a scale."""
+    # points = 100 x pass@1
+    return "> 100" if 100 * mde_ > 100 else f"{100 * mde_:.1f}"
+
+
+def adjust_holm(rows: list[dict], alpha: float = ALPHA, power: float = POWER) -> int:
+    """Set ``p_holm`` on ``rows`` (one group's): Holm's adjustment over the group's algorithms, per metric, so a
+    group of k algorithms compared with the baseline is one family of k tests per metric. Each row's ``mde``
+    is then the one at the level that decides it for the family, Holm's first step alpha / k
+    (``holm_first_level``), named in ``mde_alpha``. Returns k for final pass@1 (the group line's level)."""
+    sizes = {}
+    for name, *_ in PAIRED_METRICS:
+        family = [r for r in rows if r["metric"] == name]
+        sizes[name] = k = sum(r["p"] is not None for r in family)
+        level = holm_first_level(alpha, k)
+        for r, q in zip(family, holm([r["p"] for r in family])):
+            r["p_holm"], r["mde_alpha"] = q, level
+            st = r["stat"]
+            r["mde"] = None if st is None or st.tied else mde(st.sd, st.n, level, power)
+    return sizes.get("final_pass1", 0)
+
+
+def decided(row: dict, alpha: float = ALPHA) -> bool:
+    """A comparison row decided under the one multiplicity rule: its Holm-adjusted p below ``alpha``."""
+    return row.get("p_holm") is not None and row["p_holm"] < alpha
 
 
 # -- rendering shared by both tables -------------------------------------------------------------------------------
@@ -154,8 +184,21 @@ def stat_cells(row: dict, extra: Callable[[dict], list[str]] = lambda row: []) -
     cells = [f"{row['label']} ({row['unit']})", n, num(row["mean_diff"]),
              f"[{num(row['ci_low'])}, {num(row['ci_high'])}]" if has_ci else na,
              ("yes" if row["significant"] else "no") if has_ci else na, *extra(row),
-             na if row["mde"] is None else num(row["mde"], "")]
+             na if row["mde"] is None else points_text(row["mde"]) if row["unit"] == "points" else num(row["mde"], "")]
     return cells
+
+
+def p_text(x: float | None, row: dict | None = None) -> str:
+    """A p value for a table: 3 significant digits, below 0.001 as '<0.001', '-' when there is none ('n/a' for
+    a tie: every seed's difference equal)."""
+    if x is None:
+        return "n/a" if row is not None and row["stat"] is not None and row["stat"].tied else "-"
+    return "<0.001" if x < 0.001 else f"{x:.3g}"
+
+
+def p_cells(row: dict) -> list[str]:
+    """A comparison row's p and Holm p cells (``stat_cells``' ``extra``)."""
+    return [p_text(row.get("p"), row), p_text(row.get("p_holm"), row)]
 
 
 def csv_text(fields: tuple[str, ...], rows: list[dict]) -> str:

@@ -3,7 +3,7 @@
 For every row of the paired table (an algorithm against the baseline, per metric) with 2 or more pairs and a
 spread, the plan takes the observed sd of the per-seed differences and solves for the fewest seeds whose MDE
 (80 % power) reaches the target, at the level that decides the row: Holm's first step over its metric's family
-(``paired_table.adjust_holm``, ``mde_alpha``). The sd itself is known only roughly from few seeds (its 95 %
+(``pairing.adjust_holm``, ``mde_alpha``). The sd itself is known only roughly from few seeds (its 95 %
 interval from 3 pairs spans about x0.5 to x6 of the estimate, ``paired.sd_interval``), so the plan also gives
 the seeds needed at both ends of that interval: the honest range of what the next experiment may cost.
 """

@@ -193,7 +193,8 @@ def paired_section(paired: PairedGroup | None, baseline: str, note: str | None, 
     fig = figures.plot_paired(paired, out / f"paired_{name}.png", title)
     md += [f"![paired differences in final pass@1 vs {baseline}, {title}]({fig.name})", "",
            "Forest plot: a row per algorithm, largest mean paired difference in final pass@1 on top; line = 95 % t "
-           "interval, filled marker and bold label = decided (the interval excludes 0), hollow = undecided, "
+           "interval, filled marker and bold label = decided (Holm p < 0.05 over the group's algorithms; an interval "
+           "that excludes 0 on its own is not enough), hollow = undecided, "
            "hollow with no line = one pair (no interval); mean [low, high] in points on the right"
            + ("; shaded: ± the group's MDE, the difference this design detects with 80 % power." if paired.mde
               is not None else "."), ""]
@@ -227,7 +228,10 @@ def group_section(client, key: tuple, runs: list[RunData], rows: list[dict], out
            f"levels.{panels} {clip_claim(rows)}", ""]
     md += ["### (c) Token vs sequence ratios", ""]
     payload = ratio_payload(client, runs)
-    if payload is None:
+    if payload is None and client is None:
+        md += ["Skipped: read from a runs table, which holds metrics, not the runs' artifacts; the histogram needs "
+               "a GSPO run's `ratios/step_*.json` from the MLflow store.", ""]
+    elif payload is None:
         md += ["Skipped: no finished gspo (or gspo_token) run in this group has a `ratios/step_*.json` "
                "artifact (runs older than that artifact, or no GSPO run).", ""]
     else:
@@ -249,21 +253,30 @@ def group_section(client, key: tuple, runs: list[RunData], rows: list[dict], out
     else:
         md += ["Skipped: no MoE run (tag `moe=true`) with `moe/expert_flip_rate` in this group.", ""]
     md += ["### (e) Collapse events", ""]
-    events = [(r, e) for r in runs for e in collapse_events(client, r)]
-    if not events:
-        md += ["none", ""]
-    else:
-        def val(e: dict, k: str) -> str:
-            return f"{e[k]:.4g}" if isinstance(e.get(k), (int, float)) else "-"
-
-        md.append(tables.markdown(
-            ("algo", "seed", "kind", "step", "value", "threshold", "detail"),
-            [[r.algo, r.seed, e.get("kind"), e.get("step"), val(e, "value"), val(e, "threshold"), e.get("detail", "-")]
-             for r, e in sorted(events, key=lambda x: (x[0].algo, x[0].seed, x[1].get("step", 0)))]))
+    md += collapse_table([(r, e) for r in runs for e in collapse_events(client, r)])
     pmd, pfigs = paired_section(paired, baseline, paired_note, title, name, out)
     smd, sfigs = scaling_section(scaling or [], title, name, out)
     return md + pmd + smd, figs + pfigs + sfigs
 
+
+def collapse_table(events: list[tuple[RunData, dict]]) -> list[str]:
+    """(e)'s lines: one row per (run, event). With the detector's values (its artifact, read from the store) the
+    value, threshold and detail columns; from a runs table only the kinds and steps its metrics hold, and a note."""
+    if not events:
+        return ["none", ""]
+
+    def val(e: dict, k: str) -> str:
+        return f"{e[k]:.4g}" if isinstance(e.get(k), (int, float)) else "-"
+
+    ordered = sorted(events, key=lambda x: (x[0].algo, x[0].seed, x[1].get("step", 0)))
+    if any("value" in e or "detail" in e for _, e in events):
+        return [tables.markdown(("algo", "seed", "kind", "step", "value", "threshold", "detail"),
+                                [[r.algo, r.seed, e.get("kind"), e.get("step"), val(e, "value"), val(e, "threshold"),
+                                  e.get("detail", "-")] for r, e in ordered]), ""]
+    return [tables.markdown(("algo", "seed", "kind", "step"),
+                            [[r.algo, r.seed, e.get("kind"), e.get("step")] for r, e in ordered]), "",
+            "Value, threshold and detail of each event are in its run's `collapse_events.json` artifact, which a "
+            "runs table does not hold.", ""]
 
 def scaling_section(groups: list[ScalingGroup], title: str, name: str, out: Path) -> tuple[list[str], list[Path]]:
     """(h): the figure of the group's first fitted metric (eval/pass1) and a table per fitted metric."""

@@ -18,8 +18,10 @@ replay r3 vs none?"). ``leaderboard --by routing_replay,correction
   s) - metric(A, baseline split, s)`` over the seeds where both have a
   FINISHED run, for ``pairing.PAIRED_METRICS`` (final pass@1, AUC, steps
   to +10 pts; there only seeds where both reached it), with the same mean, 95 %
-  t interval, significance (interval excludes 0, no multiple-comparison
-  correction) and MDE as the algorithm table (``paired.paired_summary``);
+  t interval, p and MDE as the algorithm table (``paired.paired_summary``),
+  and its Holm adjustment under the same rule: one family per group and
+  metric, every (algorithm, split) comparison in it (``pairing.adjust_holm``),
+  the MDE at Holm's first step;
   several FINISHED runs of one seed count by the rule of ``seeds.py``.
   When A has no FINISHED run in the baseline split the pair (A, S) gets one
   note row saying so (``row["note"]``, no metric) instead of its three rows.
@@ -45,8 +47,10 @@ from gspo_bench.config import ConfigError
 from gspo_bench.reporting.frame import RunData
 from gspo_bench.reporting.grouping import MISSING, split_values, with_by
 from gspo_bench.reporting.leaderboard import _plain
-from gspo_bench.reporting.pairing import (ALPHA, POWER, Pooled, cell, compare, csv_text, group_title, markdown,
-                                          mde_text, pooled_mde, rich, seed_table, stat_cells, with_leaderboard)
+from gspo_bench.reporting.paired import holm_first_level
+from gspo_bench.reporting.pairing import (ALPHA, POWER, Pooled, adjust_holm, cell, compare, csv_text, decided,
+                                          group_title, markdown, mde_text, p_cells, pooled_mde, rich, seed_table,
+                                          stat_cells, with_leaderboard)
 
 
 def parse_split_baseline(baseline: str | None, by: tuple[str, ...]) -> tuple[str, str] | None:
@@ -86,6 +90,8 @@ class SplitGroup:
     mde_n: int = 0
     mde_sd: float | None = None
     mde_pairs: int = 0  # (algorithm, split) comparisons pooled (those with >= 2 pairs)
+    mde_alpha: float = ALPHA  # the level of that MDE: Holm's first step over the group's final pass@1 family
+    mde_tested: int = 0  # that family's size: the (algorithm, split) comparisons with a p value for final pass@1
     note: str | None = None  # set when the group has no compared split with a pair: why
 
     @property
@@ -133,22 +139,28 @@ def split_pair_groups(runs: list[RunData], tag: str, value: str, by: tuple[str, 
             g.note = f"no algorithm has runs both in a split and in its {tag}={value} split"
         elif not any(r["common"] for r in rows):
             g.note = f"no seed has FINISHED runs of one algorithm in both a split and its {tag}={value} split"
-        g.mde, g.mde_n, g.mde_sd, g.mde_pairs = pooled_mde(rows, alpha, power)
+        # one Holm family per metric over the group's (algorithm, split) comparisons; the MDE at its first step
+        g.mde_tested = adjust_holm(rows, alpha, power)
+        g.mde_alpha = holm_first_level(alpha, g.mde_tested)
+        g.mde, g.mde_n, g.mde_sd, g.mde_pairs = pooled_mde(rows, g.mde_alpha, power)
         out.append(g)
     return out
 
 
 # -- rendering ---------------------------------------------------------------------------------------------------
 SPLIT_COLUMNS = ("task", "model", "preset", "config", "algo", "vs", "metric", "pairs (n)", "mean diff", "95 % CI",
-                 "significant", "MDE")
+                 "significant", "p", "Holm p", "MDE (Holm)")
 SPLIT_CSV_FIELDS = ("task", "model", "preset", "config", "algo", "baseline", "baseline_split", "metric", "n",
-                    "common", "seeds", "mean_diff", "sd_diff", "ci_low", "ci_high", "significant", "mde", "note")
+                    "common", "seeds", "mean_diff", "sd_diff", "ci_low", "ci_high", "significant", "p", "p_holm", "mde",
+                    "mde_alpha", "note")
 
 
 def split_pairs_title(tag: str, value: str) -> str:
     return (f"Paired differences vs {tag}={value} (same algorithm, same seed): per seed, metric(algo, split) - "
             f"metric(algo, the split with {tag}={value} and the other --by tags equal); mean, 95 % t interval, "
-            "significant = interval excludes 0 (no multiple-comparison correction)")
+            "significant = interval excludes 0 (each comparison on its own); p = paired t test, Holm p = adjusted "
+            "by Holm's method over the group's (algorithm, split) comparisons per metric (below 0.05: decided for "
+            "the family)")
 
 
 def _cells(row: dict, skip: int = 0) -> list[str]:
@@ -156,8 +168,8 @@ def _cells(row: dict, skip: int = 0) -> list[str]:
     head = [row["task"], row["model"], row["preset"], row["config"], row["algo"], *row["by"].values(),
             row["baseline_split"]]
     if row["note"]:
-        return [*head, row["note"], "0", "-", "-", "-", "-"][skip:]
-    return [*head, *stat_cells(row)][skip:]
+        return [*head, row["note"], "0", "-", "-", "-", "-", "-", "-"][skip:]
+    return [*head, *stat_cells(row, p_cells)][skip:]
 
 
 SPLITS = Pooled("algorithm x split comparison", "algorithm x split comparisons", "no split")
@@ -166,7 +178,9 @@ SPLITS = Pooled("algorithm x split comparison", "algorithm x split comparisons",
 def split_mde_line(g: SplitGroup, with_title: bool = True) -> str:
     """The group's one line: its MDE for final pass@1 over the split comparisons, or why there is none."""
     head = f"{group_title(g.key)}: " if with_title else ""
-    return mde_text(head, g.baseline, g.note, g.mde, g.mde_n, g.mde_sd, g.mde_pairs, SPLITS)
+    k = g.mde_tested
+    why = f" = {ALPHA:g} / {k}, Holm's first step" if k > 1 else ""
+    return mde_text(head, g.baseline, g.note, g.mde, g.mde_n, g.mde_sd, g.mde_pairs, SPLITS, g.mde_alpha, why)
 
 
 def _columns(by: tuple[str, ...], skip: int = 0) -> tuple[str, ...]:
@@ -193,7 +207,7 @@ def split_pairs_rich(groups: list[SplitGroup]) -> list:
     shown = [g for g in groups if g.rows]
     by = shown[0].by if shown else ()
     title = split_pairs_title(shown[0].tag, shown[0].value) if shown else ""
-    sections = [[(_cells(r), "bold" if r["significant"] else ("dim" if r["note"] else None)) for r in g.rows]
+    sections = [[(_cells(r), "bold" if decided(r) else ("dim" if r["note"] else None)) for r in g.rows]
                 for g in shown]
     return rich(title, _columns(by), 7 + len(by), sections, [split_mde_line(g) for g in groups])
 
@@ -215,7 +229,10 @@ def split_pairs_section(g: SplitGroup | None) -> list[str]:
           f"metric(algo, baseline split, s), the baseline split having {g.tag}={g.value} and the other --by tags "
           "equal, over the seeds where both finished (same warm start and prompt order); steps to +10 pts only "
           "over the seeds where both reached it. Mean, 95 % t interval; significant = the interval excludes 0, "
-          "with no correction for the number of comparisons. pass@1 differences in points.", ""]
+          "each comparison on its own; p = the paired t test; Holm p = that p adjusted by Holm's method over the "
+          "group's (algorithm, split) comparisons, one family per metric: below 0.05, the difference is decided "
+          "within that family. MDE (Holm): the difference decided with 80 % power at Holm's first step. pass@1 "
+          "differences in points.", ""]
     if g.rows:
         md += tables.markdown(_columns(g.by, 4), [_cells(r, 4) for r in g.rows]).split("\n")
     return md + [split_mde_line(g, with_title=False) + ("" if g.note else "."), ""]
