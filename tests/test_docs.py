@@ -3,9 +3,10 @@ layout of docs/layout.md, and the MkDocs site builds strictly.
 
 - Metrics: two short real runs (``ppo`` and ``dapo`` on ``tiny-moe``, 2 steps, a collapse forced by an
   impossible entropy floor) between them log every conditional metric: PPO's critic, DAPO's dynamic sampling,
-  the MoE flip rate, the engine/trainer mismatch (the default fast engine returns log-probs) and collapse
-  events. Every name in the table must have been logged by one of them, and every logged name must be in the
-  table. ``collapse/<kind>`` is a placeholder row: its kinds are checked against ``COLLAPSE_KINDS``. The
+  the MoE flip rate, the engine/trainer mismatch (the default fast engine returns log-probs), the entropy
+  controls, rejection by KL and collapse events. Every name in the table must have been logged by one of them,
+  and every logged name must be in the table. ``collapse/<kind>`` is a placeholder row: its kinds are checked
+  against ``COLLAPSE_KINDS``. The
   ``tune/*`` rows are logged by ``tune`` only, which is too slow for this check; they are checked statically
   (a ``log_metric`` call with that literal name in ``gspo_bench/tuning/``).
 - Links: every relative Markdown link ``[text](target)`` in README.md and docs/*.md resolves to an existing
@@ -71,9 +72,12 @@ def logged(mixed_task, tracking_uri) -> list[set[str]]:
     """The metric names each of the two runs logged, read back from MLflow."""
     exp = "docs-metrics"
     cfg = load_config("smoke", overrides={
-        **tiny_overrides(mixed_task, tracking_uri, rollout={"correction": "tis", "opsm_threshold": 0.5}),
+        **tiny_overrides(mixed_task, tracking_uri, rollout={"correction": "tis", "opsm_threshold": 0.5,
+                                                            "rejection": "seq_max_k3", "rejection_threshold": 1e3},
+                         loss={"entropy_coef": 0.01, "entropy_target": 1e3, "top_entropy_quantile": 0.9}),
         "algos": ["ppo", "dapo"],
-        "model": {"name": "tiny-moe"},  # a correction and OPSM: their mismatch/* metrics are logged too
+        # a correction, OPSM and rejection: their mismatch/* metrics are logged too; the entropy controls: loss/*
+        "model": {"name": "tiny-moe"},
         # an entropy floor no policy can reach: an entropy_collapse event at step 1, so collapse/* are logged
         "collapse": {"entropy_floor": 100.0, "on_collapse": "continue"},
         "tracking": {"tracking_uri": tracking_uri, "experiment": exp}})

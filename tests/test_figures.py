@@ -1,11 +1,11 @@
-"""The report's figures with the thirteen registered algorithms: the forest plot (f), the small multiples (a, b).
+"""The report's figures with every registered algorithm (fifteen): the forest plot (f), the small multiples (a, b).
 
 The synthetic group (task arith, every run FINISHED, seeds 0, 1, 2): grpo's final pass@1 per seed is
 0.5 + (0, +0.05, -0.05), mean 0.5. Every other algorithm's final pass@1 on seed s is grpo's plus
 (MEANS[algo] + (-1, 0, +1)[s]) points, so its paired differences have mean MEANS[algo] and sd 1 point:
 its 95 % t interval is MEANS[algo] -/+ t(0.975, 2) / sqrt(3) = 4.303 / 1.732 = 2.484 points, which excludes 0
 exactly when |MEANS[algo]| > 2.484. vespo ran seed 1 only: one pair, difference 3.0, no interval. The group's
-MDE pools the eleven algorithms with three pairs: sd 1 point, d = 3.26 at n = 3, so 3.3 points.
+MDE pools the thirteen algorithms with three pairs: sd 1 point, d = 3.26 at n = 3, so 3.3 points.
 
 Each run's eval/pass1 rises linearly from 0.40 at step 0 to its final value at step 40 (steps 0, 10, .., 40),
 eval/reward_mean is half of it; so grpo's mean curves are 0.400, 0.425, 0.450, 0.475, 0.500 (pass@1) and
@@ -35,13 +35,14 @@ EVAL_STEPS = (0, 10, 20, 30, 40)
 LUCK = (0.0, 0.05, -0.05)  # grpo's final pass@1 per seed, minus 0.5
 SPREAD = (-1.0, 0.0, 1.0)  # points added to an algorithm's mean difference per seed
 MEANS = {"ppo": -6.0, "dapo": 4.0, "gspo": 1.0, "gspo_token": 0.5, "cispo": -2.0, "sapo": 8.0, "gmpo": -3.5,
-         "dr_grpo": 2.0, "luspo": -1.0, "vespo": 3.0, "dppo_tv": 6.0, "dppo_kl": -4.5}
+         "dr_grpo": 2.0, "luspo": -1.0, "vespo": 3.0, "dppo_tv": 6.0, "dppo_kl": -4.5, "clip_cov": 1.5,
+         "kl_cov": -5.0}
 # by hand from MEANS: largest first; vespo has one pair. Several intervals exclude 0 (|mean| > 2.484 with three
 # pairs), but none is decided: the largest, sapo's t = 8 sqrt(3) = 13.9 on 2 df, has p 0.0052, times the k > 10
 # algorithms with a p (Holm's first step) > 0.05
-FOREST_ORDER = ["sapo", "dppo_tv", "dapo", "vespo", "dr_grpo", "gspo", "gspo_token", "luspo", "cispo", "gmpo",
-                "dppo_kl", "ppo"]
-EXCLUDE_0 = {"sapo", "dppo_tv", "dapo", "gmpo", "dppo_kl", "ppo"}
+FOREST_ORDER = ["sapo", "dppo_tv", "dapo", "vespo", "dr_grpo", "clip_cov", "gspo", "gspo_token", "luspo", "cispo",
+                "gmpo", "dppo_kl", "kl_cov", "ppo"]
+EXCLUDE_0 = {"sapo", "dppo_tv", "dapo", "gmpo", "dppo_kl", "kl_cov", "ppo"}
 GRPO_PASS1 = [0.400, 0.425, 0.450, 0.475, 0.500]
 GRPO_REWARD = [0.2000, 0.2125, 0.2250, 0.2375, 0.2500]
 KEY = ("arith", "tiny-dense", "default", "default")
@@ -92,13 +93,13 @@ def _reference(ax):
 
 
 # -- helpers -------------------------------------------------------------------------------------------------------
-def test_the_thirteen_algorithms_get_distinct_colours_none_the_reference_grey():
+def test_every_registered_algorithm_gets_a_distinct_colour_none_the_reference_grey():
     index = figures.style_indices(list(LOSSES))
     colours = [figures.PALETTE[index[a] % len(figures.PALETTE)] for a in LOSSES]
-    assert len(LOSSES) == 13 and len(set(colours)) == 13
+    assert len(LOSSES) == 15 and len(set(colours)) == 15
     assert not any(re.fullmatch(r"#(..)\1\1", c) for c in colours)  # no grey: equal r, g, b
     # an algorithm keeps its index whichever others are present; an unregistered one comes after the registry
-    assert figures.style_indices(["gspo", "zeta", "alpha"]) == {"gspo": 3, "zeta": 14, "alpha": 13}
+    assert figures.style_indices(["gspo", "zeta", "alpha"]) == {"gspo": 3, "zeta": 16, "alpha": 15}
 
 
 def test_grid_shape_and_reference_algorithm():
@@ -230,7 +231,7 @@ def test_eval_small_multiples_one_panel_per_algorithm_with_the_baseline_in_grey(
     fig = figures.eval_figure(runs, "arith / tiny-dense")
     for key, expected in (("eval/pass1", GRPO_PASS1), ("eval/reward_mean", GRPO_REWARD)):
         panels = _panels(fig, key)
-        assert [ax.get_label().split("|")[1] for ax in panels] == list(LOSSES)  # 13, registry order
+        assert [ax.get_label().split("|")[1] for ax in panels] == list(LOSSES)  # 15, registry order
         assert [ax.get_title() for ax in panels] == [f"{a} (n={1 if a == 'vespo' else 3})" for a in LOSSES]
         assert all(panels[0].get_shared_y_axes().joined(panels[0], ax) for ax in panels)
         assert all(panels[0].get_shared_x_axes().joined(panels[0], ax) for ax in panels)
@@ -264,7 +265,7 @@ def test_eval_reference_falls_back_to_the_first_algorithm_and_few_algorithms_ove
 def test_clip_small_multiples_share_a_log_axis_with_the_article_levels(runs):
     fig = figures.clip_figure(runs, "arith / tiny-dense")
     panels = _panels(fig, "clip/frac")
-    assert len(panels) == 13
+    assert len(panels) == 15
     for ax in panels:
         assert ax.get_yscale() == "log" and ax.get_ylim() == pytest.approx((figures.CLIP_FLOOR / 2, 1.2))
         dotted = sorted(ln.get_ydata()[0] for ln in ax.get_lines() if ln.get_linestyle() == ":")
@@ -272,7 +273,7 @@ def test_clip_small_multiples_share_a_log_axis_with_the_article_levels(runs):
         assert _reference(ax).get_ydata() == pytest.approx([0.002] * 5)  # grpo: registry position 1
 
 
-def test_report_section_with_thirteen_algorithms_links_existing_figures(runs, group, tmp_path):
+def test_report_section_with_every_algorithm_links_existing_figures(runs, group, tmp_path):
     md, figs = group_section(None, KEY, runs, [], tmp_path, paired=group)
     text = "\n".join(md)
     assert "a panel per algorithm on shared axes, grpo's mean curve" in text and "Forest plot" in text

@@ -91,7 +91,7 @@ def test_a_toy_parameter_reaches_config_loss_and_search_space(toy, tmp_path, cap
 
     # the module's loss keywords hand it to the loss
     hp = PolicyModule.hp.fget(SimpleNamespace(name="toy", settings=mine))
-    assert hp == {"toy_temp": 1.25, "kl_estimator": "k3"}
+    assert hp == {"toy_temp": 1.25, "kl_estimator": "k3"}  # the controls, off, are left out
     logp = torch.zeros(2, 3, requires_grad=True)
     loss, _ = policy_loss("toy", logp=logp, old_logp=torch.zeros(2, 3), advantages=torch.tensor([1.0, -1.0]),
                           mask=torch.ones(2, 3), **hp)
@@ -104,7 +104,7 @@ def test_a_toy_parameter_reaches_config_loss_and_search_space(toy, tmp_path, cap
                     toy_temp=1.0)
 
     # tune: the search space offers it, searched by default, inside its declared range
-    assert LOSSES["toy"].search_ranges() == {"toy_temp": (0.1, 1.5, True)}
+    assert list(LOSSES["toy"].search_ranges().items())[0] == ("toy_temp", (0.1, 1.5, True))  # then the controls
     assert chosen_params(LOSSES["toy"], None, False) == ("toy_temp",)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     sampled = toy.cls.search_space(study.ask())["loss"]["toy_temp"]

@@ -393,17 +393,20 @@ def test_agg_loss_modes_by_hand():
 
 def test_registry_matches_contract_table():
     assert list(LOSSES) == ["ppo", "grpo", "dapo", "gspo", "gspo_token", "cispo", "sapo", "gmpo", "dr_grpo", "luspo",
-                            "vespo", "dppo_tv", "dppo_kl"]
+                            "vespo", "dppo_tv", "dppo_kl", "clip_cov", "kl_cov"]
     want = {"ppo": (0.2, 0.2, "token-mean"), "grpo": (0.2, 0.2, "seq-mean-token-mean"),
             "dapo": (0.2, 0.28, "token-mean"), "gspo": (3e-4, 4e-4, "seq-mean"),
             "gspo_token": (3e-4, 4e-4, "seq-mean-token-mean"), "cispo": (None, 4.0, "token-mean"),
             "sapo": (None, None, "seq-mean-token-mean"), "gmpo": (0.4, 0.4, "seq-mean"),
             "dr_grpo": (0.2, 0.2, "seq-mean-token-sum-norm"), "luspo": (3e-4, 4e-4, "seq-mean"),
             "vespo": (None, None, "token-mean"), "dppo_tv": (0.15, 0.15, "token-mean"),
-            "dppo_kl": (0.05, 0.05, "token-mean")}
+            "dppo_kl": (0.05, 0.05, "token-mean"), "clip_cov": (0.2, 0.2, "token-mean"),
+            "kl_cov": (None, None, "token-mean")}
     own = {"sapo": {"tau_pos": 1.0, "tau_neg": 1.05}, "vespo": {"k_pos": 2.0, "lam_pos": 3.0, "k_neg": 3.0,
                                                                 "lam_neg": 2.0},
-           "dppo_tv": {"trunc_c": 20.0}, "dppo_kl": {"trunc_c": 20.0}}
+           "dppo_tv": {"trunc_c": 20.0}, "dppo_kl": {"trunc_c": 20.0},
+           "clip_cov": {"clip_cov_ratio": 2e-4, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0},
+           "kl_cov": {"kl_cov_ratio": 2e-4, "kl_cov_coef": 1.0}}
     for name, spec in LOSSES.items():
         assert (spec.eps_low, spec.eps_high, spec.aggregation) == want[name]
         assert dict(spec.defaults) == own.get(name, {})

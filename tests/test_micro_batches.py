@@ -84,7 +84,8 @@ def one_minibatch(algo: str, limit: int, model_dir: str):
     return finite, grads, stats.reduce(), module.trace.minibatches, forwards
 
 
-@pytest.mark.parametrize("algo", list(LOSSES))
+# clip_cov and kl_cov pick tokens from the whole minibatch's statistics: they refuse micro-batches (a test below)
+@pytest.mark.parametrize("algo", [n for n, s in LOSSES.items() if not s.minibatch_wide])
 def test_micro_batches_give_the_whole_minibatchs_gradients_and_metrics(algo, model_dir):
     finite, grads, metrics, trace, forwards = one_minibatch(algo, 0, model_dir)
     assert finite and forwards == [len(ROWS)]

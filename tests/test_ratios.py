@@ -42,6 +42,6 @@ def test_mismatch_stats_by_hand():
     # per-sequence mean of log rho: 0.1 / 3 and -0.2 / 2, population std over the two
     a, b = 0.1 / 3, -0.1
     close(st["mismatch/seq_log_ratio_std"].item(), abs(a - b) / 2, 1e-6)
-    # the same logits on both sides: no mismatch at all
+    # the same logits on both sides: no mismatch at all (an effective sample size of 1: every weight is 1)
     zero = mismatch_stats(old, old, mask)
-    assert all(v.item() == 0.0 for v in zero.values())
+    assert all(v.item() == (1.0 if k == "mismatch/ess" else 0.0) for k, v in zero.items()), zero

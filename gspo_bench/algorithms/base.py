@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -53,8 +54,10 @@ from transformers import AutoModelForCausalLM
 from gspo_bench.core import collectives as ddp
 from gspo_bench.algorithms.evaluation import HeldOutEval
 from gspo_bench.config import Recipe, Resolved, RunConfig
-from gspo_bench.core.losses import LOSSES, policy_loss
+from gspo_bench.core.losses import LOSSES, policy_loss, top_entropy_mask
 from gspo_bench.core.metrics import StepStats
+from gspo_bench.core.names import rejection_bounds
+from gspo_bench.core.ratios import masked_mean, rejection_mask
 from gspo_bench.rollout.datamodule import RolloutBatch
 from gspo_bench.models import is_moe
 from gspo_bench.rollout.engine import response_logp, uses_packed
@@ -159,6 +162,13 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         if r.correction != "none" and r.old_logp_source == "rollout":
             warnings.warn(f"rollout.correction={r.correction} does nothing with old_logp_source=rollout: the old "
                           "log-probs are the sampler's, so the weight is 1", stacklevel=2)
+        if r.rejection is not None and r.old_logp_source == "rollout":
+            warnings.warn(f"rollout.rejection={r.rejection} sees no mismatch with old_logp_source=rollout: the old "
+                          "log-probs are the sampler's, so log rho is 0 at every token", stacklevel=2)
+        # the entropy bonus's coefficient c, which the adaptive control moves after every optimiser step, and the
+        # mean entropy that step measured (inf before the first: no bonus until one was measured at the target)
+        self.entropy_coef = settings.loss.entropy_coef
+        self.last_entropy = math.inf
         self.rl_step = 0
         self.first_metrics: dict[str, float] = {}
         self.last_metrics: dict[str, float] = {}
@@ -178,11 +188,51 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         return self.settings.loss.kl_coef
 
     @property
+    def entropy_in_loss(self) -> bool:
+        """The loss has an entropy bonus (a coefficient, or the adaptive control), so the entropy carries its
+        gradient."""
+        loss = self.settings.loss
+        return loss.entropy_coef > 0 or loss.entropy_target is not None
+
+    def applied_entropy_coef(self) -> float:
+        """The bonus's coefficient this optimiser step: c, or with the adaptive control c only while the last
+        step's mean entropy was at most the target (TRL's gate), else 0."""
+        target = self.settings.loss.entropy_target
+        if target is None:
+            return self.entropy_coef
+        return self.entropy_coef if self.last_entropy <= target else 0.0
+
+    def adapt_entropy(self, entropy_BT: torch.Tensor, mask_BT: torch.Tensor) -> None:
+        """The adaptive control after one optimiser step, from that step's minibatch (every rank's rows): its mean
+        entropy over the loss's tokens ``m``; c moves by the step toward keeping it at the target, within bounds."""
+        loss = self.settings.loss
+        if loss.entropy_target is None:
+            return
+        m_BT = top_entropy_mask(entropy_BT, mask_BT, loss.top_entropy_quantile)
+        dtype = torch.promote_types(entropy_BT.dtype, torch.float32)
+        m_BT = m_BT.to(dtype)
+        sums = torch.stack([(entropy_BT.detach().to(dtype) * m_BT).sum(), m_BT.sum()])
+        if self.world > 1:
+            sums = ddp.all_sum(sums)
+        # Hbar = sum(H * m) / sum(m) over the minibatch
+        h_bar = float(sums[0] / sums[1].clamp(min=1.0))
+        if h_bar <= loss.entropy_target:
+            # c <- min(c + delta, max)
+            self.entropy_coef = min(self.entropy_coef + loss.entropy_coef_delta, loss.entropy_coef_max)
+        else:
+            # c <- max(c - delta, min)
+            self.entropy_coef = max(self.entropy_coef - loss.entropy_coef_delta, loss.entropy_coef_min)
+        self.last_entropy = h_bar
+
+    @property
     def hp(self) -> dict:
         """The loss keyword arguments its loss takes (clip range, dual clip, its own parameters; dr_grpo's
-        T_max, the rollout's length cap) and the KL estimator."""
+        T_max, the rollout's length cap) and the KL estimator; the controls (the entropy bonus, the top-entropy
+        mask) are ``minibatch_loss``'s to add."""
         spec = LOSSES[self.name]
-        hp = {k: v for k, v in self.settings.loss.hparams().items() if k in spec.keywords or k == "kl_estimator"}
+        controls = {p.name for p in spec.controls}
+        hp = {k: v for k, v in self.settings.loss.hparams().items()
+              if (k in spec.keywords and k not in controls) or k == "kl_estimator"}
         if "max_new_tokens" in spec.keywords:
             hp["max_new_tokens"] = self.settings.rollout.max_new_tokens
         return hp
@@ -221,8 +271,10 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         return opts if isinstance(opts, list) else [opts]
 
     def response_logp(self, model, batch: RolloutBatch, rows=None, with_entropy: bool = False,
-                      replay: torch.Tensor | None = None, record: torch.Tensor | None = None):
-        """Response log-probs (and entropy) of ``rows`` through the configured forward (``train.forward``).
+                      replay: torch.Tensor | None = None, record: torch.Tensor | None = None,
+                      entropy_grad: bool = False):
+        """Response log-probs (and entropy, with its gradient when ``entropy_grad``) of ``rows`` through the
+        configured forward (``train.forward``).
 
         MoE only: ``replay`` (a routes grid of the whole rollout) forces those experts; ``record`` (a grid
         from ``routing.empty_grid``) receives the router's own choices, written in place.
@@ -234,7 +286,8 @@ class PolicyModule(HeldOutEval, L.LightningModule):
             t = self.cfg.train
             return response_logp(model, ids, attn, batch.prompt_len, self.settings.rollout.temperature,
                                  with_entropy, t.forward, share, self.settings.rollout.moe_kernel,
-                                 logit_chunk_tokens=t.logit_chunk_tokens, checkpoint_layers=t.activation_checkpointing)
+                                 logit_chunk_tokens=t.logit_chunk_tokens, checkpoint_layers=t.activation_checkpointing,
+                                 entropy_grad=entropy_grad)
 
         if not self.is_moe or (replay is None and record is None):
             return forward(True)
@@ -254,10 +307,11 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         prep = self.prepare(batch, stats)
         self.trace = StepTrace(old_logp=prep["old_logp"])
         g = torch.Generator().manual_seed(self.seed * 7919 + self.rl_step)
+        prep["generator"] = g  # the step's random draws after the minibatches' permutation (clip_cov's tokens)
         for opt in self.optimizer_list():
             opt.zero_grad(set_to_none=True)
         # 2. minibatches: one optimiser step each, so all but the first are off policy
-        for rows, units in self.minibatches(batch, g):
+        for rows, units in self.minibatches(batch, g, prep["mask"]):
             rows = rows.to(batch.input_ids.device)
             # 3-4. loss and backward, micro-batch by micro-batch (on W > 1 processes: this rank's share of the
             # minibatch's loss, x W), unless the loss is NaN/Inf (on any rank: all ranks skip together)
@@ -267,6 +321,8 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         # 6. logging, with the RL step as the step (metrics reduced over ranks: every rank logs the same)
         self.rl_step += 1
         metrics = {**batch.stats, **stats.reduce()}
+        if self.entropy_in_loss:
+            metrics["loss/entropy_coef"] = self.entropy_coef
         metrics["time/train_s"] = time.perf_counter() - t0
         metrics["time/step_s"] = metrics["time/train_s"] + batch.stats.get("time/gen_s", 0.0)
         self.clock["rollout_s"] += batch.stats.get("time/gen_s", 0.0)
@@ -274,24 +330,26 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         self.record(ddp.reduce_metrics(metrics))
         return None
 
-    def minibatches(self, batch: RolloutBatch, g: torch.Generator):
+    def minibatches(self, batch: RolloutBatch, g: torch.Generator, mask: torch.Tensor | None = None):
         """``(rows, units)`` per optimiser step. One process: the rollout's rows, ``units`` None. ``W``
         processes: the global rollout (ranks' rows in rank order) is permuted and split as on one process;
         each rank takes its rows of each minibatch, and ``units`` holds the minibatch's token and non-empty
         sequence counts over all ranks divided by ``W``: the divisors that make the strategy's gradient
-        average the gradient of the whole minibatch's loss (``distributed``)."""
+        average the gradient of the whole minibatch's loss (``distributed``). ``mask``: the loss's response
+        mask (``prepare``'s; default the rollout's)."""
+        mask = batch.response_mask if mask is None else mask
         if self.world == 1:
             for rows in minibatch_indices(len(batch), self.cfg.train.minibatches, g):
                 yield rows, None
             return
-        lengths = ddp.all_gather_cat(batch.response_mask.sum(-1).float())
+        lengths = ddp.all_gather_cat(mask.sum(-1).float())
         parts = minibatch_indices(len(lengths), self.cfg.train.minibatches, g)
         rank = ddp.rank_world()[0]
         for rows, tokens, seqs in ddp.local_minibatches(parts, lengths.cpu(), rank, self.world):
             yield rows, {"token": tokens / self.world, "sequence": seqs / self.world}
 
     def prepare(self, batch: RolloutBatch, stats: StepStats) -> dict[str, torch.Tensor]:
-        """Tensors every minibatch needs: old (and reference) log-probs and advantages.
+        """Tensors every minibatch needs: old (and reference) log-probs, advantages and the loss's mask.
 
         ``old_logp_source: rollout`` takes the engine's log-probs as they are
         (no recompute pass); ``recompute`` runs the training model over the rollout.
@@ -320,7 +378,28 @@ class PolicyModule(HeldOutEval, L.LightningModule):
                 out["ref_logp"] = self.rollout_logp(self.ref, batch)
         if natural is not None and batch.routes is not None:
             stats.add({"moe/routing_mismatch": routing_mismatch(batch.routes, natural, batch.attention_mask.bool())})
+        out["mask"] = self.loss_mask(batch, out["old_logp"], stats)
         return out
+
+    def loss_mask(self, batch: RolloutBatch, old_logp: torch.Tensor, stats: StepStats) -> torch.Tensor:
+        """``m``, the response tokens the loss trains on (B, T): the rollout's response mask, less the responses
+        cut at the length cap (``rollout.mask_truncated``) and the tokens rejection by KL removes
+        (``rollout.rejection``, logged as ``mismatch/rejected_frac``). Both leave the loss's denominators; the
+        advantages were computed with every response."""
+        r = self.settings.rollout
+        mask = batch.response_mask
+        if r.mask_truncated and batch.truncated is not None:
+            # a response that ended at max_new_tokens without an eos contributes no term
+            mask = mask * (~batch.truncated).to(mask.dtype)[:, None]
+        if r.rejection is not None:
+            if batch.rollout_logp is None:
+                raise RuntimeError("rollout.rejection needs the sampler's log-probs, and this engine returned none")
+            keep = rejection_mask(old_logp, batch.rollout_logp, mask,
+                                  rejection_bounds(r.rejection, r.rejection_threshold))
+            # the fraction of the loss's tokens that rejection removes
+            stats.add({"mismatch/rejected_frac": masked_mean(((mask > 0) & ~keep).float(), mask.float())})
+            mask = mask * keep.to(mask.dtype)
+        return mask
 
     def rollout_logp(self, model, batch: RolloutBatch, replay: torch.Tensor | None = None,
                      record: torch.Tensor | None = None) -> torch.Tensor:
@@ -350,11 +429,18 @@ class PolicyModule(HeldOutEval, L.LightningModule):
             finite = ddp.all_true(bool(torch.isfinite(loss)), loss.device)  # the other ranks vote on their loss
             if finite:
                 self.manual_backward(loss)
+            # the adaptive entropy control sums over every rank: this one adds nothing, but takes part
+            empty = prep["mask"][rows]
+            self.adapt_entropy(torch.zeros_like(empty, dtype=torch.float32), empty)
             return finite
         limit = self.cfg.train.micro_batch_tokens
         parts = micro_batches(rows, batch.attention_mask[rows].sum(-1).tolist(), limit) if limit else [rows]
         # each part divides by the whole minibatch's counts, as a rank's share does (one part: its own, as ever)
-        shares = units if units is not None or len(parts) == 1 else minibatch_units(batch.response_mask[rows])
+        mask = prep["mask"][rows]
+        shares = units if units is not None or len(parts) == 1 else minibatch_units(mask)
+        if shares is not None:
+            # bnpo divides by this process's own tokens of the minibatch, never by the count over every process
+            shares = {**shares, "local_token": minibatch_units(mask)["token"]}
         outs, total, finite = [], 0.0, True
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
@@ -373,13 +459,16 @@ class PolicyModule(HeldOutEval, L.LightningModule):
             total = total + loss.detach()
         if not finite:
             self.zero_grad(set_to_none=True)
+        whole = outs[0]
         if len(parts) > 1:
             # the metrics of the whole minibatch (means, spreads, extremes over all its rows), from the parts'
             # detached outputs: the same values as one pass over it, at the cost of one loss without a forward
             with torch.no_grad():
                 whole = {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
-                _, st = self.minibatch_loss(batch, prep, rows, whole, units)
+                _, st = self.minibatch_loss(batch, prep, rows, whole, None if units is None else shares)
         stats.add({**st, "train/loss": total})
+        # the adaptive entropy control, from this step's entropy (its new c applies from the next step on)
+        self.adapt_entropy(whole["entropy"], mask)
         self.trace.minibatches.append((rows, torch.cat([o["logp"] for o in outs])))
         return finite
 
@@ -393,7 +482,8 @@ class PolicyModule(HeldOutEval, L.LightningModule):
     def minibatch_forward(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """The training forward on ``rows``, with gradient: what ``minibatch_loss`` reads, (b, T) each (the
         response log-probs and entropy)."""
-        logp, ent = self.response_logp(self.policy, batch, rows, with_entropy=True, replay=prep.get("routes"))
+        logp, ent = self.response_logp(self.policy, batch, rows, with_entropy=True, replay=prep.get("routes"),
+                                       entropy_grad=self.entropy_in_loss)
         return {"logp": logp, "entropy": ent}
 
     def minibatch_loss(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor, out: dict[str, torch.Tensor],
@@ -401,9 +491,12 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         """The policy loss on ``rows`` from their forward ``out`` (``minibatch_forward``), and its metrics.
         ``units``: the divisors of the minibatch's means over tokens or sequences when ``rows`` are a part of it
         (a rank's share on W > 1 processes, a micro-batch): its counts over all its rows / W (``minibatches``,
-        ``minibatch_units``); None when ``rows`` are the whole minibatch on one process (the rows' own counts)."""
+        ``minibatch_units``), and ``local_token``, this process's own token count of it (bnpo's divisor); None when
+        ``rows`` are the whole minibatch on one process (the rows' own counts). The loss's tokens are ``prepare``'s
+        mask; the controls (``loss.*``: the entropy bonus at this step's coefficient, the top-entropy mask, bnpo)
+        are passed only when on."""
         logp, ent = out["logp"], out["entropy"]
-        mask = batch.response_mask[rows]
+        mask = prep["mask"][rows]
         extra = {}
         if self.ref is not None and self.kl_in_loss:
             extra = {"kl_coef": self.kl_coef, "ref_logp": prep["ref_logp"][rows]}
@@ -418,12 +511,29 @@ class PolicyModule(HeldOutEval, L.LightningModule):
             extra["opsm_threshold"] = r.opsm_threshold
             if batch.rollout_logp is not None:
                 extra["rollout_logp"] = batch.rollout_logp[rows]
-        kind = "token" if LOSSES[self.name].aggregation == "token-mean" else "sequence"
+        spec, lc = LOSSES[self.name], self.settings.loss
+        # the controls, each passed only when on (off, the loss is as without them)
+        coef = self.applied_entropy_coef()
+        if coef > 0:
+            extra["entropy_coef"] = coef
+        if lc.top_entropy_quantile < 1.0:
+            extra["top_entropy_quantile"] = lc.top_entropy_quantile
+        if coef > 0 or lc.top_entropy_quantile < 1.0:
+            extra["entropy"] = ent
+        if lc.aggregation is not None:
+            extra["aggregation"] = lc.aggregation
+        if "generator" in spec.inputs and prep.get("generator") is not None:
+            extra["generator"] = prep["generator"]
+        agg = lc.aggregation or spec.aggregation
+        kind = {"token-mean": "token", "bnpo": "local_token"}.get(agg, "sequence")
         loss, st = policy_loss(self.name, logp=logp, old_logp=prep["old_logp"][rows],
                                advantages=prep["advantages"][rows], mask=mask,
-                               units=None if units is None else units[kind], **self.hp, **extra)
+                               units=None if units is None else units[kind],
+                               **({} if units is None or coef == 0 else {"token_units": units["token"]}),
+                               **self.hp, **extra)
         # H = mean over response tokens of the sampling distribution's entropy
-        st["policy/entropy"] = (ent * mask).sum() / mask.sum().clamp(min=1)
+        resp = batch.response_mask[rows]
+        st["policy/entropy"] = (ent.detach() * resp).sum() / resp.sum().clamp(min=1)
         return loss, st
 
     def clip_and_step(self, stats: StepStats, loss_finite: bool) -> None:
@@ -463,13 +573,17 @@ class PolicyModule(HeldOutEval, L.LightningModule):
     def records_state(self) -> dict:
         """What the module has recorded so far (a checkpoint's ``records``)."""
         return {"rl_step": self.rl_step, "first_metrics": self.first_metrics, "last_metrics": self.last_metrics,
-                "eval_history": self.eval_history, "eval_log": self.eval_log}
+                "eval_history": self.eval_history, "eval_log": self.eval_log,
+                "entropy_control": {"coef": self.entropy_coef, "last_entropy": self.last_entropy}}
 
     def load_records_state(self, state: dict) -> None:
         self.rl_step = int(state["rl_step"])
         self.first_metrics, self.last_metrics = dict(state["first_metrics"]), dict(state["last_metrics"])
         self.eval_history = [(int(s), float(v)) for s, v in state["eval_history"]]
         self.eval_log = [(int(s), dict(m)) for s, m in state["eval_log"]]
+        control = state.get("entropy_control")  # absent from a checkpoint written before the entropy control
+        if control is not None:
+            self.entropy_coef, self.last_entropy = float(control["coef"]), float(control["last_entropy"])
 
     def on_train_start(self) -> None:
         if self.resume_state is not None:  # a resumed run: its step-0 evaluation is logged already

@@ -114,7 +114,7 @@ class PPO(PolicyModule):
     def minibatch_loss(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor, out: dict[str, torch.Tensor],
                        units: dict[str, float] | None = None) -> tuple[torch.Tensor, dict]:
         policy, st = super().minibatch_loss(batch, prep, rows, out, units)
-        mask = batch.response_mask[rows]
+        mask = prep["mask"][rows]  # the loss's tokens: a response the controls leave out trains no value either
         v = out["values"]
         v_old, ret = prep["values"][rows], prep["returns"][rows]
         err = (v - ret).square()

@@ -56,6 +56,8 @@ class LossSettings(LossParamFields):
     """Every declared loss parameter: its value, or None where its loss does not take it (``eps_high``, ...)."""
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
+    aggregation: str | None = None
+    """``loss.aggregation`` resolved: None for the loss's own, else the one chosen (bnpo)."""
 
     def hparams(self) -> dict:
         """Keyword arguments of ``losses.policy_loss`` (the KL weight goes in only with a reference model); the

@@ -24,7 +24,7 @@ from gspo_bench.config.names import CHAT_MODES, MOE_KERNELS, PRECISIONS, REPLAY_
 from gspo_bench.config.resolved import SPREAD, LossParamFields, LossSettings, Recipe, Resolved
 from gspo_bench.core.loss_params import PARAMS, LossParam
 from gspo_bench.core.names import (ADVANTAGE_BASELINES, ADVANTAGE_SCALES, CORRECTION_LEVELS, CORRECTIONS,
-                                   KL_ESTIMATORS)
+                                   KL_ESTIMATORS, rejection_bounds)
 
 AUTO = "auto"
 
@@ -153,6 +153,15 @@ class RolloutConfig:
     opsm_threshold: Union[float, None] = None
     """Off-policy sequence masking: drop the loss terms of a sequence with A < 0 whose mean sampler-minus-policy
     log-prob exceeds this; null = off."""
+    mask_truncated: bool = False
+    """A response cut at max_new_tokens without an eos contributes no loss term (it still counts in its group's
+    advantage); separate from DAPO's overlong shaping."""
+    rejection: Union[str, None] = None
+    """Rejection by KL (verl's rollout_rs): a comma list of token_k1|k2|k3, seq_mean_k1|k2|k3, seq_max_k2|k3; a
+    token or response whose statistic of log(trainer / sampler) is out of bounds leaves the loss; null = off."""
+    rejection_threshold: Union[str, float, None] = None
+    """The bounds of ``rejection``: "lo_hi" ratios for *_k1 (compared in log space), one upper bound otherwise;
+    one for every option or a comma list of one per option."""
     staleness: int = 0
     """k: sample from the policy as it was k rollouts ago (asynchronous trainers); 0 = the current policy."""
     verify_timeout: float = 1.0
@@ -203,6 +212,14 @@ class RolloutConfig:
         t = self.opsm_threshold
         _check(t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0),
                f"rollout.opsm_threshold={t!r} must be a number >= 0 or null")
+        _choice("rollout.mask_truncated", self.mask_truncated, (True, False))
+        if self.rejection is not None or self.rejection_threshold is not None:
+            _check(self.rejection is not None, "rollout.rejection_threshold needs rollout.rejection (the options it "
+                   "bounds)")
+            try:
+                rejection_bounds(self.rejection, self.rejection_threshold)
+            except ValueError as e:
+                raise ConfigError(f"rollout.{e}") from None
         _check(isinstance(self.staleness, int) and not isinstance(self.staleness, bool) and self.staleness >= 0,
                f"rollout.staleness={self.staleness!r} must be an int >= 0")
         _numbers("rollout", self, "vllm_gpu_memory_utilization", "vllm_kv_cache_mb")
@@ -241,6 +258,9 @@ class LossConfig(LossParamFields):
     """PPO critic loss weight (the critic has its own optimiser; this scales its loss)."""
     value_clip: Union[float, None] = 0.2
     """PPO value clipping range; null = off."""
+    aggregation: str = AUTO
+    """How the policy loss is reduced: auto (the algorithm's own) | bnpo (token mean over this process's minibatch
+    rows; token-unit losses)."""
 
     @staticmethod
     def param_types() -> dict:
@@ -263,6 +283,9 @@ class LossConfig(LossParamFields):
         _check(self.kl_coef == AUTO or (isinstance(self.kl_coef, (int, float)) and self.kl_coef >= 0),
                f"loss.kl_coef={self.kl_coef!r} must be >= 0 (or auto)")
         _choice("loss.kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        _choice("loss.aggregation", self.aggregation, (AUTO, "bnpo"))
+        lo, hi = self.params["entropy_coef_min"], self.params["entropy_coef_max"]
+        _check(lo <= hi, f"loss.entropy_coef_min={lo!r} must be <= loss.entropy_coef_max={hi!r}")
         _check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "loss.gamma and loss.lam must be in [0, 1]")
 
 
@@ -529,7 +552,8 @@ class RunConfig:
         params = {name: defaults.get(name) if v == AUTO else None if v is None else float(v)
                   for name, v in lc.params.items()}
         loss = LossSettings(params, kl_coef=recipe.kl_coef if lc.kl_coef == AUTO else float(lc.kl_coef),
-                            kl_estimator=lc.kl_estimator)
+                            kl_estimator=lc.kl_estimator,
+                            aggregation=None if lc.aggregation == AUTO else lc.aggregation)
         max_new = task_max_new_tokens if r.max_new_tokens == AUTO else r.max_new_tokens
         buffer = r.overlong_buffer
         if buffer == AUTO:

@@ -12,6 +12,7 @@ of the gradients at once:
 
     z = (h W^T + b) / temperature,   log p(y) = z_y - logsumexp(z)
     d log p(y) / d logits_v = (1[v = y] - softmax(z)_v) / temperature
+    d H / d logits_v = -p_v (log p_v + H) / temperature      (H = -sum_v p_v log p_v, when it carries a gradient)
     grad h = G W,   grad W = G^T h,   grad b = sum_n G   (G: the chunk's gradient wrt its logits)
 
 Under autocast (``train.precision: bf16-mixed``) the head's matmuls run in the
@@ -51,12 +52,13 @@ def _spans(n: int, chunk: int) -> list[tuple[int, int]]:
 class ChunkedHeadLogp(torch.autograd.Function):
     """(log p(target), entropy) per token with the logits recomputed chunk by chunk in the backward.
 
-    Inputs: h (N, H), weight (V, H), bias (V,) or None, target (N,), temperature, chunk, with_entropy.
-    The entropy output carries no gradient (an empty tensor when not asked for).
+    Inputs: h (N, H), weight (V, H), bias (V,) or None, target (N,), temperature, chunk, with_entropy,
+    entropy_grad. The entropy output (an empty tensor when not asked for) carries a gradient only with
+    ``entropy_grad`` (an entropy bonus in the loss).
     """
 
     @staticmethod
-    def forward(ctx, h_NH, weight_VH, bias_V, target_N, temperature, chunk, with_entropy):
+    def forward(ctx, h_NH, weight_VH, bias_V, target_N, temperature, chunk, with_entropy, entropy_grad=False):
         dt = head_dtype(h_NH, weight_VH)
         n = h_NH.shape[0]
         lse_N = torch.empty(n, dtype=torch.float32, device=h_NH.device)
@@ -74,14 +76,16 @@ class ChunkedHeadLogp(torch.autograd.Function):
                     lsm = z.sub_(lse[:, None])
                     ent_N[s:e] = -(lsm.exp() * lsm).sum(-1)
                 lse_N[s:e] = lse
-        ctx.save_for_backward(h_NH, weight_VH, bias_V, target_N, lse_N)
+        ctx.entropy_grad = bool(with_entropy and entropy_grad)
+        ctx.save_for_backward(h_NH, weight_VH, bias_V, target_N, lse_N, ent_N if ctx.entropy_grad else None)
         ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dt
-        ctx.mark_non_differentiable(ent_N)
+        if not ctx.entropy_grad:
+            ctx.mark_non_differentiable(ent_N)
         return logp_N, ent_N
 
     @staticmethod
     def backward(ctx, g_logp_N, g_ent_N):
-        h_NH, weight_VH, bias_V, target_N, lse_N = ctx.saved_tensors
+        h_NH, weight_VH, bias_V, target_N, lse_N, ent_N = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         dt, temperature = ctx.dtype, ctx.temperature
         grad_h = torch.empty_like(h_NH) if need_h else None
@@ -92,11 +96,22 @@ class ChunkedHeadLogp(torch.autograd.Function):
             w, b = weight_VH.to(dt), None if bias_V is None else bias_V.to(dt)
             for s, e in _spans(h_NH.shape[0], ctx.chunk):
                 h_c = h_NH[s:e].to(dt)
-                # softmax(z) = exp(z - logsumexp(z)), the logsumexp the forward kept
-                p = _logits(h_c, w, b, temperature).sub_(lse_N[s:e, None]).exp_()  # (C, V)
-                # G = (onehot(y) - softmax(z)) * g / temperature, in the matmul's dtype as autocast's backward has it
-                g = (g_logp_N[s:e] / temperature)[:, None]
-                G = p.neg_().scatter_add_(1, target_N[s:e, None], torch.ones_like(g)).mul_(g).to(dt)
+                if ctx.entropy_grad and g_ent_N is not None:
+                    # log p = z - logsumexp(z), the logsumexp the forward kept; p = exp(log p)
+                    lsm = _logits(h_c, w, b, temperature).sub_(lse_N[s:e, None])  # (C, V)
+                    p = lsm.exp()
+                    # G = [(onehot(y) - p) * g_logp - p * (log p + H) * g_H] / temperature
+                    g = (g_logp_N[s:e] / temperature)[:, None]
+                    g_h = (g_ent_N[s:e] / temperature)[:, None]
+                    G = (-p * g).scatter_add_(1, target_N[s:e, None], g) - p * (lsm + ent_N[s:e, None]) * g_h
+                    G = G.to(dt)
+                else:
+                    # softmax(z) = exp(z - logsumexp(z)), the logsumexp the forward kept
+                    p = _logits(h_c, w, b, temperature).sub_(lse_N[s:e, None]).exp_()  # (C, V)
+                    # G = (onehot(y) - softmax(z)) * g / temperature, in the matmul's dtype as autocast's backward
+                    # has it
+                    g = (g_logp_N[s:e] / temperature)[:, None]
+                    G = p.neg_().scatter_add_(1, target_N[s:e, None], torch.ones_like(g)).mul_(g).to(dt)
                 if need_h:
                     # grad h = G W
                     grad_h[s:e] = G @ w
@@ -110,15 +125,15 @@ class ChunkedHeadLogp(torch.autograd.Function):
                     # grad b = sum over the chunk's tokens of G
                     grad_b += G.sum(0)
         return (grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype),
-                None if grad_b is None else grad_b.to(bias_V.dtype), None, None, None, None)
+                None if grad_b is None else grad_b.to(bias_V.dtype), None, None, None, None, None)
 
 
 def token_logp_entropy(h_NH: Tensor, weight_VH: Tensor, bias_V: Tensor | None, target_N: Tensor,
-                       temperature: float, chunk_tokens: int, with_entropy: bool = False
+                       temperature: float, chunk_tokens: int, with_entropy: bool = False, entropy_grad: bool = False
                        ) -> tuple[Tensor, Tensor | None]:
     """log p(target) (N,) at ``temperature`` through the LM head (weight (V, H), bias (V,) or None) on final
-    hidden states h (N, H), and the entropy (N,) of that distribution when ``with_entropy`` (no gradient),
-    both float32.
+    hidden states h (N, H), and the entropy (N,) of that distribution when ``with_entropy`` (with a gradient
+    only when ``entropy_grad``: an entropy bonus in the loss), both float32.
 
     ``chunk_tokens`` > 0: at most that many tokens' logits exist at once, in the forward and in the backward
     (``ChunkedHeadLogp``); 0: all N at once through plain autograd, which keeps the (N, V) logits and
@@ -128,15 +143,15 @@ def token_logp_entropy(h_NH: Tensor, weight_VH: Tensor, bias_V: Tensor | None, t
         raise ValueError(f"chunk_tokens={chunk_tokens!r} must be an int >= 0 (0 = all tokens at once)")
     if chunk_tokens > 0:
         logp_N, ent_N = ChunkedHeadLogp.apply(h_NH, weight_VH, bias_V, target_N, temperature, chunk_tokens,
-                                              with_entropy)
+                                              with_entropy, entropy_grad)
         return logp_N, (ent_N if with_entropy else None)
     z = F.linear(h_NH, weight_VH, bias_V).float() / temperature  # (N, V)
     # log p(y) = z_y - logsumexp(z)
     logp_N = z.gather(-1, target_N[:, None])[:, 0] - torch.logsumexp(z, dim=-1)
     ent_N = None
     if with_entropy:
-        with torch.no_grad():
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             # H = -sum_v p_v log p_v
-            lsm = F.log_softmax(z.detach(), dim=-1)
+            lsm = F.log_softmax(z if entropy_grad else z.detach(), dim=-1)
             ent_N = -(lsm.exp() * lsm).sum(-1)
     return logp_N, ent_N

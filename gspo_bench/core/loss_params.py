@@ -124,6 +124,43 @@ TRUNC_C = declare(LossParam("trunc_c", 20.0, "DPPO: the importance weight is tru
                             low_open=True, search=(2.0, 100.0, True), searched=False))
 
 
+# Clip-Cov and KL-Cov (verl's defaults): the share of response tokens selected, the covariance window Clip-Cov draws
+# from, and KL-Cov's penalty weight. The two ratios are log-uniform over 1e-5 .. 1e-3 around the published 2e-4.
+CLIP_COV_RATIO = declare(LossParam("clip_cov_ratio", 2e-4, "Clip-Cov: share of response tokens whose term is zeroed.",
+                                   low=0.0, low_open=True, high=1.0, search=(1e-5, 1e-3, True), searched=False))
+CLIP_COV_LB = declare(LossParam("clip_cov_lb", 1.0, "Clip-Cov: lower bound of the covariance window it draws from."))
+CLIP_COV_UB = declare(LossParam("clip_cov_ub", 5.0, "Clip-Cov: upper bound of the covariance window it draws from."))
+KL_COV_RATIO = declare(LossParam("kl_cov_ratio", 2e-4, "KL-Cov: share of response tokens given the |delta| penalty.",
+                                 low=0.0, low_open=True, high=1.0, search=(1e-5, 1e-3, True)))
+KL_COV_COEF = declare(LossParam("kl_cov_coef", 1.0, "KL-Cov: weight of the |delta| penalty.", low=0.0,
+                                search=(0.1, 10.0, True)))
+
+# The controls (docs/algorithms.md, "Controls"): every loss, or every loss of one kind, takes them; each is off at
+# its default and the same for every algorithm (no auto). tune searches them only when --params names them.
+ENTROPY_COEF = declare(LossParam(
+    "entropy_coef", 0.0, "Entropy bonus c: L = L_policy - c * (token-mean entropy); the start value when adaptive.",
+    low=0.0, auto=False, search=(1e-4, 1e-2, True), searched=False))
+ENTROPY_TARGET = declare(LossParam(
+    "entropy_target", None, "Adaptive entropy (TRL's): the coefficient moves to keep the token entropy at this.",
+    low=0.0, null="off", auto=False))
+ENTROPY_COEF_MIN = declare(LossParam("entropy_coef_min", 0.0, "Adaptive entropy: the coefficient's floor.", low=0.0,
+                                     auto=False))
+ENTROPY_COEF_MAX = declare(LossParam("entropy_coef_max", 1.0, "Adaptive entropy: the coefficient's ceiling.",
+                                     low=0.0, auto=False))
+ENTROPY_COEF_DELTA = declare(LossParam("entropy_coef_delta", 0.005, "Adaptive entropy: the coefficient's step.",
+                                       low=0.0, low_open=True, auto=False))
+TOP_ENTROPY_QUANTILE = declare(LossParam(
+    "top_entropy_quantile", 1.0, "Only the top q of the minibatch's tokens by entropy keep a policy-loss term "
+    "(1 = all; token-unit losses).", low=0.0, low_open=True, high=1.0, auto=False, search=(0.05, 1.0, False),
+    searched=False))
+DELTA_CLIP = declare(LossParam(
+    "delta_clip", None, "Two-sided clip: the unclipped ratio is capped at d > 1 + eps_high (TRL's delta; ppo, "
+    "grpo, dapo, dr_grpo).", low=1.0, low_open=True, null="off", auto=False, search=(1.5, 10.0, True),
+    searched=False))
+ENTROPY_CONTROLS = (ENTROPY_COEF, ENTROPY_TARGET, ENTROPY_COEF_MIN, ENTROPY_COEF_MAX, ENTROPY_COEF_DELTA)
+"""Every loss takes these (the entropy bonus and its adaptive coefficient)."""
+
+
 def clip_band(eps_low: float | None, eps_high: float, search_low: SearchRange | None = None,
               search_high: SearchRange | None = None, dual_clip: bool = True) -> tuple[LossParam, ...]:
     """The clip parameters of a loss with band ``[1 - eps_low, 1 + eps_high]`` (and the dual clip).

@@ -68,15 +68,20 @@ from typing import Callable
 
 import torch
 
-from gspo_bench.core.loss_params import (DUAL_CLIP_C, EPS_HIGH, EPS_LOW, K_NEG, K_POS, LAM_NEG, LAM_POS, PARAMS,
-                                         TAU_NEG, TAU_POS, TRUNC_C, LossParam, clip_band)
+from gspo_bench.core.loss_params import (CLIP_COV_LB, CLIP_COV_RATIO, CLIP_COV_UB, DELTA_CLIP, DUAL_CLIP_C, EPS_HIGH,
+                                         EPS_LOW, ENTROPY_COEF, K_NEG, K_POS, KL_COV_COEF, KL_COV_RATIO, LAM_NEG,
+                                         LAM_POS, PARAMS, TAU_NEG, TAU_POS, TOP_ENTROPY_QUANTILE, TRUNC_C, LossParam,
+                                         clip_band)
 from gspo_bench.core.names import KL_ESTIMATORS
 from gspo_bench.core.ratios import (apply_correction, check_correction, compute_dtype, correction_stats, is_weights,
                                    masked_delta, masked_mean, off_policy_sequences, ratio_stats, seq_logratio)
 
 Tensor = torch.Tensor
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean", "seq-mean-token-sum-norm")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean", "seq-mean-token-sum-norm", "bnpo")
+# What ``loss.aggregation`` may choose instead of a token-unit loss's own: bnpo, the token mean of this process's
+# minibatch rows (its divisor is never the count over every process).
+AGGREGATION_CHOICES = ("bnpo",)
 # The ratio a loss is built on; it is also where a mismatch correction's weight is taken at level "unit":
 # token -> per token, sequence (geometric mean of the token ratios) -> per sequence, length-normalised,
 # sequence-token (gspo_token) -> per token, sequence-product (vespo) -> per sequence, the product.
@@ -86,7 +91,7 @@ UNIT_LEVELS = {"token": "token", "sequence": "geometric", "sequence-token": "tok
 SHARED_HPARAMS = ("kl_coef", "ref_logp", "kl_estimator")
 BASE_DEFAULTS = {"kl_coef": 0.0, "kl_estimator": "k3"}
 # The clip band's parameters: the README table's band column, the rest of ``params`` its "own" ones.
-CLIP_PARAMS = ("eps_low", "eps_high", "dual_clip_c")
+CLIP_PARAMS = ("eps_low", "eps_high", "dual_clip_c", "delta_clip")
 # Parameters of the aggregation rather than the per-unit loss: dr_grpo's T_max, the rollout's length cap, given
 # to every loss whose aggregation needs it.
 AGG_PARAMS = {"seq-mean-token-sum-norm": ("max_new_tokens",)}
@@ -104,11 +109,26 @@ class LossSpec:
     paper: str  # title + URL
     params: tuple[LossParam, ...]  # the parameters it takes beside SHARED_HPARAMS, each with this loss's default
     band: str | None = "ratio"  # what eps_low / eps_high bound: the ratio, the log-ratio, a probability gap, or None
+    inputs: tuple[str, ...] = ()  # run-time inputs its function takes beside the tensors ("generator")
+    minibatch_wide: bool = False  # it picks tokens by statistics over the whole minibatch (no part of one alone)
+
+    @property
+    def token_unit(self) -> bool:
+        """One ratio per token: it may mask single tokens (top-entropy tokens) and take the bnpo aggregation."""
+        return self.ratio == "token"
+
+    @property
+    def controls(self) -> tuple[LossParam, ...]:
+        """The controls it takes beside its own parameters: the entropy bonus (every loss) and, for a token-unit
+        loss, the top-entropy mask (docs/algorithms.md, "Controls")."""
+        return (ENTROPY_COEF,) + ((TOP_ENTROPY_QUANTILE,) if self.token_unit else ())
 
     @property
     def keywords(self) -> tuple[str, ...]:
-        """Every ``policy_loss`` keyword it takes beside the KL ones: its parameters, then its aggregation's."""
-        return tuple(p.name for p in self.params) + AGG_PARAMS.get(self.aggregation, ())
+        """Every ``policy_loss`` keyword it takes beside the KL ones: its parameters, its aggregation's, then its
+        controls."""
+        return (tuple(p.name for p in self.params) + AGG_PARAMS.get(self.aggregation, ())
+                + tuple(p.name for p in self.controls))
 
     @property
     def eps_low(self) -> float | None:
@@ -130,11 +150,12 @@ class LossSpec:
         return tuple((p.name, p.default) for p in self.params)
 
     def search_ranges(self) -> dict[str, tuple[float, float, bool]]:
-        """(low, high, log scale) of each parameter ``tune`` can search, in the order it samples them."""
-        return {p.name: p.search for p in self.params if p.search is not None}
+        """(low, high, log scale) of each parameter ``tune`` can search, in the order it samples them: its own,
+        then its controls'."""
+        return {p.name: p.search for p in self.params + self.controls if p.search is not None}
 
     def searched_by_default(self) -> tuple[str, ...]:
-        """The parameters ``tune`` searches when ``--params`` does not say."""
+        """The parameters ``tune`` searches when ``--params`` does not say (never a control)."""
         return tuple(p.name for p in self.params if p.search is not None and p.searched)
 
     def ratio_band(self, eps_low: float | None, eps_high: float | None) -> tuple[float | None, float | None]:
@@ -166,16 +187,19 @@ def _declared(param: LossParam) -> bool:
 
 
 def register_loss(name: str, *, ratio: str, loss: str, aggregation: str, paper: str,
-                  params: tuple[LossParam, ...], band: str | None = "ratio") -> Callable[[Callable], Callable]:
+                  params: tuple[LossParam, ...], band: str | None = "ratio", inputs: tuple[str, ...] = (),
+                  minibatch_wide: bool = False) -> Callable[[Callable], Callable]:
     """Decorator: add the function below to ``LOSSES`` under ``name`` with its table facts.
 
     ``params``: the parameters it takes (declared in ``loss_params.PARAMS``, specialised with ``LossParam.at``
     or ``clip_band`` for this loss's defaults and search ranges; the KL ones are every loss's). ``band``: what
-    its eps bound (``LossSpec.band``). A duplicate name, or an undeclared parameter, is an error.
+    its eps bound (``LossSpec.band``). ``inputs``: run-time inputs of ``policy_loss`` it takes (``generator``).
+    ``minibatch_wide``: its terms depend on statistics over the whole minibatch, so it refuses a part of one. A
+    duplicate name, or an undeclared parameter, is an error.
     """
     if name in LOSSES:
         raise ValueError(f"loss {name!r} is already registered")
-    if aggregation not in AGGREGATIONS:
+    if aggregation not in AGGREGATIONS or aggregation in AGGREGATION_CHOICES:
         raise ValueError(f"aggregation {aggregation!r} not in {AGGREGATIONS}")
     if ratio not in RATIO_UNITS:
         raise ValueError(f"ratio {ratio!r} not in {RATIO_UNITS}")
@@ -188,7 +212,8 @@ def register_loss(name: str, *, ratio: str, loss: str, aggregation: str, paper: 
         raise ValueError(f"loss {name!r}: defaults {', '.join(bad)} are outside their declared ranges")
 
     def add(fn: Callable) -> Callable:
-        LOSSES[name] = LossSpec(name, fn, ratio, loss, aggregation, paper, tuple(params), band)
+        LOSSES[name] = LossSpec(name, fn, ratio, loss, aggregation, paper, tuple(params), band, tuple(inputs),
+                                minibatch_wide)
         return fn
 
     return add
@@ -209,10 +234,13 @@ def _clip(x: Tensor, eps_low: float | None, eps_high: float) -> Tensor:
     return torch.clamp(x, min=None if eps_low is None else 1.0 - eps_low, max=1.0 + eps_high)
 
 
-def _surrogate(adv: Tensor, ratio: Tensor, eps_low, eps_high, dual_clip_c):
+def _surrogate(adv: Tensor, ratio: Tensor, eps_low, eps_high, dual_clip_c, delta_clip=None):
     """Pessimistic clipped surrogate per unit, plus where the clip binds."""
+    clipped = _clip(ratio, eps_low, eps_high)
+    # two-sided clip (d = delta_clip): the unclipped branch is min(ratio, d)
+    unclipped = ratio if delta_clip is None else torch.clamp(ratio, max=delta_clip)
     # L = max(-A * ratio, -A * clip(ratio))
-    loss = torch.maximum(-adv * ratio, -adv * _clip(ratio, eps_low, eps_high))
+    loss = torch.maximum(-adv * unclipped, -adv * clipped)
     if dual_clip_c is not None:
         # dual clip: for A < 0, L = min(L, -A * c), bounding the loss when ratio >> 1
         loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip_c), loss)
@@ -228,20 +256,30 @@ def _surrogate(adv: Tensor, ratio: Tensor, eps_low, eps_high, dual_clip_c):
 _GSPO_PAPER = "Group Sequence Policy Optimization, https://arxiv.org/abs/2507.18071"
 
 
-def clipped_token_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_clip_c=None):
+def clipped_token_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_clip_c=None, delta_clip=None):
     """The clipped surrogate on the token ratio (PPO, GRPO, DAPO differ only in aggregation and clip).
 
-    Returns (loss_BT, high_BT, low_BT).
+    ``delta_clip`` (INTELLECT-2's two-sided clip, TRL's ``delta``): the unclipped branch is ``min(r, d)`` for both
+    signs of the advantage, so a token whose ratio passed ``d`` keeps no gradient; ``clip/frac`` still counts the
+    band's two binding sides only. Returns (loss_BT, high_BT, low_BT).
     """
+    if delta_clip is not None and not delta_clip > 1.0 + eps_high:
+        raise ValueError(f"delta_clip={delta_clip!r} must be above 1 + eps_high = {1.0 + eps_high:g}")
     delta_BT = masked_delta(logp, old_logp, mask)
     # r = exp(delta)
     ratio_BT = torch.exp(delta_BT)
-    loss_BT, high_BT, low_BT = _surrogate(_adv_BT(advantages, mask), ratio_BT, eps_low, eps_high, dual_clip_c)
+    loss_BT, high_BT, low_BT = _surrogate(_adv_BT(advantages, mask), ratio_BT, eps_low, eps_high, dual_clip_c,
+                                          delta_clip)
     valid_BT = mask > 0
     return loss_BT, high_BT & valid_BT, low_BT & valid_BT
 
 
-@register_loss("ppo", ratio="token", loss="max(-A r, -A clip(r))", aggregation="token-mean", params=clip_band(0.2, 0.2),
+# The two-sided clip, which the clipped token losses (ppo, grpo, dapo, dr_grpo) alone take
+_TOKEN_CLIP = (DELTA_CLIP,)
+
+
+@register_loss("ppo", ratio="token", loss="max(-A r, -A clip(r))", aggregation="token-mean",
+               params=clip_band(0.2, 0.2) + _TOKEN_CLIP,
                paper="Proximal Policy Optimization Algorithms, https://arxiv.org/abs/1707.06347")
 def ppo_loss(logp, old_logp, advantages, mask, **clip):
     """PPO: the token clipped surrogate, token-mean (advantages from GAE, per token)."""
@@ -249,15 +287,17 @@ def ppo_loss(logp, old_logp, advantages, mask, **clip):
 
 
 @register_loss("grpo", ratio="token", loss="max(-A r, -A clip(r))", aggregation="seq-mean-token-mean",
-               params=clip_band(0.2, 0.2), paper="DeepSeekMath: Pushing the Limits of Mathematical Reasoning in "
-               "Open Language Models, https://arxiv.org/abs/2402.03300")
+               params=clip_band(0.2, 0.2) + _TOKEN_CLIP,
+               paper="DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models, "
+               "https://arxiv.org/abs/2402.03300")
 def grpo_loss(logp, old_logp, advantages, mask, **clip):
     """GRPO: the token clipped surrogate, each sequence's token mean, then the mean over sequences."""
     return clipped_token_loss(logp, old_logp, advantages, mask, **clip)
 
 
 @register_loss("dapo", ratio="token", loss="max(-A r, -A clip(r))", aggregation="token-mean",
-               params=clip_band(0.2, 0.28), paper="DAPO: An Open-Source LLM Reinforcement Learning System at Scale, "
+               params=clip_band(0.2, 0.28) + _TOKEN_CLIP,
+               paper="DAPO: An Open-Source LLM Reinforcement Learning System at Scale, "
                "https://arxiv.org/abs/2503.14476")
 def dapo_loss(logp, old_logp, advantages, mask, **clip):
     """DAPO: the token clipped surrogate with clip-higher (0.28 above), token-mean over the minibatch."""
@@ -387,7 +427,7 @@ def gmpo_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high):
 
 
 @register_loss("dr_grpo", ratio="token", loss="max(-A r, -A clip(r))", aggregation="seq-mean-token-sum-norm",
-               params=clip_band(0.2, 0.2),
+               params=clip_band(0.2, 0.2) + _TOKEN_CLIP,
                paper="Understanding R1-Zero-Like Training: A Critical Perspective, https://arxiv.org/abs/2503.20783")
 def dr_grpo_loss(logp, old_logp, advantages, mask, **clip):
     """Dr. GRPO: the token clipped surrogate summed and divided by B * max_new_tokens (no length bias), with
@@ -493,6 +533,103 @@ def dppo_kl_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, trunc_c
     return _dppo_loss(logp, old_logp, advantages, mask, keep_pos_BT, keep_neg_BT, trunc_c)
 
 
+# ----------------------------------------------------------------------------- Clip-Cov and KL-Cov
+
+_COV_PAPER = ("The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models, "
+              "https://arxiv.org/abs/2505.22617")
+
+
+def token_covariance(logp: Tensor, adv_BT: Tensor, mask: Tensor) -> Tensor:
+    """``cov_t = (A_t - mean(A)) * (logp_t - mean(sg(logp)))`` per token, the means masked over the minibatch's
+    response tokens; no gradient (it only selects tokens). 0 at padding. (B, T)"""
+    valid_BT = mask > 0
+    lp_BT = torch.where(valid_BT, logp.detach(), 0.0)
+    # cov_t = (A_t - mean(A)) * (logp_t - mean(sg(logp)))
+    cov_BT = (adv_BT - masked_mean(adv_BT, mask)) * (lp_BT - masked_mean(lp_BT, mask))
+    return torch.where(valid_BT, cov_BT, 0.0)
+
+
+def _cov_count(ratio: float, mask: Tensor) -> int:
+    # n = max(1, floor(ratio * sum(mask)))
+    return max(1, int(ratio * float(mask.sum())))
+
+
+# The band as PPO's, searched as the clipped token losses' are; the selected share only when --params names it
+@register_loss("clip_cov", ratio="token", loss="max(-A r, -A clip(r)), zeroed at n random tokens of high covariance",
+               aggregation="token-mean", inputs=("generator",), minibatch_wide=True,
+               params=(*clip_band(0.2, 0.2, dual_clip=False), CLIP_COV_RATIO, CLIP_COV_LB, CLIP_COV_UB),
+               paper=_COV_PAPER + " (Clip-Cov)")
+def clip_cov_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, clip_cov_ratio, clip_cov_lb, clip_cov_ub,
+                  generator=None):
+    """Clip-Cov: PPO's clipped surrogate with the terms of ``n`` tokens zeroed, drawn at random among the tokens
+    whose clipped branch is not active and whose covariance lies strictly inside ``(clip_cov_lb, clip_cov_ub)``.
+
+    The draw follows verl's: the candidates in row-major order, a ``randperm`` of them from ``generator`` (the
+    run's; None: a generator seeded 0, so that the function stays a function of its inputs), the first ``n``.
+    Returns (loss_BT, high_BT, low_BT); the zeroed tokens are ``clip/frac``, on the side of 1 their ratio lies.
+    """
+    if not clip_cov_lb < clip_cov_ub:
+        raise ValueError(f"clip_cov_lb={clip_cov_lb!r} must be below clip_cov_ub={clip_cov_ub!r}")
+    valid_BT = mask > 0
+    ratio_BT = torch.exp(masked_delta(logp, old_logp, mask))
+    adv_BT = _adv_BT(advantages, mask)
+    # L = max(-A r, -A clip(r))
+    loss1_BT, loss2_BT = -adv_BT * ratio_BT, -adv_BT * _clip(ratio_BT, eps_low, eps_high)
+    cov_BT = token_covariance(logp, adv_BT, mask)
+    # candidates: the clipped branch is not the max (-A clip(r) <= -A r) and lb < cov < ub
+    cand_BT = valid_BT & ~(loss2_BT.detach() > loss1_BT.detach()) & (cov_BT > clip_cov_lb) & (cov_BT < clip_cov_ub)
+    idx_K2 = torch.nonzero(cand_BT)
+    chosen_BT = torch.zeros_like(valid_BT)
+    if len(idx_K2):
+        g = torch.Generator().manual_seed(0) if generator is None else generator
+        pick = torch.randperm(len(idx_K2), generator=g)[:_cov_count(clip_cov_ratio, mask)]
+        idx_K2 = idx_K2[pick.to(idx_K2.device)]
+        chosen_BT[idx_K2[:, 0], idx_K2[:, 1]] = True
+    # the chosen tokens' terms are 0 (they stay in the denominator)
+    loss_BT = torch.where(chosen_BT, 0.0, torch.maximum(loss1_BT, loss2_BT))
+    up_BT = ratio_BT.detach() >= 1.0
+    return loss_BT, chosen_BT & up_BT, chosen_BT & ~up_BT
+
+
+@register_loss("kl_cov", ratio="token", loss="-A r + kl_cov_coef abs(delta) at the n tokens of largest covariance",
+               aggregation="token-mean", band=None, params=(KL_COV_RATIO, KL_COV_COEF), minibatch_wide=True,
+               paper=_COV_PAPER + " (KL-Cov)")
+def kl_cov_loss(logp, old_logp, advantages, mask, *, kl_cov_ratio, kl_cov_coef):
+    """KL-Cov: the unclipped ``-A r`` at every token, plus ``kl_cov_coef * |delta|`` at the ``n`` tokens of largest
+    covariance (``torch.topk`` over the response tokens in row-major order, as verl). Returns (loss_BT, high_BT,
+    low_BT); the penalised tokens are ``clip/frac``, on the side of 1 their ratio lies."""
+    valid_BT = mask > 0
+    delta_BT = masked_delta(logp, old_logp, mask)
+    ratio_BT = torch.exp(delta_BT)
+    adv_BT = _adv_BT(advantages, mask)
+    cov_BT = token_covariance(logp, adv_BT, mask)
+    chosen_BT = torch.zeros_like(valid_BT)
+    flat_K = torch.nonzero(valid_BT.reshape(-1))[:, 0]
+    if len(flat_K):
+        top = torch.topk(cov_BT.reshape(-1)[flat_K], _cov_count(kl_cov_ratio, mask), largest=True).indices
+        chosen_BT.view(-1)[flat_K[top]] = True
+    # L = -A r, and -A r + kl_cov_coef * |delta| at the chosen tokens
+    loss_BT = -adv_BT * ratio_BT + torch.where(chosen_BT, kl_cov_coef * delta_BT.abs(), 0.0)
+    up_BT = ratio_BT.detach() >= 1.0
+    return loss_BT, chosen_BT & up_BT, chosen_BT & ~up_BT
+
+
+# ----------------------------------------------------------------------------- controls
+
+
+def top_entropy_mask(entropy_BT: Tensor, mask_BT: Tensor, quantile: float) -> Tensor:
+    """Bool (B, T): the response tokens whose entropy is at least ``tau``, the ``(1 - quantile)``-quantile
+    (torch's linear interpolation) of the entropies of every response token given; on ``sg(entropy)``. A
+    ``quantile`` of 1 keeps every response token."""
+    valid_BT = mask_BT > 0
+    ent_BT = entropy_BT.detach()
+    if quantile >= 1.0 or not bool(valid_BT.any()):
+        return valid_BT
+    # tau = quantile_{1 - q}(H over the response tokens); keep H_t >= tau
+    tau = torch.quantile(ent_BT[valid_BT].to(compute_dtype(ent_BT.dtype)), 1.0 - quantile)
+    return (ent_BT >= tau) & valid_BT
+
+
 # ----------------------------------------------------------------------------- aggregation, KL
 
 
@@ -500,6 +637,7 @@ def agg_loss(loss: Tensor, mask: Tensor, mode: str, units: float | None = None, 
              ) -> Tensor:
     """Reduce a per-token ``(B, T)`` or per-sequence ``(B,)`` loss to a scalar.
 
+    "bnpo" is token-mean whose ``units`` are this process's own token count (the caller's choice).
     "seq-mean-token-sum-norm" (Dr. GRPO) needs ``t_max``, the rollout's
     ``max_new_tokens``: ``sum(l * mask) / (B * t_max)``, ``B`` counting the
     non-empty sequences (an empty one is left out, as from every sequence mean).
@@ -532,8 +670,9 @@ def agg_loss(loss: Tensor, mask: Tensor, mode: str, units: float | None = None, 
     if loss.shape != mask.shape or loss.dim() != 2:
         raise ValueError(f"{mode} needs loss and mask of the same (B, T) shape; got {tuple(loss.shape)}, "
                          f"{tuple(mask.shape)}")
-    if mode == "token-mean":
-        # token-mean: sum(l * mask) / sum(mask) over the whole minibatch
+    if mode in ("token-mean", "bnpo"):
+        # token-mean: sum(l * mask) / sum(mask) over the whole minibatch; bnpo: the same over this process's rows
+        # (the caller gives ``units`` as their own count, never the count over every process)
         return mean(loss, mask)
     len_B = mask.sum(-1)
     if mode == "seq-mean-token-sum-norm":
@@ -568,7 +707,29 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
 # ----------------------------------------------------------------------------- entry point
 
 
-def _check(spec: LossSpec, hp: dict, logp, old_logp, advantages, mask) -> None:
+def check_controls(spec: LossSpec, *, aggregation: str | None = None, top_entropy_quantile: float | None = None,
+                   delta_clip: float | None = None, eps_high: float | None = None) -> None:
+    """The controls ``spec`` cannot take, as one ValueError line that starts with the keyword (the run's check
+    calls this before any work): bnpo and the top-entropy mask need a token-unit loss, the two-sided clip a
+    clipped token loss and a cap above ``1 + eps_high``."""
+    unit = f"{spec.name}'s ratio unit is {spec.ratio}"
+    if aggregation is not None and aggregation != spec.aggregation:
+        if aggregation not in AGGREGATION_CHOICES:
+            raise ValueError(f"aggregation={aggregation!r} is not allowed (allowed: "
+                             f"{', '.join(AGGREGATION_CHOICES)})")
+        if not spec.token_unit:
+            raise ValueError(f"aggregation={aggregation} needs a token-unit loss; {unit}")
+    if top_entropy_quantile is not None and top_entropy_quantile < 1.0 and not spec.token_unit:
+        raise ValueError(f"top_entropy_quantile={top_entropy_quantile!r} needs a token-unit loss (it keeps single "
+                         f"tokens); {unit}")
+    if delta_clip is not None and "delta_clip" not in spec.keywords:
+        takers = ", ".join(n for n, s in LOSSES.items() if "delta_clip" in s.keywords)
+        raise ValueError(f"delta_clip={delta_clip!r} is for the clipped token losses ({takers}), not {spec.name}")
+    if delta_clip is not None and eps_high is not None and not delta_clip > 1.0 + eps_high:
+        raise ValueError(f"delta_clip={delta_clip!r} must be above 1 + eps_high = {1.0 + eps_high:g} ({spec.name})")
+
+
+def _check(spec: LossSpec, hp: dict, logp, old_logp, advantages, mask, entropy) -> None:
     for p in spec.params:
         if not p.valid(hp[p.name]):
             raise ValueError(f"{spec.name}: {p.name}={hp[p.name]!r} must be {p.range_text()}")
@@ -583,9 +744,12 @@ def _check(spec: LossSpec, hp: dict, logp, old_logp, advantages, mask) -> None:
         raise ValueError(f"unknown kl_estimator {hp['kl_estimator']!r}; allowed: {KL_ESTIMATORS}")
     if hp["kl_coef"] > 0 and hp["ref_logp"] is None:
         raise ValueError("kl_coef > 0 needs ref_logp")
+    needs_entropy = hp.get("entropy_coef", 0.0) > 0 or hp.get("top_entropy_quantile", 1.0) < 1.0
+    if needs_entropy and entropy is None:
+        raise ValueError("entropy_coef > 0 and top_entropy_quantile < 1 need the entropy, (B, T)")
     if logp.dim() != 2 or logp.numel() == 0:
         raise ValueError(f"logp must be a non-empty (B, T) tensor, got shape {tuple(logp.shape)}")
-    for key, t in (("old_logp", old_logp), ("mask", mask), ("ref_logp", hp["ref_logp"])):
+    for key, t in (("old_logp", old_logp), ("mask", mask), ("ref_logp", hp["ref_logp"]), ("entropy", entropy)):
         if t is not None and t.shape != logp.shape:
             raise ValueError(f"{key} shape {tuple(t.shape)} != logp shape {tuple(logp.shape)}")
     if advantages.shape not in (logp.shape[:1], logp.shape):
@@ -597,6 +761,8 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
                 rollout_logp: Tensor | None = None, correction: str = "none", correction_cap: float = 2.0,
                 correction_min: float | None = None, correction_level: str = "unit",
                 opsm_threshold: float | None = None, units: float | None = None,
+                entropy: Tensor | None = None, aggregation: str | None = None,
+                generator: torch.Generator | None = None, token_units: float | None = None,
                 **hparams) -> tuple[Tensor, dict[str, Tensor]]:
     """Loss of algorithm ``name`` (a key of ``LOSSES``) and its detached 0-dim stats.
 
@@ -629,6 +795,17 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
     ``A < 0`` of such a sequence.
 
     ``units``: ``agg_loss``'s divisor on W > 1 ranks; ``None`` on one process.
+
+    The controls (docs/algorithms.md, "Controls"), each off by default and then bit-identical:
+    ``entropy`` (B, T), the policy's entropy at each token, carrying its gradient; ``entropy_coef = c``:
+    ``L = L_policy - c * Hbar``, ``Hbar = sum(H * m) / sum(m)`` over the minibatch whatever the aggregation
+    (``token_units``: its token count when these rows are a part of it), logged as ``loss/entropy_bonus``
+    (``c * Hbar``, so ``loss = loss/policy + loss/kl - loss/entropy_bonus``); ``top_entropy_quantile = q``
+    (token-unit losses): only tokens with ``H >= tau``, the ``(1 - q)``-quantile over the rows given, keep
+    their policy term (the others stay in the denominators; ``m`` of the bonus is the kept tokens),
+    ``loss/entropy_mask_frac`` the share kept;
+    ``delta_clip`` (its own parameter of the clipped token losses); ``aggregation`` ("bnpo" for a token-unit
+    loss; None: its own); ``generator``: the run's random generator, for a loss that draws tokens (clip_cov).
     """
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; allowed: {', '.join(LOSSES)}")
@@ -643,8 +820,18 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
         raise ValueError(f"{name} does not take {', '.join(foreign)} (its parameters: "
                          f"{', '.join(spec.keywords + SHARED_HPARAMS)})")
     hp = {"ref_logp": None, "max_new_tokens": None, **BASE_DEFAULTS, **dict(spec.param_defaults()),
+          **{p.name: p.default for p in spec.controls},
           **{k: v for k, v in hparams.items() if k in spec.keywords or k in SHARED_HPARAMS}}
-    _check(spec, hp, logp, old_logp, advantages, mask)
+    for p in spec.controls:
+        if not p.valid(hp[p.name]):
+            raise ValueError(f"{name}: {p.name}={hp[p.name]!r} must be {p.range_text()}")
+    check_controls(spec, aggregation=aggregation)
+    _check(spec, hp, logp, old_logp, advantages, mask, entropy)
+    q, ent_coef = hp["top_entropy_quantile"] if spec.token_unit else 1.0, hp["entropy_coef"]
+    if (q < 1.0 or spec.minibatch_wide) and units is not None:
+        what = "top_entropy_quantile < 1" if q < 1.0 else name
+        raise ValueError(f"{what} needs the whole minibatch (it picks tokens by statistics over all of it), not a "
+                         "part of one (micro-batches, several processes)")
     cap, floor = check_correction(correction, correction_cap, rollout_logp, logp.shape, correction_min,
                                   correction_level)
     if opsm_threshold is not None and (isinstance(opsm_threshold, bool) or not isinstance(
@@ -657,8 +844,9 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
     adv = advantages.detach().to(dtype)  # (B,) or (B, T)
     mask_BT = mask.to(dtype)  # (B, T)
 
+    inputs = {"generator": generator} if "generator" in spec.inputs else {}
     unit_loss, high_BT, low_BT = spec.fn(logp_BT, old_logp_BT, adv, mask_BT,
-                                         **{p.name: hp[p.name] for p in spec.params})
+                                         **{p.name: hp[p.name] for p in spec.params}, **inputs)
     extra_stats = {}
     if correction != "none" and rollout_logp is not None:
         level = UNIT_LEVELS[spec.ratio] if correction_level == "unit" else correction_level
@@ -678,8 +866,15 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
             dropped_B = drop.any(-1)
         unit_loss = torch.where(drop, 0.0, unit_loss)
         extra_stats["mismatch/opsm_frac"] = masked_mean(dropped_B.to(dtype), (mask_BT.sum(-1) > 0).to(dtype))
+    kept_BT = None
+    if q < 1.0:
+        kept_BT = top_entropy_mask(entropy, mask_BT, q)
+        # only the top-entropy tokens keep their term (the others stay in the denominators)
+        unit_loss = torch.where(kept_BT, unit_loss, 0.0)
+        extra_stats["loss/entropy_mask_frac"] = masked_mean(kept_BT.to(dtype), mask_BT)
     t_max = hp["max_new_tokens"]
-    pg_loss = agg_loss(unit_loss, mask_BT, spec.aggregation, units, t_max)
+    mode = spec.aggregation if aggregation is None else aggregation
+    pg_loss = agg_loss(unit_loss, mask_BT, mode, units, t_max)
 
     kl_part = torch.zeros((), dtype=dtype, device=logp.device)
     if hp["kl_coef"] > 0:
@@ -688,10 +883,18 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
                            torch.where(valid_BT, hp["ref_logp"].to(dtype), 0.0), hp["kl_estimator"])
         # the KL shares the algorithm's reduction; a per-sequence loss has no tokens,
         # so its KL is the seq-mean of per-sequence token means
-        kl_mode = "seq-mean-token-mean" if spec.aggregation == "seq-mean" else spec.aggregation
+        kl_mode = "seq-mean-token-mean" if mode == "seq-mean" else mode
         # loss += kl_coef * kl_agg
         kl_part = hp["kl_coef"] * agg_loss(kl_BT, mask_BT, kl_mode, units, t_max)
     loss = pg_loss + kl_part
+    if ent_coef > 0:
+        m_BT = mask_BT if kept_BT is None else kept_BT.to(dtype)
+        ent_BT = torch.where(m_BT > 0, entropy.to(dtype), 0.0)
+        # Hbar = sum(H * m) / sum(m), a token mean over the minibatch whatever the aggregation
+        h_bar = agg_loss(ent_BT, m_BT, "token-mean", token_units)
+        # L = L_policy - c * Hbar
+        loss = loss - ent_coef * h_bar
+        extra_stats["loss/entropy_bonus"] = (ent_coef * h_bar).detach()
 
     with torch.no_grad():
         stats = ratio_stats(logp_BT.detach(), old_logp_BT, mask_BT, high_BT, low_BT)

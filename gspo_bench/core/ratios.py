@@ -8,7 +8,8 @@ weights of the mismatch corrections (``tis`` / ``mis``, docs/algorithms.md's
 "Mismatch corrections") are here too: ``is_weights`` computes the detached
 weight at a loss's ratio unit, ``apply_correction`` applies it to the per-unit
 loss, ``correction_stats`` gives ``mismatch/is_weight_mean`` and
-``mismatch/corrected_frac``.
+``mismatch/corrected_frac``. Rejection by KL (``rejection_mask``, docs/algorithms.md's "Controls") removes
+tokens or whole responses whose ``log rho`` statistic is out of bounds.
 """
 
 from __future__ import annotations
@@ -99,13 +100,23 @@ def ratio_stats(logp_BT: Tensor, old_logp_BT: Tensor, mask_BT: Tensor, high_BT: 
     }
 
 
+# |log rho| and |sum_t log rho| are clamped here before exponentiation in the chi-square diagnostics and the
+# rejection statistics (verl's safety bound: e^20 is about 4.9e8)
+LOG_RATIO_BOUND = 20.0
+
+
 def mismatch_stats(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> dict[str, Tensor]:
     """How far the sampler's log-probs are from the trainer's on the tokens the sampler drew.
 
     ``old_logp`` is the trainer's (recomputed) log-prob, ``rollout_logp`` the
     engine's, both (B, T). ``rho = exp(old_logp - rollout_logp)`` is trainer
     over sampler, so ``rho - 1 - log rho`` (k3) estimates KL(sampler || trainer)
-    without bias: the tokens come from the sampler.
+    without bias: the tokens come from the sampler. Also: the chi-square
+    divergence per token (``mean(rho^2) - 1``) and per response (``mean_i
+    exp(2 sum_t log rho) - 1``), both with the log clamped to +-20, the
+    normalised effective sample size of the token weights ``(mean rho)^2 /
+    mean(rho^2)``, and the log-perplexity gap, trainer minus sampler, averaged
+    over responses. Sequence means leave empty responses out.
     """
     dtype = compute_dtype(old_logp.dtype)
     mask_BT = mask.to(dtype)
@@ -118,11 +129,60 @@ def mismatch_stats(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> dict
     seq_B = seq_logratio(log_rho_BT, mask_BT)
     seq_w_B = (mask_BT.sum(-1) > 0).to(dtype)
     seq_mean = masked_mean(seq_B, seq_w_B)
+    # chi2_token = mean_t(rho^2) - 1, log rho clamped to +-20
+    rho2_BT = torch.exp(2.0 * torch.clamp(log_rho_BT, -LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+    # chi2_seq = mean_i exp(2 sum_t log rho) - 1, the sum clamped to +-20
+    rho2_B = torch.exp(2.0 * torch.clamp((log_rho_BT * mask_BT).sum(-1), -LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+    # ess = (mean rho)^2 / mean(rho^2), rho per token: 1 when the weights agree
+    rho_BT = torch.exp(log_rho_BT)
+    ess = masked_mean(rho_BT, mask_BT).square() / masked_mean(rho_BT.square(), mask_BT)
+    # ppl_gap = mean_i [mean_t(-old_logp) - mean_t(-roll_logp)] = mean_i mean_t(-log rho)
+    ppl_gap = masked_mean(-seq_B, seq_w_B)
     return {
         "mismatch/kl": masked_mean(k3_BT, mask_BT),
         "mismatch/abs_diff_max": masked_extreme(log_rho_BT.abs(), valid_BT, largest=True),
         "mismatch/seq_log_ratio_std": masked_mean((seq_B - seq_mean).square(), seq_w_B).sqrt(),
+        "mismatch/chi2_token": masked_mean(rho2_BT, mask_BT) - 1.0,
+        "mismatch/chi2_seq": masked_mean(rho2_B, seq_w_B) - 1.0,
+        "mismatch/ess": torch.where(mask_BT.sum() > 0, ess, 1.0),
+        "mismatch/ppl_gap": ppl_gap,
     }
+
+
+def rejection_mask(old_logp_BT: Tensor, rollout_logp_BT: Tensor, mask_BT: Tensor,
+                   bounds: tuple[tuple[str, float | None, float], ...]) -> Tensor:
+    """Bool (B, T): the response tokens that pass every rejection option (verl's ``rollout_rs``).
+
+    ``bounds``: ``core.names.rejection_bounds``' ``(option, low, high)``. With ``l = log rho = old_logp -
+    rollout_logp`` clamped to +-20: ``k1 = -l``, ``k2 = l^2 / 2``, ``k3 = exp(l) - 1 - l`` per token; a
+    ``token_*`` option keeps a token whose statistic is within bounds, ``seq_mean_*`` / ``seq_max_*`` a whole
+    response whose masked mean / max is (an empty response's is 0). ``low`` (k1 only) is a lower bound too.
+    """
+    dtype = compute_dtype(torch.promote_types(old_logp_BT.dtype, rollout_logp_BT.dtype))
+    valid_BT = mask_BT > 0
+    w_BT = mask_BT.to(dtype)
+    # l = clamp(old_logp - roll_logp, -20, 20), zeroed at padding
+    l_BT = torch.where(valid_BT, old_logp_BT.detach().to(dtype) - rollout_logp_BT.detach().to(dtype), 0.0)
+    l_BT = torch.clamp(l_BT, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    # k1 = -l, k2 = l^2 / 2, k3 = exp(l) - 1 - l
+    stats = {"k1": -l_BT, "k2": 0.5 * l_BT.square(), "k3": torch.exp(l_BT) - 1.0 - l_BT}
+    keep_BT = valid_BT.clone()
+    for option, low, high in bounds:
+        level, k = option.rsplit("_", 1)
+        s = stats[k]
+        if level == "seq_mean":
+            s = seq_logratio(s, w_BT)[:, None]  # the masked mean over the response
+        elif level == "seq_max":
+            s = masked_row_max(s, valid_BT)[:, None]
+        ok = s <= high if low is None else (s >= low) & (s <= high)
+        keep_BT = keep_BT & ok
+    return keep_BT
+
+
+def masked_row_max(x_BT: Tensor, keep_BT: Tensor) -> Tensor:
+    """Each row's max over ``keep_BT``; 0 for a row with nothing kept. (B,)"""
+    row_B = torch.where(keep_BT, x_BT, -math.inf).amax(-1)
+    return torch.where(keep_BT.any(-1), row_B, 0.0)
 
 
 # ----------------------------------------------------------------------------- mismatch corrections

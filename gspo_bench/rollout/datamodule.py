@@ -48,10 +48,11 @@ class RolloutBatch:
     answers: list[str]
     stats: dict[str, float] = field(default_factory=dict)
     routes: torch.Tensor | None = None  # (layers, B, P+T, k) the sampler's experts (MoE), -1 = not recorded
+    truncated: torch.Tensor | None = None  # (B,) bool: the response hit max_new_tokens without an eos
 
     def to(self, device) -> "RolloutBatch":
         for k in ("input_ids", "attention_mask", "response_mask", "rollout_logp", "scores", "rewards", "advantages",
-                  "routes"):
+                  "routes", "truncated"):
             v = getattr(self, k)
             if v is not None:
                 setattr(self, k, v.to(device))
@@ -66,7 +67,8 @@ class RolloutBatch:
                             None if self.rollout_logp is None else self.rollout_logp[idx], self.scores[idx],
                             self.rewards[idx], None if self.advantages is None else self.advantages[idx],
                             self.texts[idx], self.answers[idx],
-                            dict(self.stats), None if self.routes is None else self.routes[:, idx])
+                            dict(self.stats), None if self.routes is None else self.routes[:, idx],
+                            None if self.truncated is None else self.truncated[idx])
 
 
 def merge_generations(gens: list[Generation], pad_id: int) -> Generation:
@@ -185,7 +187,7 @@ class RolloutDataModule(L.LightningDataModule):
         (``Capabilities.free_logp``: the fast engine and vLLM compute them anyway; transformers' ``generate``
         would need every step's logits kept)."""
         return (self.s.old_logp_source == "rollout" or self.s.correction != "none" or self.s.dtype != "float32"
-                or self.s.opsm_threshold is not None
+                or self.s.opsm_threshold is not None or self.s.rejection is not None
                 or self.s.staleness > 0 or self.engine_capabilities().free_logp)
 
     def count_timeouts(self, n: int) -> None:
@@ -353,7 +355,8 @@ class RolloutDataModule(L.LightningDataModule):
             stats.update({"dynamic/dropped_groups": float(dropped), "dynamic/gen_batches": float(rounds),
                           "dynamic/kept_groups": float(n_groups)})
         return RolloutBatch(gen.input_ids, gen.attention_mask, gen.prompt_len, gen.response_mask,
-                            gen.rollout_logp, scores, rewards, advantages, gen.texts, kept_answers, stats, gen.routes)
+                            gen.rollout_logp, scores, rewards, advantages, gen.texts, kept_answers, stats, gen.routes,
+                            truncated)
 
     # -- Lightning hooks ---------------------------------------------------------------------------
     def train_dataloader(self):

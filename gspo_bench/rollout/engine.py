@@ -113,9 +113,10 @@ def checkpointed_layers(model, enabled: bool = True):
 
 def forward_response(model, input_ids, attention_mask, prompt_len: int, temperature: float = 1.0,
                      with_entropy: bool = False, output_hidden_states: bool = False,
-                     logit_chunk_tokens: int = LOGIT_CHUNK_TOKENS, checkpoint_layers: bool = False):
-    """Per-token log-probs of the response block, (B, T); optionally entropy and the final hidden states
-    (B, T, H) that predict it.
+                     logit_chunk_tokens: int = LOGIT_CHUNK_TOKENS, checkpoint_layers: bool = False,
+                     entropy_grad: bool = False):
+    """Per-token log-probs of the response block, (B, T); optionally entropy (with a gradient when
+    ``entropy_grad``) and the final hidden states (B, T, H) that predict it.
 
     ``logit_chunk_tokens`` > 0 and a ``plain_head`` model: the decoder stack runs, and the LM head over the
     B x T positions that many at a time (``core.lm_head``: no (B, T, V) logits); else the module's own logits,
@@ -130,7 +131,7 @@ def forward_response(model, input_ids, attention_mask, prompt_len: int, temperat
             h = model.base_model(**inputs).last_hidden_state[:, prompt_len - 1 : -1]  # (B, T, H)
         head = model.get_output_embeddings()
         lp, ent = token_logp_entropy(h.reshape(-1, h.shape[-1]), head.weight, head.bias, resp.reshape(-1),
-                                     temperature, logit_chunk_tokens, with_entropy)
+                                     temperature, logit_chunk_tokens, with_entropy, entropy_grad)
         return lp.view(resp.shape), (None if ent is None else ent.view(resp.shape)), (
             h if output_hidden_states else None)
     with checkpointed_layers(model, checkpoint_layers):
@@ -140,8 +141,8 @@ def forward_response(model, input_ids, attention_mask, prompt_len: int, temperat
     logp = token_logp(logits, resp, temperature)
     ent = None
     if with_entropy:
-        with torch.no_grad():
-            ent = token_entropy(logits.detach(), temperature)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent = token_entropy(logits if entropy_grad else logits.detach(), temperature)
     hidden = out.hidden_states[-1][:, prompt_len - 1 : -1] if output_hidden_states else None
     return logp, ent, hidden
 
@@ -159,7 +160,7 @@ def uses_packed(model, forward: str = "auto") -> bool:
 def response_logp(model, input_ids, attention_mask, prompt_len: int, temperature: float = 1.0,
                   with_entropy: bool = False, forward: str = "auto", share_prompts: bool = False,
                   moe_kernel: str = "auto", logit_chunk_tokens: int = LOGIT_CHUNK_TOKENS,
-                  checkpoint_layers: bool = False):
+                  checkpoint_layers: bool = False, entropy_grad: bool = False):
     """(log-probs, entropy or None) of the response block, (B, T) each, zero where the mask is 0.
 
     ``forward``: ``packed`` runs ``fastlm`` over the real tokens only (Qwen3
@@ -168,7 +169,8 @@ def response_logp(model, input_ids, attention_mask, prompt_len: int, temperature
     with the same prompt compute it once (``fastlm.packed_states``).
     ``moe_kernel`` (packed only): how MoE layers run their experts (``rollout.moe_kernel``).
     ``logit_chunk_tokens``: tokens per chunk of the LM head (``train.logit_chunk_tokens``; 0 = all at once);
-    ``checkpoint_layers``: activation checkpointing (``train.activation_checkpointing``).
+    ``checkpoint_layers``: activation checkpointing (``train.activation_checkpointing``); ``entropy_grad``: the
+    entropy carries its gradient (an entropy bonus in the loss).
     """
     from gspo_bench.rollout import fastlm
 
@@ -176,11 +178,12 @@ def response_logp(model, input_ids, attention_mask, prompt_len: int, temperature
         logp, ent, _ = fastlm.packed_response_logp(model, input_ids, attention_mask, prompt_len, temperature,
                                                    with_entropy, share_prompts, moe_kernel,
                                                    logit_chunk_tokens=logit_chunk_tokens,
-                                                   checkpoint_layers=checkpoint_layers)
+                                                   checkpoint_layers=checkpoint_layers, entropy_grad=entropy_grad)
         return logp, ent
     mask = attention_mask[:, prompt_len:].to(torch.float32)
     logp, ent, _ = forward_response(model, input_ids, attention_mask, prompt_len, temperature, with_entropy,
-                                    logit_chunk_tokens=logit_chunk_tokens, checkpoint_layers=checkpoint_layers)
+                                    logit_chunk_tokens=logit_chunk_tokens, checkpoint_layers=checkpoint_layers,
+                                    entropy_grad=entropy_grad)
     return logp * mask, (None if ent is None else ent * mask)
 
 

@@ -329,7 +329,7 @@ def packed_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
 def packed_response_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
                          temperature: float = 1.0, with_entropy: bool = False, share_prompts: bool = False,
                          moe_kernel: str = "auto", logit_chunk_tokens: int = LOGIT_CHUNK_TOKENS,
-                         checkpoint_layers: bool = False):
+                         checkpoint_layers: bool = False, entropy_grad: bool = False):
     """Per-token log-probs (B, T) of the response block, computed over packed real tokens only.
 
     Same contract as ``engine.forward_response``, through ``packed_states``; the LM head runs only at
@@ -340,7 +340,7 @@ def packed_response_logp(model, input_ids: torch.Tensor, attention_mask: torch.T
                             checkpoint_layers)
     target = input_ids[:, prompt_len:][resp]
     lp, ent_n = token_logp_entropy(h, model.lm_head.weight, model.lm_head.bias, target, temperature,
-                                   logit_chunk_tokens, with_entropy)
+                                   logit_chunk_tokens, with_entropy, entropy_grad)
     logp = torch.zeros(resp.shape, dtype=lp.dtype, device=lp.device).masked_scatter(resp, lp)
     ent = None
     if ent_n is not None:

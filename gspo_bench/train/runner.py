@@ -32,6 +32,7 @@ from gspo_bench.train.assembly import rollout_data
 from gspo_bench.algorithms.evaluation import StartEvals
 from gspo_bench.callbacks import CollapseCallback, MismatchProbe, MoEFlipProbe, RatioSample
 from gspo_bench.core.collectives import launch_rank_zero
+from gspo_bench.core.losses import LOSSES, check_controls
 from gspo_bench.config import ConfigError, Resolved, RunConfig, to_dict
 from gspo_bench.tracking.lifecycle import config_digest, hashed_settings
 from gspo_bench.tracking.runs import quiet
@@ -73,11 +74,30 @@ class ProgressBar(RichProgressBar):
         return items
 
 
+def check_loss_controls(cfg: RunConfig, algo: str) -> None:
+    """The loss controls ``algo`` cannot take (``losses.check_controls``), and the top-entropy mask where its
+    quantile cannot see the whole minibatch, as a ConfigError before any work."""
+    # the loss settings alone are read: the rollout's length cap (1 here) does not enter them
+    loss = cfg.resolve(algo, algorithms.get(algo).recipe, 1).loss
+    try:
+        check_controls(LOSSES[algo], aggregation=loss.aggregation, top_entropy_quantile=loss.top_entropy_quantile,
+                       delta_clip=loss.delta_clip, eps_high=loss.eps_high)
+    except ValueError as e:
+        raise ConfigError(f"loss.{e}") from None
+    t = cfg.train
+    wide = "loss.top_entropy_quantile < 1" if loss.top_entropy_quantile < 1.0 else (
+        algo if LOSSES[algo].minibatch_wide else None)
+    if wide and (t.micro_batch_tokens or t.devices * t.num_nodes > 1):
+        raise ConfigError(f"{wide} needs one process and train.micro_batch_tokens 0: it picks tokens by statistics "
+                          "over every token of a minibatch, and a part of one sees only its own")
+
+
 def validate(cfg: RunConfig) -> str:
     """Check everything cheap to check before any run exists; returns the tracking URI."""
     for algo in cfg.algos:
         if algo not in algorithms.ALGORITHMS:
             raise ConfigError(f"unknown algorithm {algo!r} (allowed: {', '.join(algorithms.names())})")
+        check_loss_controls(cfg, algo)
     distributed.check_processes(cfg)
     try:
         spec = resolve_task_spec(cfg.task, cfg.task_options)
