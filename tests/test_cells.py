@@ -99,3 +99,35 @@ def test_a_claim_is_no_run_of_any_table_and_no_orphan_to_mark(store):
     client.set_tag(claim.run_id, "gspo_bench.pid", gone.stdout.strip())
     assert mark_orphans(client, exp, log=lambda *_: None) == []  # the cells module tidies dead claims
     claim.release()
+
+
+def test_a_claim_on_a_node_the_scheduler_reports_dead_is_released_and_its_run_marked_killed(store):
+    _, client, exp = store
+    cell_tags = {"algo": "gspo", "seed": "1", "preset": "smoke"}
+    # a worker on another host, its heartbeat fresh: alive by every rule but the scheduler's word
+    far = {**owner_tags(), "gspo_bench.host": "node-b.example", "gspo_bench.pid": "4242"}
+    gone = client.create_run(exp, tags={"kind": "claim", "cell": "smoke/gspo/1", cells.NODE_TAG: "n-dead",
+                                        **cell_tags, **far}).info.run_id
+    held = client.create_run(exp, tags={**cell_tags, **far}).info.run_id
+    other_far = {**far, "gspo_bench.pid": "4343"}  # another process of that host, on a live node
+    live = client.create_run(exp, tags={"kind": "claim", "cell": "smoke/gspo/1", cells.NODE_TAG: "n-live",
+                                        **cell_tags, **other_far}).info.run_id
+    working = client.create_run(exp, tags={**cell_tags, **other_far}).info.run_id
+    claim, why = cells.claim_cell(client, exp, "smoke", "gspo", 1, attempts=1)
+    assert claim is None and "on node-b.example" in why  # at work there, until the scheduler says otherwise
+
+    marked = cells.release_dead_claims(client, exp, "smoke", "gspo", 1, {"n-dead"}, "orphaned: its node left")
+    assert marked == [held]
+    run = client.get_run(held)
+    assert run.info.status == "KILLED" and run.data.tags["killed_reason"] == "orphaned: its node left"
+    assert client.get_run(gone).info.lifecycle_stage == "deleted"
+    assert client.get_run(live).info.lifecycle_stage == "active"  # the live node's claim and run stay
+    assert client.get_run(working).info.status == "RUNNING"
+
+
+def test_a_claim_carries_the_owner_tags_it_is_given(store):
+    _, client, exp = store
+    claim, _ = cells.claim_cell(client, exp, "smoke", "cispo", 0, tags={cells.NODE_TAG: "n-1"})
+    [run] = _active_claims(client, exp)
+    assert run.info.run_id == claim.run_id and run.data.tags[cells.NODE_TAG] == "n-1"
+    claim.release()

@@ -149,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("suite", help="every scenario x algorithm x seed, resumable; a leaderboard and report per "
                        "scenario and a summary ranking the algorithms across scenarios",
                        description="Runs every scenario (a preset) x algorithm x seed, one cell (one MLflow run) "
-                       "at a time, into the experiment <prefix>-<scenario>. Resumable: a cell with a FINISHED run "
+                       "at a time (or, with --backend ray, as Ray tasks over a cluster), into the experiment "
+                       "<prefix>-<scenario>. Resumable: a cell with a FINISHED run "
                        "(tags algo, seed, preset) is skipped, FAILED/KILLED/RUNNING ones run again. Prints the plan "
                        "and a rough ETA first. Then writes <out>/<scenario>/leaderboard.md and report.md, and "
                        "<out>/summary.md and suite.json: per algorithm its rank per scenario (mean final eval "
@@ -185,6 +186,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --dry-run: per scenario, the seeds, cells and hours to detect X points of final "
                    f"pass@1 against {DEFAULT_BASELINE} with 80 %% power (fixed-n paired t at Holm's first step), "
                    "from the observed sd of the runs it has")
+    s.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="where the cells run: local (default), one at a time in this process; ray, each cell a Ray "
+                   "task on a cluster (pip install '.[ray]'; docs/many-machines.md). Either way each cell is claimed "
+                   "in the tracking store before it runs, so drivers sharing a plan and store run it once")
+    s.add_argument("--ray-address", metavar="ADDRESS",
+                   help="with --backend ray: the cluster, HOST:PORT of a head started by `ray start --head`, "
+                   "ray://HOST:PORT, auto, or local (a cluster of this machine, started for the command) (default "
+                   "$RAY_ADDRESS, else local); an address of another machine needs a shared tracking store (an "
+                   "mlflow server or PostgreSQL), not a sqlite file")
+    s.add_argument("--cpus-per-cell", type=float, metavar="N",
+                   help="with --backend ray: CPUs a cell's task asks for (default 1 on GPUs, else train.devices)")
+    s.add_argument("--gpus-per-cell", type=float, metavar="N",
+                   help="with --backend ray: GPUs a cell's task asks for (default train.devices where "
+                   "train.accelerator is gpu, or auto on a cluster with GPUs; else 0)")
     add_claims_parser(sub, DEFAULT_TRACKING_URI)
     sub.add_parser("list", help="show algorithms, tasks, models and presets (with one-line descriptions)")
     cc = sub.add_parser("collapse-check", help="replay the collapse detector over recorded runs and list the events",
@@ -368,7 +383,9 @@ def cmd_suite(args) -> int:
                        seeds=seeds, prefix=args.experiment_prefix, tracking_uri=args.tracking_uri, out=args.out,
                        sets=tuple(args.sets), progress=not args.no_progress, dry_run=args.dry_run,
                        command="python -m gspo_bench " + shlex.join(args.argv), until_decided=args.until_decided,
-                       max_seeds=args.max_seeds, seed_batch=args.seed_batch, target_mde=args.target_mde)
+                       max_seeds=args.max_seeds, seed_batch=args.seed_batch, target_mde=args.target_mde,
+                       backend=args.backend, ray_address=args.ray_address, cpus_per_cell=args.cpus_per_cell,
+                       gpus_per_cell=args.gpus_per_cell)
     return run_suite(req, log=lambda m: console.print(m, markup=False, highlight=False, soft_wrap=True),
                      console=console)
 

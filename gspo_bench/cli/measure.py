@@ -55,6 +55,12 @@ def add_bench_parser(sub, csv, set_flag) -> None:
                    "each in its own process (default model qwen3-0.6b-arch; --set over it)")
     b.add_argument("--prompts", type=csv, default=None, metavar="N[,N...]", help="with --memory: prompts per "
                    "rollout of each measurement (default 4,16)")
+    b.add_argument("--suite-ray", action="store_true", help="instead: the smoke suite's wall time serially against "
+                   "`suite --backend ray` on a Ray head of this machine with --workers CPUs, --repeats times each, "
+                   "each run a process of its own (bench/suite_ray.py; --set over the suite); --markdown writes the "
+                   "page with the command and commit (the ray extra)")
+    b.add_argument("--workers", type=int, default=2, metavar="N", help="with --suite-ray: CPUs of the Ray head, one "
+                   "cell each at a time (default 2)")
 
 
 def model_overrides(args, sets: dict, model: str | None) -> dict:
@@ -92,6 +98,8 @@ def bench_command(args, console) -> int:
         return presets_command(args, console)
     if args.memory:
         return memory_command(args, console)
+    if args.suite_ray:
+        return suite_ray_command(args, console)
     args.preset = args.preset or "cpu-bench"
 
     try:
@@ -267,6 +275,49 @@ def memory_command(args, console) -> int:
                                                              + shlex.join(args.argv), commit, machine()))
         console.print(f"wrote {args.markdown}")
     return 0 if all("added" in r for r in results) else 1
+
+
+def suite_ray_command(args, console) -> int:
+    """``bench --suite-ray``: the smoke suite serially and on Ray, timed; a table, JSON and Markdown with the
+    command and commit; exit 1 unless every suite ended with every cell FINISHED."""
+    import importlib.util
+    import json
+    import shlex
+    from pathlib import Path
+
+    from gspo_bench.bench import suite_ray
+    from gspo_bench.tracking.provenance import git_commit, machine
+
+    if args.workers < 1 or args.repeats < 1:
+        raise ConfigError(f"--workers {args.workers} and --repeats {args.repeats} must be >= 1")
+    if args.preset or args.config or args.model or args.task:
+        raise ConfigError("--suite-ray times the smoke suite as it ships (--set goes over it); --preset, --config, "
+                          "--model and --task do not apply")
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError("--suite-ray needs Ray: pip install '.[ray]'")
+    load_config("smoke", (), parse_sets(args.sets))  # before any work: the settings must load
+    commit = git_commit()  # the code that measures, read before the minutes of measuring
+    results = suite_ray.measure(args.workers, args.repeats, tuple(args.sets),
+                                log=lambda line: console.print(line, markup=False, soft_wrap=True))
+    table = Table(title=f"smoke suite: serial vs Ray with {args.workers} workers")
+    for col in suite_ray.COLUMNS:
+        table.add_column(col)
+    for row in suite_ray.rows(results):
+        table.add_row(*row)
+    console.print(table)
+    for r in [results["warm_up"], *results["runs"]["local"], *results["runs"]["ray"]]:
+        if r["log_tail"]:
+            console.print(f"[bench] a suite did not finish; the end of its output:\n{r['log_tail']}", markup=False)
+    command = "python -m gspo_bench " + shlex.join(args.argv)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({**results, "command": command, "commit": commit}, indent=2))
+        console.print(f"wrote {args.json}")
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(suite_ray.markdown(results, command, commit, machine()))
+        console.print(f"wrote {args.markdown}")
+    return 0 if suite_ray.ok(results) else 1
 
 
 def warmstart_command(args, console) -> int:

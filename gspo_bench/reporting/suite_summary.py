@@ -266,6 +266,8 @@ def summary_markdown(result: dict, meta: dict) -> str:
           f"{meta['skipped']} already done)",
           f"- wall time of this invocation: {meta['wall_s']:.0f} s; training time of all FINISHED cells "
           f"(sum of `time/wall_s`): {meta['cell_s']:.0f} s",
+          *([f"- cells run as Ray tasks, {meta['workers']} at a time (`--backend ray`)"]
+            if meta.get("backend") == "ray" else []),
           *([f"- seeds per scenario, until decided: " + "; ".join(
               f"`{s}` {', '.join(map(str, meta['scenario_info'][s]['seeds']))}" for s in names)]
             if "sequential" in meta else []), "",

@@ -23,8 +23,12 @@ run in the cell's experiment), so two ``suite`` commands started on the same pla
 between them and never run one twice at the same time; a driver skips a cell another one holds, and each
 driver's summary counts what is FINISHED when it ends.
 
+Backends (``backends.py``): ``--backend local`` (the default) runs the cells one at a time in this process;
+``--backend ray`` runs each as a Ray task on a cluster (``ray_backend.py``). Both claim and run a cell the same
+way (``backends.run_cell``); the plan, the skips, the bar, the lines and the outputs here are the same for both.
+
 ETA, rough: per cell, measured wall times where the experiment has some, else a cost model
-(``suite_cost``).
+(``suite_cost``); spread over the backend's workers (``backends.makespan``).
 
 ``--until-decided --max-seeds N``: after the configured cells, rounds of ``--seed-batch`` new seeds for the
 baseline and each algorithm whose comparison against it is undecided under the anytime-valid rule
@@ -52,6 +56,7 @@ from gspo_bench.config import ConfigError, RunConfig, flatten, load_config, pars
 from gspo_bench.config.loading import deep_merge
 from gspo_bench.config.sections import repeated
 from gspo_bench.tracking.redact import redact
+from gspo_bench.suite.backends import Backend, Cell, LocalBackend, makespan
 from gspo_bench.suite.cost import ALGO_COST, WARMSTART_S, cell_seconds, warmstart_key
 from gspo_bench.suite.target import target_lines
 from gspo_bench.suite.until_decided import DEFAULT_SEED_BATCH, Extension, run_until_decided
@@ -83,6 +88,10 @@ class SuiteRequest:
     max_seeds: int | None = None  # with until_decided: the most seeds a scenario gets, configured ones included
     seed_batch: int | None = None  # with until_decided: seeds added per round (None: DEFAULT_SEED_BATCH)
     target_mde: float | None = None  # with dry_run: the seeds and hours to detect this many points (``target.py``)
+    backend: str = "local"  # where the cells run: local (this process) | ray (``ray_backend.py``)
+    ray_address: str | None = None  # with ray: the cluster (None: $RAY_ADDRESS, else local)
+    cpus_per_cell: float | None = None  # with ray: CPUs of a cell's task (None: from the scenario's settings)
+    gpus_per_cell: float | None = None  # with ray: GPUs of a cell's task (None: from train.accelerator / devices)
 
 
 @dataclass
@@ -116,7 +125,11 @@ class Plan:
 
     cells = property(lambda self: len(self.scenarios) * len(self.algos) * len(self.seeds))
     done = property(lambda self: sum(len(s.done) for s in self.scenarios))  # cells FINISHED before this run
-    eta_s = property(lambda self: sum(sum(s.estimates()) for s in self.scenarios))
+
+    def wall_s(self, workers: int = 1) -> float:
+        """The to-do cells' estimates spread over ``workers`` in the plan's order (``backends.makespan``; one
+        worker: their sum)."""
+        return makespan([e for s in self.scenarios for e in s.estimates()], workers)
 
 
 def fmt_s(s: float) -> str:
@@ -253,7 +266,20 @@ def charge_warmstarts(plan: Plan) -> None:
 def check_request(req: SuiteRequest) -> None:
     """The options that go together (ConfigError, one line, before any work): ``--until-decided`` needs
     ``--max-seeds`` at or above the configured seeds and a ``--seed-batch`` >= 1, and excludes ``--target-mde``;
-    ``--max-seeds`` and ``--seed-batch`` need it; ``--target-mde`` needs ``--dry-run`` and a positive value."""
+    ``--max-seeds`` and ``--seed-batch`` need it; ``--target-mde`` needs ``--dry-run`` and a positive value;
+    ``--ray-address``, ``--cpus-per-cell`` and ``--gpus-per-cell`` need ``--backend ray``, and a cell at least some
+    CPU and no negative GPUs."""
+    if req.backend not in ("local", "ray"):
+        raise ConfigError(f"--backend {req.backend!r}: local or ray")
+    if req.backend != "ray":
+        for flag, value in (("--ray-address", req.ray_address), ("--cpus-per-cell", req.cpus_per_cell),
+                            ("--gpus-per-cell", req.gpus_per_cell)):
+            if value is not None:
+                raise ConfigError(f"{flag} applies only with --backend ray")
+    if req.cpus_per_cell is not None and not req.cpus_per_cell > 0:
+        raise ConfigError(f"--cpus-per-cell {req.cpus_per_cell:g} must be > 0")
+    if req.gpus_per_cell is not None and not req.gpus_per_cell >= 0:
+        raise ConfigError(f"--gpus-per-cell {req.gpus_per_cell:g} must be >= 0")
     if req.until_decided:
         if req.max_seeds is None:
             raise ConfigError("--until-decided needs --max-seeds N (the most seeds a scenario may get)")
@@ -278,8 +304,8 @@ def check_request(req: SuiteRequest) -> None:
                               "final pass@1)")
 
 
-def plan_lines(plan: Plan) -> list[str]:
-    p = plan
+def plan_lines(plan: Plan, backend: Backend | None = None) -> list[str]:
+    p, workers = plan, backend.workers if backend is not None else 1
     lines = [f"suite: {len(p.scenarios)} scenario(s) x {len(p.algos)} algorithm(s) x {len(p.seeds)} seed(s) = "
              f"{p.cells} cells: {p.done} already done, {p.cells - p.done} to run",
              f"algorithms: {', '.join(p.algos)}; seeds: {', '.join(map(str, p.seeds))}"]
@@ -294,8 +320,11 @@ def plan_lines(plan: Plan) -> list[str]:
                                                 + (f" + {builds} warm start(s) to build (~{fmt_s(WARMSTART_S)} each)"
                                                    if builds else "") + f" -> ~{fmt_s(sum(s.estimates()))}"
                                                 if s.todo else ""))
-    lines.append(f"ETA: ~{fmt_s(p.eta_s)} (rough: measured cells where the experiments have some, else the cost "
-                 "model of gspo_bench/suite/run.py)")
+    if backend is not None and backend.name != "local":
+        lines.append(backend.describe())
+    lines.append(f"ETA: ~{fmt_s(p.wall_s(workers))}" + (f" on {workers} workers" if workers > 1 else "")
+                 + " (rough: measured cells where the experiments have some, else the cost model of "
+                 "gspo_bench/suite/run.py)")
     return lines
 
 
@@ -320,28 +349,39 @@ def worst_case_lines(plan: Plan, req: SuiteRequest) -> list[str]:
 
 
 # -- running -----------------------------------------------------------------------------------------------------
-def claim_cell(s: ScenarioPlan, algo: str, seed: int):
-    """``(claim, None)``, or ``(None, why)`` when another driver on the store has the cell or it is done
-    (``tracking.cells``: a claim run in the cell's experiment, made before the cell's own run)."""
-    import mlflow
+@contextlib.contextmanager
+def open_backend(req: SuiteRequest, plan: Plan):
+    """The request's backend, checked against the plan (a ConfigError before any cell runs), closed after."""
+    if req.backend == "local":
+        yield LocalBackend()
+        return
+    from gspo_bench.suite import ray_backend
 
-    from gspo_bench.tracking import cells, stores
+    backend = ray_backend.connect(ray_backend.RayRequest(req.ray_address, req.cpus_per_cell, req.gpus_per_cell),
+                                  [(s.name, s.cfg, s.uri) for s in plan.scenarios])
+    try:
+        yield backend
+    finally:
+        backend.close()
 
-    exp_id = stores.ensure_experiment(s.uri, s.experiment, s.cfg.tracking.artifact_location)
-    return cells.claim_cell(mlflow.MlflowClient(s.uri), exp_id, s.name, algo, seed)
+
+def plan_cells(plan: Plan) -> list[Cell]:
+    """The plan's to-do cells, each with its scenario's config for that algorithm and seed alone."""
+    return [Cell(s.name, dataclasses.replace(s.cfg, algos=[a], seeds=[seed]), s.uri, a, seed, est)
+            for s in plan.scenarios for (a, seed), est in zip(s.todo, s.estimates())]
 
 
-def run_cells(plan: Plan, log, progress: bool, console=None) -> dict[str, int]:
-    """Run every to-do cell, one ``runner.run`` each, under one bar; returns {scenario: cells run}. Never
-    raises for a failed cell."""
-    from gspo_bench.train import runner
-
-    todo = [(s, a, seed, est) for s in plan.scenarios for (a, seed), est in zip(s.todo, s.estimates())]
+def run_cells(plan: Plan, log, progress: bool, console=None, backend: Backend | None = None) -> dict[str, int]:
+    """Run every to-do cell on ``backend`` (default: this process) under one bar; returns {scenario: cells run}.
+    Never raises for a failed cell. The ETA after each cell: the cells left, at the estimates scaled by how long
+    the ended cells took against theirs, spread over the backend's workers."""
+    backend = backend or LocalBackend()
+    cells = plan_cells(plan)
     for s in plan.scenarios:
         for (a, seed), run_id in sorted(s.done.items(), key=lambda x: (x[0][1], x[0][0])):
             log(f"skip {s.name} / {a} / seed {seed}: already FINISHED (run {run_id})")
     ran = {s.name: 0 for s in plan.scenarios}
-    if not todo:
+    if not cells:
         return ran
     bar = contextlib.nullcontext()
     if progress:
@@ -349,35 +389,34 @@ def run_cells(plan: Plan, log, progress: bool, console=None) -> dict[str, int]:
 
         bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                        TextColumn("ETA {task.fields[eta]}"), console=console, transient=False)
+    n, workers = len(cells), backend.workers
+    left_cells = set(range(n))
     spent = planned = 0.0
     with bar:
-        task = bar.add_task("suite cells", total=len(todo), eta=f"~{fmt_s(plan.eta_s)}") if progress else None
-        for k, (s, algo, seed, est) in enumerate(todo, 1):
+        what = "suite cells" if workers == 1 else f"suite cells, {workers} at a time"
+        task = bar.add_task(what, total=n, eta=f"~{fmt_s(plan.wall_s(workers))}") if progress else None
+
+        def started(i: int) -> None:
             if progress:
-                bar.update(task, description=f"{s.name} / {algo} / seed {seed}")
-            cfg = dataclasses.replace(s.cfg, algos=[algo], seeds=[seed])
-            t0 = time.perf_counter()
-            claim, why = claim_cell(s, algo, seed)
-            if claim is None:  # another driver on this store has it, or finished it since the plan
-                log(f"[{k}/{len(todo)}] skip {s.name} / {algo} / seed {seed}: {why}")
+                bar.update(task, description=cells[i].label)
+
+        for k, (i, out) in enumerate(backend.run(cells, log, on_start=started), 1):
+            c = cells[i]
+            left_cells.discard(i)
+            for line in out.lines:  # a worker's lines, as it logged them
+                log(line)
+            if out.status is None:  # another driver on this store has it, or finished it since the plan
+                log(f"[{k}/{n}] skip {c.label}: {out.why}")
                 if progress:
                     bar.update(task, advance=1)
                 continue
-            with claim:
-                try:
-                    # a KILLED cell (a signal, or an orphan of a killed process) continues from its checkpoint
-                    res = runner.run(cfg, log=log, resume=True)[0]
-                    status, final = res.status, res.eval_end
-                except Exception as e:  # e.g. a warm start that raised: this cell fails, the suite goes on
-                    status, final = "FAILED", None
-                    log(f"[error] {s.name} / {algo} / seed {seed}: {type(e).__name__}: {e}")
-            took = time.perf_counter() - t0
-            ran[s.name] += 1
-            spent, planned = spent + took, planned + est
-            left = sum(e for *_, e in todo[k:]) * (spent / planned if planned > 0 else 1.0)
-            log(f"[{k}/{len(todo)}] {s.name} / {algo} / seed {seed}: {status} in {fmt_s(took)}"
-                + (f", final pass@1 {final:.3f}" if final is not None else "")
-                + (f"; ETA ~{fmt_s(left)}" if k < len(todo) else ""))
+            ran[c.scenario] += 1
+            spent, planned = spent + out.seconds, planned + c.estimate_s
+            scale = spent / planned if planned > 0 else 1.0
+            left = makespan([cells[j].estimate_s * scale for j in sorted(left_cells)], workers)
+            log(f"[{k}/{n}] {c.label}: {out.status} in {fmt_s(out.seconds)}"
+                + (f", final pass@1 {out.final:.3f}" if out.final is not None else "")
+                + (f"; ETA ~{fmt_s(left)}" if k < n else ""))
             if progress:
                 bar.update(task, advance=1, eta=f"~{fmt_s(left)}")
     return ran
@@ -396,9 +435,11 @@ def scenario_runs(s: ScenarioPlan, algos: list[str], seeds: list[int] | None) ->
             if r.tags.get("preset") == s.name and r.algo in algos and (keep is None or r.seed in keep)]
 
 
-def run_extension(plan: Plan, req: SuiteRequest, ran: dict[str, int], log, console=None) -> Extension:
+def run_extension(plan: Plan, req: SuiteRequest, ran: dict[str, int], log, console=None,
+                  backend: Backend | None = None) -> Extension:
     """``--until-decided``: after the configured cells, batches of seeds for the undecided comparisons
-    (``until_decided.run_until_decided``), each batch run by ``run_cells``; ``ran`` counts them in."""
+    (``until_decided.run_until_decided``), each batch run by ``run_cells`` on ``backend`` (on Ray, one wave of
+    tasks); ``ran`` counts them in."""
     from gspo_bench.reporting.suite_summary import finals_of
 
     by_name = {s.name: s for s in plan.scenarios}
@@ -410,7 +451,7 @@ def run_extension(plan: Plan, req: SuiteRequest, ran: dict[str, int], log, conso
         batch = Plan([dataclasses.replace(by_name[n], done={}, todo=list(c), warmstart_s={}) for n, c in cells.items()],
                      plan.algos, sorted({seed for c in cells.values() for _, seed in c}))
         charge_warmstarts(batch)
-        for name, count in run_cells(batch, log, req.progress, console).items():
+        for name, count in run_cells(batch, log, req.progress, console, backend).items():
             ran[name] = ran.get(name, 0) + count
 
     tried = {(s.name, a, seed) for s in plan.scenarios for a, seed in s.todo}
@@ -419,10 +460,11 @@ def run_extension(plan: Plan, req: SuiteRequest, ran: dict[str, int], log, conso
 
 
 def write_outputs(plan: Plan, req: SuiteRequest, ran: dict[str, int], wall_s: float, log,
-                  extension: Extension | None = None) -> tuple[dict, int]:
+                  extension: Extension | None = None, workers: int = 1) -> tuple[dict, int]:
     """Per scenario ``leaderboard.md`` and the report, then ``summary.md`` and ``suite.json``; returns the
     summary dict and the exit code (0: every cell FINISHED). ``extension``: the seeds and cells
-    ``--until-decided`` added, counted in, and its sequential decisions reported."""
+    ``--until-decided`` added, counted in, and its sequential decisions reported; ``workers``: the cells the
+    backend ran at a time."""
     from gspo_bench.reporting.report import write_report
     from gspo_bench.reporting.suite_summary import (collapses_of, finals_of, leaderboard_md, rank_suite,
                                                     sequential_json, summary_markdown)
@@ -466,7 +508,7 @@ def write_outputs(plan: Plan, req: SuiteRequest, ran: dict[str, int], wall_s: fl
     meta = {"prefix": req.prefix, "command": req.command, "commit": git_commit(), "machine": machine(),
             "tracking_uri": redact(plan.scenarios[0].uri), "algos": plan.algos, "seeds": plan.seeds, "cells": n_cells,
             "finished": finished_cells, "ran": sum(ran.values()), "skipped": plan.done, "wall_s": wall_s,
-            "cell_s": cell_s, "scenario_info": info}
+            "cell_s": cell_s, "scenario_info": info, "backend": req.backend, "workers": workers}
     if extension is not None:
         meta["sequential"] = sequential_json(per_scenario, DEFAULT_BASELINE, req.max_seeds,
                                              req.seed_batch or DEFAULT_SEED_BATCH, extension.rounds)
@@ -486,21 +528,23 @@ def run_suite(req: SuiteRequest, log=print, console=None) -> int:
     quiet()
     check_request(req)
     plan = make_plan(req)
-    for line in plan_lines(plan):
-        log(line)
-    if req.dry_run:
-        if req.until_decided:
-            for line in worst_case_lines(plan, req):
-                log(line)
-        if req.target_mde is not None:
-            runs = {s.name: scenario_runs(s, plan.algos, None) for s in plan.scenarios}
-            for line in target_lines(plan, req.target_mde, DEFAULT_BASELINE, runs):
-                log(line)
-        log("dry run: nothing run, nothing written")
-        return 0
-    ran = run_cells(plan, log, req.progress, console)
-    extension = run_extension(plan, req, ran, log, console) if req.until_decided else None
-    doc, code = write_outputs(plan, req, ran, time.perf_counter() - t0, log, extension)
+    with open_backend(req, plan) as backend:  # a cluster that cannot run the plan: one line, nothing run
+        for line in plan_lines(plan, backend):
+            log(line)
+        if req.dry_run:
+            if req.until_decided:
+                for line in worst_case_lines(plan, req):
+                    log(line)
+            if req.target_mde is not None:
+                runs = {s.name: scenario_runs(s, plan.algos, None) for s in plan.scenarios}
+                for line in target_lines(plan, req.target_mde, DEFAULT_BASELINE, runs):
+                    log(line)
+            log("dry run: nothing run, nothing written")
+            return 0
+        ran = run_cells(plan, log, req.progress, console, backend)
+        extension = run_extension(plan, req, ran, log, console, backend) if req.until_decided else None
+        workers = backend.workers
+    doc, code = write_outputs(plan, req, ran, time.perf_counter() - t0, log, extension, workers)
     log(f"suite: {doc['finished']}/{doc['cells']} cells FINISHED ({doc['ran']} run now, {doc['skipped']} already "
         f"done) in {fmt_s(doc['wall_s'])}; wrote {Path(req.out) / 'summary.md'} and {Path(req.out) / 'suite.json'}")
     return code

@@ -25,6 +25,11 @@ or not) gives.
 Before it claims, and again once it holds the claim, the driver asks whether the cell is already taken care of:
 a FINISHED run of it (done, by this driver's plan or another's), or a RUNNING run of it whose process is alive
 (a ``run`` started by hand, or a driver older than claims). Either way it leaves the cell alone.
+
+A claim taken by a scheduler's worker (``suite --backend ray``) also names the worker's node (tag ``NODE_TAG``).
+When the scheduler reports that node dead, the worker's process cannot be asked (it was on another host) and
+its heartbeat would hold the cell for ``lifecycle.ORPHAN_AFTER_S``: ``release_dead_claims`` deletes such a claim
+and marks the cell's run of the same process KILLED, so the retried task continues it from its checkpoint.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from gspo_bench.tracking.lifecycle import orphan_reason, owner_tags
 from gspo_bench.tracking.ui import CLAIM_KIND, benchmark_run
 
 CELL_TAG = "cell"
+NODE_TAG = "gspo_bench.node"  # the scheduler's id of the node a claim's process runs on, where one scheduled it
 HEARTBEAT_S = 60.0  # a claim's heartbeat while its cell runs (a claim is dead after lifecycle.ORPHAN_AFTER_S)
 
 
@@ -121,9 +127,11 @@ def live_claims(client, experiment_id: str, cell: str) -> list:
 
 
 def claim_cell(client, experiment_id: str, preset: str, algo: str, seed: int, attempts: int = 5,
-               wait_s: tuple[float, float] = (0.2, 2.0)) -> tuple[Claim | None, str | None]:
+               wait_s: tuple[float, float] = (0.2, 2.0),
+               tags: dict[str, str] | None = None) -> tuple[Claim | None, str | None]:
     """``(claim, None)`` when this process now holds the cell; ``(None, why)`` when the cell is done, at work,
-    or claimed by another driver (the protocol in the module docstring)."""
+    or claimed by another driver (the protocol in the module docstring). ``tags``: more owner tags of the claim
+    (``NODE_TAG``)."""
     cell = cell_key(preset, algo, seed)
     for attempt in range(attempts):
         why = taken(client, experiment_id, preset, algo, seed)
@@ -131,7 +139,7 @@ def claim_cell(client, experiment_id: str, preset: str, algo: str, seed: int, at
             return None, why
         run = client.create_run(experiment_id, run_name=f"claim {cell}",
                                 tags={"kind": CLAIM_KIND, CELL_TAG: cell, "algo": algo, "seed": str(seed),
-                                      "preset": preset, **owner_tags()})
+                                      "preset": preset, **owner_tags(), **(tags or {})})
         mine = run.info.run_id
         others = [r for r in live_claims(client, experiment_id, cell) if r.info.run_id != mine]
         if not others:
@@ -146,3 +154,29 @@ def claim_cell(client, experiment_id: str, preset: str, algo: str, seed: int, at
     t = others[0].data.tags
     return None, (f"claimed by another driver (pid {t.get('gspo_bench.pid')} on {t.get('gspo_bench.host')}, "
                   f"claim run {others[0].info.run_id})")
+
+
+def release_dead_claims(client, experiment_id: str, preset: str, algo: str, seed: int, dead_nodes: set[str],
+                        reason: str) -> list[str]:
+    """Delete the cell's claims held on a node of ``dead_nodes`` (tag ``NODE_TAG``), and mark the cell's RUNNING
+    runs of their processes (same host and pid) KILLED with ``reason`` as ``killed_reason``; returns the ids of
+    the runs marked."""
+    cell = cell_key(preset, algo, seed)
+    query = f"tags.kind = '{CLAIM_KIND}' and tags.{CELL_TAG} = '{cell}'"
+    owners = set()
+    for r in client.search_runs([experiment_id], query, max_results=1000):
+        t = r.data.tags
+        if t.get(NODE_TAG) in dead_nodes:
+            owners.add((t.get("gspo_bench.host"), t.get("gspo_bench.pid")))
+            try:
+                client.delete_run(r.info.run_id)
+            except Exception:  # deleted meanwhile by another driver
+                pass
+    marked = []
+    for r in cell_runs(client, experiment_id, preset, algo, seed):
+        t = r.data.tags
+        if r.info.status == "RUNNING" and (t.get("gspo_bench.host"), t.get("gspo_bench.pid")) in owners:
+            client.set_tag(r.info.run_id, "killed_reason", reason)
+            client.set_terminated(r.info.run_id, "KILLED")
+            marked.append(r.info.run_id)
+    return marked
