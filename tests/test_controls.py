@@ -26,14 +26,10 @@ from gspo_bench.core.metrics import StepStats
 from gspo_bench.core.names import rejection_bounds
 from gspo_bench.core.ratios import mismatch_stats, rejection_mask
 from gspo_bench.tuning.study import chosen_params
-from tests.test_field_losses import _before_policy_loss, _inputs
+# the shared 2x3 example of test_losses.py (row 1's last token is padding)
+from tests.test_field_losses import ADV, DELTA, F64, LOGP, MASK, _before_policy_loss, _inputs
 
 e = math.exp
-F64 = torch.float64
-DELTA = [[0.2, -0.3, 0.5], [-0.4, 0.5, 3.0]]
-LOGP = [[-1.0, -0.5, -2.0], [-0.3, -1.2, -0.8]]
-ADV = [1.0, -0.5]
-MASK = [[1, 1, 1], [1, 1, 0]]
 H = [[1.0, 2.0, 0.5], [0.3, 0.7, 9.0]]  # entropies; the padding entry is garbage
 PPO = [[-1.2, -e(-0.3), -1.2], [0.4, 0.5 * e(0.5), 0.0]]
 
