@@ -24,6 +24,7 @@ The serial run uses torch's default threads; a Ray worker one thread per CPU it 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -69,8 +70,12 @@ def ray_head(cpus: int, env: dict | None = None, timeout_s: float = 120.0):
     cmd = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--port", str(port),
            "--num-cpus", str(cpus), "--num-gpus", "0", "--temp-dir", folder, "--include-dashboard", "false",
            "--disable-usage-stats", "--object-store-memory", str(100 * 2**20),
-           "--dashboard-agent-listen-port", str(_free_port()), "--ray-client-server-port", str(_free_port()),
-           "--metrics-export-port", str(_free_port())]
+           "--dashboard-agent-listen-port", str(_free_port()), "--metrics-export-port", str(_free_port())]
+    # Ray Client's server (ray:// addresses, unused here) starts only where its dependency, grpcio, is installed
+    # (ray[client]); then on a free port of its own, not the default 10001 another head may hold. A plain
+    # ``pip install ray`` has no grpcio, and ``ray start`` refuses a client port there.
+    if importlib.util.find_spec("grpc") is not None:
+        cmd += ["--ray-client-server-port", str(_free_port())]
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
         head = subprocess.Popen(cmd, env=env or child_env(), stdout=log, stderr=subprocess.STDOUT,
