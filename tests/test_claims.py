@@ -25,6 +25,8 @@ def test_measures_by_hand():
     assert cl.measure(r, "at:15") is None  # no eval at that step
     assert cl.measure(r, "log10:clip/frac") == pytest.approx(math.log10(0.03))  # log10 of the mean 0.03
     assert cl.measure(r, "mean:mismatch/kl") == pytest.approx(2e-4)
+    assert cl.measure(r, "min:clip/frac") == pytest.approx(0.02)  # the smaller of 0.02 and 0.04
+    assert cl.measure(r, "min:ratio/max") is None
     assert cl.measure(r, "mean:ratio/max") is None
     with pytest.raises(ValueError, match="unknown measure"):
         cl.measure(r, "median:clip/frac")
@@ -92,7 +94,7 @@ def test_combine():
 
 def test_every_claim_names_known_experiments_and_terms():
     specs = claims(2.0)
-    assert len(specs) == 12 and len({c.key for c in specs}) == 12
+    assert len(specs) == 16 and len({c.key for c in specs}) == 16
     for c in specs:
         used = {t.experiment for p in c.parts for t in p.terms} | {cv.experiment for cv in c.curves}
         assert used <= set(c.experiments) <= set(EXPERIMENTS), c.key
@@ -109,7 +111,10 @@ def test_every_claim_names_known_experiments_and_terms():
         assert part.region == (0.0, math.inf) and part.decisive
     # every history a measure or a figure reads is loaded (the entropy reading of clip-higher included)
     assert set(cl.needed_metrics(specs)) == {"eval/pass1", "clip/frac", "mismatch/kl", "policy/entropy",
-                                             "response/length_wrong_mean", "response/length_mean"}
+                                             "response/length_wrong_mean", "response/length_mean",
+                                             "response/truncated_frac"}
+    # a part with no region (a reading) is never decisive: it has nothing to test
+    assert all(not p.decisive for c in specs for p in c.parts if p.region == (-math.inf, math.inf))
 
 
 def test_claims_command_writes_the_page(tmp_path_factory, tmp_path, capsys):
@@ -209,7 +214,7 @@ def test_every_experiment_names_the_commands_that_made_its_runs():
     for c in claims():
         for t in [t for p in c.parts for t in p.terms] + list(c.curves):
             used.setdefault(t.experiment, set()).add(dict(t.where)["algo"])
-    for name in ("suite-hot", "suite-stale", "suite-offpolicy", "suite-long"):
+    for name in ("suite-hot", "suite-stale", "suite-offpolicy", "suite-long", "suite-entropy"):
         cmds = EXPERIMENTS[name][1]
         (cmd,) = cmds
         assert re.search(r"--scenarios (\S+)", cmd).group(1) == name.removeprefix("suite-"), cmd
@@ -335,7 +340,7 @@ def test_page_names_every_command_and_new_claims_not_run():
     page = cl.markdown(results, meta, {})
     assert all(r.verdict == cl.NOT_RUN for r in results)
     sections = page.split("\n## ")[1:]
-    assert len(sections) == 12
+    assert len(sections) == 16
     sapo = next(s for s in sections if s.startswith("9. SAPO's soft gate"))
     assert "**Verdict: not run.**" in sapo and "arXiv 2511.20347" in sapo
     # each command of an experiment is its own item under it
@@ -487,3 +492,111 @@ def test_claims_target_mde_prints_the_seeds_each_part_needs_at_its_deciding_leve
     assert "Seeds to detect 5" in capsys.readouterr().out and not out.exists()
     assert main(["claims", "--runs", "results/claims/runs.csv.gz", "--target-mde", "0"]) == 2
     assert "--target-mde 0" in one_line(capsys)
+
+
+def test_claims_joins_runs_tables_one_experiment_each(tmp_path_factory, tmp_path, capsys):
+    """``--runs A --runs B``: each experiment from the table that holds it, the joined table written beside the
+    page; an experiment in two tables is one line and exit 2, before any page."""
+    from gspo_bench.reporting.frame import read_frame
+
+    uri, client, ids = new_store(tmp_path_factory, "claims-join", "arith-default", "suite-long")
+    for s in range(3):
+        for algo, fin in (("gspo", .60), ("gspo_token", .601 + s / 1000)):
+            log_run(client, ids["arith-default"], algo=algo, seed=s, evals=[(0, 0.40), (40, fin)],
+                    tags={"tuning": "default"})
+        for algo, fin in (("grpo", .50), ("gspo", .52 + s / 100)):
+            log_run(client, ids["suite-long"], algo=algo, seed=s, evals=[(0, 0.40), (40, fin)],
+                    tags={"preset": "long"})
+    empty, _, _ = new_store(tmp_path_factory, "claims-join-empty", "other")
+    tables = {}
+    for name in ("arith-default", "suite-long"):  # one table per experiment, as two stores would give
+        page = tmp_path / name / "claims.md"
+        assert main(["claims", "--source", f"{name}={uri}", "--tracking-uri", empty, "--out", str(page)]) == 0
+        tables[name] = page.parent / "claims" / "runs.csv.gz"
+        assert set(read_frame(tables[name])["experiment"]) == {name}
+    capsys.readouterr()
+    out = tmp_path / "joined" / "claims.md"
+    assert main(["claims", "--runs", str(tables["arith-default"]), "--runs", str(tables["suite-long"]),
+                 "--out", str(out)]) == 0
+    page = out.read_text()
+    gspo_token = next(line for line in page.splitlines() if line.startswith("| final pass@1, gspo_token - gspo"))
+    assert "| 3 (0,1,2) | +0.2 |" in gspo_token  # (0.1 + 0.2 + 0.3) / 3 points, from the first table
+    long_row = next(line for line in page.splitlines() if line.startswith("| long: final pass@1, gspo - grpo"))
+    assert "| 3 (0,1,2) | +3.0 |" in long_row  # (2 + 3 + 4) / 3 points, from the second
+    joined = read_frame(out.parent / "claims" / "runs.csv.gz")
+    assert set(joined["experiment"]) == {"arith-default", "suite-long"}
+    assert joined["run_id"].nunique() == 12
+    capsys.readouterr()
+    assert main(["claims", "--runs", str(tables["suite-long"]), "--runs", str(out.parent / "claims" / "runs.csv.gz"),
+                 "--out", str(tmp_path / "twice" / "claims.md")]) == 2
+    text = one_line(capsys)
+    assert "experiment 'suite-long' is in both" in text and "give each experiment from one table" in text
+    assert not (tmp_path / "twice").exists()
+
+
+# -- the entropy controls' claims (top-entropy, cov, entropy-target, mask-truncated) -------------------------------
+def _ent(algo: str, seed: int, final: float, entropies, **tags) -> RunData:
+    """A FINISHED run with ``policy/entropy`` at steps 1, 2, ... and its final pass@1."""
+    return _rd(algo, seed, final, {"policy/entropy": list(enumerate(entropies, 1))}, **tags)
+
+
+def test_the_entropy_floor_of_the_claims_is_the_scenarios():
+    from gspo_bench.config import load_config
+    from gspo_bench.reporting.claim_specs import ENTROPY_FLOOR
+
+    assert load_config("entropy").collapse.entropy_floor == ENTROPY_FLOOR
+    target = _claim("entropy-target")
+    assert target.parts[0].region == (ENTROPY_FLOOR, math.inf) and target.parts[2].region == (-math.inf, ENTROPY_FLOOR)
+    assert "--set loss.entropy_target=0.2" in EXPERIMENTS["entropy-target"][1][0]
+    assert "--preset entropy" in EXPERIMENTS["entropy-target"][1][0]
+
+
+def test_entropy_target_by_hand():
+    runs = {"suite-entropy": [], "entropy-target": []}
+    # lowest entropies: grpo 0.08, 0.06, 0.09 (under the 0.1 floor); with the target 0.15, 0.17, 0.14
+    for s, (g, t, fg, ft) in enumerate(((0.08, 0.15, 0.50, 0.52), (0.06, 0.17, 0.55, 0.53), (0.09, 0.14, 0.60, 0.61))):
+        runs["suite-entropy"].append(_ent("grpo", s, fg, (0.2, 0.12, g)))
+        runs["entropy-target"].append(_ent("grpo", s, ft, (0.2, t, 0.19), tuning="entropy-target"))
+    res = cl.evaluate((_claim("entropy-target"),), runs)[0]
+    floor, lift, grpo, cost = res.parts
+    assert floor.stat.mean == pytest.approx(0.46 / 3) and floor.stat.ci == pytest.approx(_t_ci([0.15, 0.17, 0.14]))
+    assert floor.stat.ci[0] > 0.1 and floor.verdict == cl.REPRODUCED  # about [0.116, 0.191]
+    assert lift.stat.ci == pytest.approx(_t_ci([0.07, 0.11, 0.05])) and lift.verdict == cl.REPRODUCED
+    assert grpo.stat.ci == pytest.approx(_t_ci([0.08, 0.06, 0.09])) and not grpo.part.decisive
+    assert cost.stat.mean == pytest.approx(1 / 3) and not cost.part.decisive  # +2, -2, +1 points
+    assert res.verdict == cl.REPRODUCED
+    # one seed with the target dipping to 0.05: the lowest entropies' interval reaches under the floor
+    runs["entropy-target"][1] = _ent("grpo", 1, 0.53, (0.2, 0.05, 0.19), tuning="entropy-target")
+    res = cl.evaluate((_claim("entropy-target"),), runs)[0]
+    assert res.parts[0].stat.ci == pytest.approx(_t_ci([0.15, 0.05, 0.14])) and res.parts[0].stat.ci[0] < 0.1
+    assert res.parts[0].verdict == cl.UNDECIDED and res.verdict == cl.UNDECIDED
+
+
+def test_cov_and_top_entropy_and_truncation_by_hand():
+    runs = {"suite-entropy": [], "controls-default": [], "truncation-long": []}
+    for s in range(3):
+        runs["suite-entropy"] += [_ent("grpo", s, 0.50, (0.2, 0.1)),
+                                  _ent("clip_cov", s, 0.51 + s / 100, (0.3, 0.2)),  # mean 0.25 vs 0.15
+                                  _ent("kl_cov", s, 0.40, (0.15, 0.15))]  # entropy the same, 10 points worse
+        runs["controls-default"] += [_ent("grpo", s, 0.60, (0.3, 0.3), **DFLT),
+                                     _ent("grpo", s, 0.59 - s / 100, (0.6, 0.6), tuning="top-entropy-20")]
+        long_tags = {"preset": "long", "tuning": "default"}
+        runs["truncation-long"] += [
+            _rd("grpo", s, 0.62, {"response/truncated_frac": [(1, 0.02), (2, 0.0)]}, **long_tags),
+            _rd("grpo", s, 0.62 + (1 - s) / 100, tuning="mask-truncated")]
+    cov = cl.evaluate((_claim("cov"),), runs)[0]
+    ent_clip, fin_clip, ent_kl, fin_kl = cov.parts
+    assert ent_clip.stat.mean == pytest.approx(math.log10(0.25 / 0.15)) and ent_clip.verdict == cl.REPRODUCED
+    assert fin_clip.stat.ci == pytest.approx(_t_ci([1.0, 2.0, 3.0])) and fin_clip.verdict == cl.REPRODUCED
+    assert ent_kl.stat.mean == pytest.approx(0.0) and ent_kl.stat.tied and ent_kl.verdict == cl.REFUTED
+    assert fin_kl.stat.mean == pytest.approx(-10.0) and fin_kl.verdict == cl.REFUTED and cov.verdict == cl.REFUTED
+    top = cl.evaluate((_claim("top-entropy"),), runs)[0]
+    final, entropy = top.parts
+    assert final.stat.ci == pytest.approx(_t_ci([-1.0, -2.0, -3.0])) and final.verdict == cl.UNDECIDED  # ~[-4.5, +0.5]
+    assert entropy.stat.mean == pytest.approx(math.log10(2)) and entropy.verdict == cl.READING
+    row = cl.part_row(entropy)
+    assert row[6] == "-" and row[-1] == "a reading, not in the verdict"
+    trunc = cl.evaluate((_claim("mask-truncated"),), runs)[0]
+    masked, frac = trunc.parts
+    assert masked.stat.ci == pytest.approx(_t_ci([1.0, 0.0, -1.0])) and masked.verdict == cl.REPRODUCED
+    assert frac.stat.mean == pytest.approx(0.01) and frac.verdict == cl.READING and trunc.verdict == cl.REPRODUCED

@@ -336,6 +336,9 @@ SCENARIO_CHANGES = {  # the stress presets: the default preset plus exactly one 
     "stale": {"rollout.staleness": 2, "rollout.old_logp_source": "rollout"},
     "moe-bf16": {"model.name": "tiny-moe", "rollout.dtype": "bfloat16"},
     "hot": {"train.lr": 0.0015},
+    # one stress, three settings: a cold sampler and a fast learner over twice the steps, with the floor at which
+    # the detector calls the entropy's fall a collapse
+    "entropy": {"rollout.temperature": 0.3, "train.lr": 0.0006, "train.steps": 80, "collapse.entropy_floor": 0.1},
 }
 
 

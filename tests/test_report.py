@@ -146,6 +146,34 @@ def test_the_runs_table_remakes_leaderboard_and_report_without_the_store(made, t
     assert (again / "eval_arith_tiny-dense.png").is_file() and not (again / "runs.csv.gz").samefile(table)
 
 
+def test_runs_tables_split_by_run_join_back_to_the_same_pages(made, tmp_path, capsys):
+    """``--runs A --runs B`` over an experiment's runs split in two tables reads as the one table: the same
+    leaderboard, and a report whose raw data holds every run; a run in both tables is one line and exit 2."""
+    from gspo_bench.reporting.frame import read_frame, write_frame
+
+    _, _, out, _ = made
+    table = out / "runs.csv.gz"
+    frame = read_frame(table)
+    ids = sorted(frame["run_id"].unique())
+    half = set(ids[: len(ids) // 2])
+    a, b = tmp_path / "a.csv.gz", tmp_path / "b.csv.gz"
+    write_frame(frame[frame["run_id"].isin(half)], a)
+    write_frame(frame[~frame["run_id"].isin(half)], b)
+    capsys.readouterr()
+    assert main(["leaderboard", "--runs", str(table), "--format", "csv"]) == 0
+    whole = capsys.readouterr().out
+    assert main(["leaderboard", "--runs", str(a), "--runs", str(b), "--format", "csv"]) == 0
+    assert capsys.readouterr().out == whole and whole.count("\n") > 5
+    joined = tmp_path / "joined"
+    assert main(["report", "--runs", str(a), "--runs", str(b), "--out", str(joined)]) == 0
+    assert f"- runs tables: `{a}`, `{b}`" in (joined / "report.md").read_text()
+    assert sorted(read_frame(joined / "runs.csv.gz")["run_id"].unique()) == ids
+    capsys.readouterr()
+    assert main(["leaderboard", "--runs", str(a), "--runs", str(table)]) == 2
+    text = one_line(capsys)
+    assert "is in both" in text and str(a) in text and str(table) in text
+
+
 def test_a_runs_file_that_is_not_one_is_one_line_exit_2(tmp_path, capsys):
     bad = tmp_path / "runs.csv.gz"
     bad.write_bytes(b"not gzip at all")

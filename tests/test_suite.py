@@ -99,7 +99,7 @@ def test_rank_suite_mean_rank_significance_counts_and_collapses():
 
 
 def test_cost_model_grows_with_the_work_and_the_default_scenarios_are_named():
-    assert SCENARIOS == ("long", "offpolicy", "stale", "moe-bf16", "hot")
+    assert SCENARIOS == ("long", "offpolicy", "stale", "moe-bf16", "hot", "entropy")
     small = scenario_config("smoke", SuiteRequest(sets=("train.steps=2",)), ["grpo"])
     big = scenario_config("smoke", SuiteRequest(sets=("train.steps=20",)), ["grpo"])
     assert small.tracking.experiment == "suite-smoke" and small.train.progress is False

@@ -115,9 +115,9 @@ def leaderboard_command(args, console) -> int:
         raise ConfigError("--fit prints the scaling fits instead of the tables; --paired and --target-mde ask for "
                           "other tables: give one")
     if args.runs:  # a results folder's raw data, no MLflow store
-        from gspo_bench.reporting.frame import read_frame, runs_of, select
+        from gspo_bench.reporting.frame import read_frames, runs_of, select
 
-        runs = runs_of(select(read_frame(args.runs), args.experiment, args.task, args.model))
+        runs = runs_of(select(read_frames(args.runs), args.experiment, args.task, args.model))
     else:
         from gspo_bench.reporting.leaderboard import LEADERBOARD_METRICS
         from gspo_bench.reporting.scaling_table import SCALING_HISTORIES
@@ -209,8 +209,10 @@ def add_claims_parser(sub, default_uri: str) -> None:
                    help=f"points of pass@1 treated as 'as well' / 'equal' (default {DEFAULT_MARGIN:g})")
     c.add_argument("--out", default="results/claims.md", help="the page to write; figures and the runs table "
                    "(runs.csv.gz, the page's raw data) go beside it in <stem>/ (default results/claims.md)")
-    c.add_argument("--runs", metavar="FILE", help="read every experiment from a runs table an earlier claims "
-                   "wrote (<stem>/runs.csv.gz) instead of MLflow stores")
+    c.add_argument("--runs", metavar="FILE", action="append", help="read every experiment from a runs table "
+                   "(an earlier claims page's <stem>/runs.csv.gz, or a report's runs.csv.gz) instead of MLflow "
+                   "stores; repeatable: the tables are joined, each experiment from the one table that holds it, and "
+                   "the joined table is written beside the page as its raw data")
     c.add_argument("--target-mde", type=float, metavar="X",
                    help="instead of the page: per decisive part, the seeds needed to detect X (in the part's unit: "
                    "points of pass@1, log10, or the metric) with 80 %% power at the level that decides it, from the "
@@ -246,8 +248,8 @@ def claims_command(args, console) -> int:
     if args.runs:
         from gspo_bench.reporting.frame import read_frame
 
-        table = read_frame(args.runs)
-        cl.check_table(table, experiments, f"--runs {args.runs!r}")
+        table = cl.join_tables({path: read_frame(path) for path in args.runs})
+        cl.check_table(table, experiments, "--runs " + " ".join(repr(p) for p in args.runs))
     else:
         for name in EXPERIMENTS:
             if name not in uris:
@@ -280,7 +282,7 @@ def claims_command(args, console) -> int:
             "set_aside": set_aside([r for rs in runs.values() for r in rs]),
             "predates": predates_dev_split([r for rs in runs.values() for r in rs])}
     out.write_text(cl.markdown(results, meta, figures))
-    if frame is not None and table is None:  # the page's raw data: claims --runs reads it back
+    if frame is not None and (table is None or len(args.runs) > 1):  # the page's raw data: claims --runs reads it back
         from gspo_bench.reporting.frame import RUNS_FILE, write_frame
 
         write_frame(frame, fig_dir / RUNS_FILE)

@@ -220,8 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"MLflow experiment (default {DEFAULT_EXPERIMENT})")
         c.add_argument("--task", help="only runs of this task")
         c.add_argument("--model", help="only runs of this model")
-        c.add_argument("--runs", metavar="FILE", help="read the runs from a runs.csv.gz a report wrote (a results "
-                       "folder's raw data) instead of an MLflow store: nothing is logged to MLflow")
+        c.add_argument("--runs", metavar="FILE", action="append", help="read the runs from a runs.csv.gz a report "
+                       "wrote (a results folder's raw data) instead of an MLflow store: nothing is logged to MLflow; "
+                       "repeatable: the tables are joined (a run in two of them is an error, exit 2)")
         c.add_argument("--baseline", metavar="ALGO|TAG=VALUE",
                        help=f"the algorithm the paired differences are taken against (default {DEFAULT_BASELINE}); "
                        "given, it must have a FINISHED run in the selection, else exit 2; left at the default, a "

@@ -14,7 +14,8 @@ tiny-moe). ``claims.verdict`` turns the part's 95 % t interval and R into reprod
 
 Measures (``claims.measure``): ``final``, ``warm`` and ``at:S`` are greedy eval pass@1 in points (100 x) at
 the last eval, the first eval (= the warm start) and step S; ``log10:KEY`` is log10 of the mean over steps of
-metric KEY (so a difference of two is log10 of a ratio); ``mean:KEY`` the mean over steps of KEY.
+metric KEY (so a difference of two is log10 of a ratio); ``mean:KEY`` the mean over steps of KEY; ``min:KEY``
+its smallest value over the steps (a floor the run never went under).
 
 The margin ``delta`` (points of pass@1) is the smallest difference treated as practically relevant: "at least
 as well" means no worse than ``-delta``, "equal" means within ``+-delta``.
@@ -26,17 +27,22 @@ import math
 from dataclasses import dataclass
 
 INF = math.inf
+ENTROPY_FLOOR = 0.1  # nats: the `entropy` preset's collapse.entropy_floor (tests/test_claims.py checks they agree)
 DEFAULT_MARGIN = 3.0  # points of greedy pass@1; RL lifts it by 16-36 points on the default task
 
 # the suite's cells the claims read, per scenario: the algorithms the claims compare there and no more (the full
 # suite, every scenario x algorithm, is ``suite --algos all``)
 SUITE_ALGOS = {"hot": "grpo,gspo,sapo", "stale": "grpo,gspo,vespo,dppo_tv,dppo_kl",
-               "offpolicy": "grpo,gspo,vespo,dppo_tv,dppo_kl", "long": "grpo,gspo,dr_grpo"}
+               "offpolicy": "grpo,gspo,vespo,dppo_tv,dppo_kl", "long": "grpo,gspo,dr_grpo",
+               "entropy": "grpo,clip_cov,kl_cov"}
+SUITE_SEEDS = {"entropy": 8}  # seeds of a scenario's cells where not the suite's default 3
+EIGHT = "0,1,2,3,4,5,6,7"
+LONG_SEEDS = "0,1,2,3"  # the truncation experiment's seeds: a `long` run takes about 5 minutes here
 
 
 def suite_command(scenario: str, algos: str) -> str:
-    """The suite invocation that makes ``algos``' cells of ``scenario`` at 3 seeds."""
-    return f"python -m gspo_bench suite --scenarios {scenario} --algos {algos} --seeds 3"
+    """The suite invocation that makes ``algos``' cells of ``scenario`` (3 seeds unless ``SUITE_SEEDS``)."""
+    return f"python -m gspo_bench suite --scenarios {scenario} --algos {algos} --seeds {SUITE_SEEDS.get(scenario, 3)}"
 
 
 # experiment -> (what it is, the commands that made its runs, in order)
@@ -71,6 +77,30 @@ EXPERIMENTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "suite-hot": (
         "the `hot` scenario: learning rate 1.5e-3, 7.5x the default",
         (suite_command("hot", SUITE_ALGOS["hot"]),)),
+    "controls-default": (
+        "the default preset (as arith-default, same warm starts), grpo with every token in the policy loss and "
+        "with only the top 20 % of each minibatch's tokens by entropy (`loss.top_entropy_quantile=0.2`, tuning "
+        "tag top-entropy-20)",
+        (f"python -m gspo_bench run --algos grpo --seed {EIGHT} --experiment controls-default",
+         f"python -m gspo_bench run --algos grpo --seed {EIGHT} --experiment controls-default "
+         "--set loss.top_entropy_quantile=0.2 --set tuning=top-entropy-20")),
+    "suite-entropy": (
+        "the `entropy` scenario: sampling temperature 0.3 and learning rate 6e-4 (3x the default), where grpo's "
+        "token entropy falls steadily; its collapse detector's entropy floor is 0.1 nats",
+        (suite_command("entropy", SUITE_ALGOS["entropy"]),)),
+    "entropy-target": (
+        "the `entropy` scenario with grpo and TRL's adaptive entropy bonus: target 0.2 nats, the coefficient "
+        "stepping by 0.01 per optimiser step within [0, 1] (tuning tag entropy-target); same warm starts as "
+        "suite-entropy",
+        (f"python -m gspo_bench run --preset entropy --algos grpo --seed {EIGHT} --experiment entropy-target "
+         "--set loss.entropy_target=0.2 --set loss.entropy_coef_delta=0.01 --set tuning=entropy-target",)),
+    "truncation-long": (
+        "the `long` scenario (arith_scratchpad, 37-54-token responses, at most 56 new tokens), grpo with and "
+        "without truncated responses masked out of the loss (`rollout.mask_truncated=true`, tuning tag "
+        "mask-truncated)",
+        (f"python -m gspo_bench run --preset long --algos grpo --seed {LONG_SEEDS} --experiment truncation-long",
+         f"python -m gspo_bench run --preset long --algos grpo --seed {LONG_SEEDS} --experiment truncation-long "
+         "--set rollout.mask_truncated=true --set tuning=mask-truncated")),
 }
 
 
@@ -134,6 +164,7 @@ def claims(delta: float = DEFAULT_MARGIN) -> tuple[Claim, ...]:
     greater, at_least, equal, at_most = (0.0, INF), (-delta, INF), (-delta, delta), (-INF, delta)
     d, m = "arith-default", "moe-stabilisers"
     dflt = {"preset": "default", "tuning": "default"}
+    lng = {"preset": "long", "tuning": "default"}
     moe = {"none": {"routing_replay": "none", "correction": "none"},
            "r3": {"routing_replay": "r3", "correction": "none"},
            "r2": {"routing_replay": "r2", "correction": "none"},
@@ -320,4 +351,81 @@ def claims(delta: float = DEFAULT_MARGIN) -> tuple[Claim, ...]:
                     "log10", decisive=False)),
               (Curve("long grpo", "suite-long", _w("grpo")), Curve("long dr_grpo", "suite-long", _w("dr_grpo"))),
               "response/length_wrong_mean"),
+        Claim("top-entropy", "Training only on the 20 % of tokens with the highest entropy learns at least as well "
+              "as training on all of them.",
+              "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective Reinforcement Learning for LLM "
+              "Reasoning (Wang et al. 2025, arXiv 2506.01939), as TRL's `top_entropy_quantile` implements it: the "
+              "policy gradient of the top 20 % of tokens by entropy matches or beats the full gradient",
+              "grpo with `loss.top_entropy_quantile=0.2` (the mask keeps the tokens whose entropy reaches the "
+              "minibatch's 80th percentile) against grpo on every token, on the default task, same warm start and "
+              "prompts per seed; final greedy pass@1. Answers here are about 3 tokens long, so the mask leaves "
+              "most responses without a policy-gradient term; the mean token entropy (log10 ratio) is the "
+              "mechanism reading.",
+              ("controls-default",),
+              (Part("default: final pass@1, top-20 % tokens - all tokens",
+                    _diff("controls-default", _w("grpo", tuning="top-entropy-20"), _w("grpo", **dflt)), at_least),
+               Part("default: log10 mean-entropy ratio, top-20 % / all",
+                    _diff("controls-default", _w("grpo", tuning="top-entropy-20"), _w("grpo", **dflt),
+                          "log10:policy/entropy"), (-INF, INF), "log10", decisive=False)),
+              (Curve("grpo, all tokens", "controls-default", _w("grpo", **dflt)),
+               Curve("grpo, top-20 % tokens", "controls-default", _w("grpo", tuning="top-entropy-20")))),
+        Claim("cov", "Clip-Cov and KL-Cov keep the policy's entropy above GRPO's, and learn no worse.",
+              "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models (Cui et al. 2025, "
+              "arXiv 2505.22617): entropy falls as the covariance of log-probability and advantage drives it; "
+              "clipping (Clip-Cov) or penalising (KL-Cov) the few tokens of highest covariance keeps it up and "
+              "improves accuracy. Implemented with verl's defaults",
+              "the `entropy` scenario (grpo's token entropy falls to half and less): clip_cov and kl_cov "
+              "against grpo, same warm start per seed; the mean token entropy over the run (log10 ratio, "
+              "'above' read as: ratio above 1) and the final greedy pass@1 (no worse than the margin). verl's "
+              "default ratio, 2e-4 of the tokens, is 1 token of a minibatch here (a few thousand tokens).",
+              ("suite-entropy",),
+              tuple(p for a in ("clip_cov", "kl_cov") for p in (
+                  Part(f"entropy: log10 mean-entropy ratio {a} / grpo",
+                       _diff("suite-entropy", _w(a), _w("grpo"), "log10:policy/entropy"), (0.0, INF), "log10"),
+                  Part(f"entropy: final pass@1, {a} - grpo", _diff("suite-entropy", _w(a), _w("grpo")),
+                       at_least))),
+              (Curve("grpo", "suite-entropy", _w("grpo")), Curve("clip_cov", "suite-entropy", _w("clip_cov")),
+               Curve("kl_cov", "suite-entropy", _w("kl_cov"))),
+              "policy/entropy"),
+        Claim("entropy-target", "An entropy bonus with an adaptive target prevents the entropy collapse.",
+              "TRL's adaptive entropy control (`entropy_coef` with a target entropy and min/max bounds, after "
+              "the Skywork-OR1 report's adaptive entropy coefficient): the coefficient rises while entropy is "
+              "under the target, so entropy cannot collapse",
+              "the `entropy` scenario: grpo with the adaptive bonus (target 0.2 nats, about the warm start's "
+              "entropy at this temperature) against grpo, same warm start per seed. 'Prevents' is read as: the "
+              "lowest token entropy over the run stays above the scenario's collapse floor (0.1 nats) and above "
+              "grpo's. Beside the verdict: grpo's own lowest entropy (under the floor: the collapse the "
+              "scenario is for) and what the bonus costs in final pass@1.",
+              ("entropy-target", "suite-entropy"),
+              (Part("entropy: lowest token entropy, grpo + target",
+                    (Term("entropy-target", _w("grpo", tuning="entropy-target"), "min:policy/entropy"),),
+                    (ENTROPY_FLOOR, INF), "policy/entropy"),
+               Part("entropy: lowest token entropy, grpo + target - grpo",
+                    (Term("entropy-target", _w("grpo", tuning="entropy-target"), "min:policy/entropy"),
+                     Term("suite-entropy", _w("grpo"), "min:policy/entropy", -1)), (0.0, INF), "policy/entropy"),
+               Part("entropy: lowest token entropy, grpo",
+                    (Term("suite-entropy", _w("grpo"), "min:policy/entropy"),), (-INF, ENTROPY_FLOOR),
+                    "policy/entropy", decisive=False),
+               Part("entropy: final pass@1, grpo + target - grpo",
+                    (Term("entropy-target", _w("grpo", tuning="entropy-target")),
+                     Term("suite-entropy", _w("grpo"), sign=-1)), at_least, decisive=False)),
+              (Curve("grpo", "suite-entropy", _w("grpo")),
+               Curve("grpo + adaptive entropy bonus", "entropy-target", _w("grpo", tuning="entropy-target"))),
+              "policy/entropy"),
+        Claim("mask-truncated", "Masking truncated responses out of the loss does not hurt learning on long "
+              "responses.",
+              "TRL's `mask_truncated_completions`, after DAPO's overlong filtering (Yu et al. 2025, arXiv "
+              "2503.14476), which masks the loss of truncated samples and reports that it stabilises training",
+              "grpo with `rollout.mask_truncated=true` against grpo on `long` (scratchpad answers of 37-54 "
+              "tokens under a 56-token cap), same warm start per seed; final greedy pass@1 (no worse than the "
+              "margin). The mean fraction of truncated responses, the ones the mask takes out, is the mechanism "
+              "reading: the smaller it is, the less the two runs can differ.",
+              ("truncation-long",),
+              (Part("long: final pass@1, masked - unmasked",
+                    _diff("truncation-long", _w("grpo", tuning="mask-truncated"), _w("grpo", **lng)), at_least),
+               Part("long: mean truncated fraction, unmasked",
+                    (Term("truncation-long", _w("grpo", **lng), "mean:response/truncated_frac"),), (-INF, INF),
+                    "response/truncated_frac", decisive=False)),
+              (Curve("grpo", "truncation-long", _w("grpo", **lng)),
+               Curve("grpo, truncated masked", "truncation-long", _w("grpo", tuning="mask-truncated")))),
     )

@@ -9,6 +9,9 @@ multiplicity rule (docs/algorithms.md, "One multiplicity rule"):
                     family's Holm adjustment allows
     not decided     neither (or fewer than 2 seeds: no interval)
 
+A part that is not decisive is shown beside the verdict with its interval; with no region at all (the whole
+line) it is *a reading*, a measured quantity the claim's mechanism explains, and nothing is tested.
+
 A part's family: when the part is one of the paired tables' comparisons (``shared_comparison``: an algorithm's
 final pass@1 minus the baseline's in one experiment, its region bounded at 0), that table's family, the
 experiment's algorithms against the baseline on final pass@1, and the part takes the table's verdict (decided
@@ -40,6 +43,7 @@ from gspo_bench.reporting.paired import (PairedStat, holm, holm_first_level, mde
 from gspo_bench.reporting.seeds import RUNS, SEED, per_seed, run_table
 
 REPRODUCED, REFUTED, UNDECIDED, NOT_RUN = "reproduced", "refuted", "not decided", "not run"
+READING = "a reading"  # a part shown beside the verdict with no region claimed (the whole line): nothing to test
 ALPHA, POWER = 0.05, 0.8  # every family's level, and the power its MDE is quoted at
 METRICS = ("eval/pass1",)  # always loaded; ``needed_metrics`` adds what the claims measure and draw
 
@@ -50,7 +54,7 @@ def needed_metrics(specs) -> tuple[str, ...]:
     for c in specs:
         keys.append(c.curve_metric)
         keys += [t.measure.split(":", 1)[1] for p in c.parts for t in p.terms
-                 if t.measure.startswith(("log10:", "mean:"))]
+                 if t.measure.startswith(("log10:", "mean:", "min:"))]
     return tuple(dict.fromkeys(keys))
 
 
@@ -89,10 +93,12 @@ def measure(run: RunData, name: str) -> float | None:
         return next((100 * v for s, v in ev if s == step), None)
     kind, _, key = name.partition(":")
     values = [v for _, v in run.history.get(key, []) if math.isfinite(v)]
-    if kind not in ("log10", "mean") or not key:
+    if kind not in ("log10", "mean", "min") or not key:
         raise ValueError(f"unknown measure {name!r}")
     if not values:
         return None
+    if kind == "min":
+        return min(values)
     mean = statistics.fmean(values)
     if kind == "mean":
         return mean
@@ -154,6 +160,8 @@ def evaluate_part(part: Part, runs: dict[str, list[RunData]]) -> PartResult:
         why = "no seed has every term measured" + (f" (no run has {'; '.join(bare)})" if bare else "")
         return PartResult(part, paired_summary([]), [], NOT_RUN, why)
     stat = paired_summary(diffs)
+    if not part.decisive and part.region == (-math.inf, math.inf):
+        return PartResult(part, stat, used, READING)
     return PartResult(part, stat, used, verdict(stat.ci, part.region))
 
 
@@ -257,6 +265,24 @@ def check_table(frame, experiments: set[str], source: str) -> None:
                           f"); it holds {', '.join(held) or 'no run'}")
 
 
+def join_tables(tables: dict[str, object]):
+    """Runs tables (path -> table, ``frame.read_frame``) as one: each experiment must come from one table, so
+    an experiment held by two of them is a ConfigError naming both (joining them would pair runs of two
+    stores by seed as if they were one experiment)."""
+    import pandas as pd
+
+    from gspo_bench.config import ConfigError
+
+    where: dict[str, str] = {}
+    for path, table in tables.items():
+        for name in table["experiment"].dropna().unique():
+            if name in where:
+                raise ConfigError(f"--runs: experiment {name!r} is in both {where[name]!r} and {path!r}; "
+                                  f"give each experiment from one table")
+            where[name] = path
+    return pd.concat(list(tables.values()), ignore_index=True)
+
+
 def load(uris: dict[str, str] | None, experiments: set[str], metrics: tuple[str, ...] = METRICS,
          frame=None) -> tuple[dict[str, list[RunData]], dict[str, str], object]:
     """Runs of each experiment from its tracking URI (``uris[name]``), or from ``frame`` (a runs table holding
@@ -338,6 +364,8 @@ def _num(x: float | None, unit: str) -> str:
 
 def _region(region: tuple[float, float], unit: str) -> str:
     lo, hi = region
+    if not (math.isfinite(lo) or math.isfinite(hi)):
+        return "-"  # a reading: nothing claimed
     if unit == "log10":
         return f"({_num(lo, unit)}, {_num(hi, unit)})" if math.isfinite(lo) and math.isfinite(hi) else \
             (f"> {_num(lo, unit)}" if math.isfinite(lo) else f"< {_num(hi, unit)}")
@@ -359,7 +387,8 @@ def part_row(r: PartResult) -> list[str]:
     tost = tost_power(st.sd, st.n, r.part.region) if r.part.decisive and not st.tied else None
     if tost is not None:  # an equivalence claim: the chance to reproduce it were the truth the region's centre
         mde_cell += f"; {100 * tost:.0f} % to land inside at its centre"
-    v = r.verdict + ("" if r.part.decisive else " (shown, not in the verdict)")
+    v = r.verdict + ("" if r.part.decisive else " (shown, not in the verdict)" if r.verdict != READING
+                     else ", not in the verdict")
     if r.missing:
         v += f": {r.missing}"
     seeds = ",".join(r.seeds) or "-"
@@ -390,9 +419,9 @@ def markdown(results: list[ClaimResult], meta: dict, figures: dict[str, str]) ->
            f"Margin: {meta['margin']:g} points of greedy pass@1."
            + (f" Note: {meta['set_aside']}." if meta.get("set_aside") else "")
            + (f" Note: {meta['predates']}." if meta.get("predates") else ""), "",
-           "How to read it: each claim is split into parts. A part is a per-seed paired difference d_s (runs with "
-           "the same seed share their warm start and prompt order), with its mean, 95 % t interval and the region "
-           "the claim predicts for it. **Reproduced**: the interval lies inside that region. **Refuted**: the "
+           "How to read it: each claim is split into parts. A part is a per-seed number d_s, mostly a paired "
+           "difference (runs with the same seed share their warm start and prompt order), else one run's measure, "
+           "with its mean, 95 % t interval and the region the claim predicts for it. **Reproduced**: the interval lies inside that region. **Refuted**: the "
            "test that the mean lies outside the region (p) rejects after Holm's adjustment over the part's "
            "family (Holm p below 0.05). A part that is also a comparison of the paired tables (an algorithm's "
            "final pass@1 against grpo in one experiment, the region bounded at 0) belongs to that table's "
@@ -402,8 +431,9 @@ def markdown(results: list[ClaimResult], meta: dict, figures: dict[str, str]) ->
            "for an equivalence region (bounded on both sides) the chance that the interval lands inside it were "
            "the true difference its centre (the power of the two one-sided tests, computed exactly). "
            "A claim is reproduced when every decisive part is (each at its own level: all must hold, so no "
-           "correction), refuted when any decisive part is refuted at its family's level. "
-           "Scope: these are miniatures (models of ~1M parameters, arithmetic tasks, 40 RL steps); a refutation "
+           "correction), refuted when any decisive part is refuted at its family's level. Parts marked 'not in "
+           "the verdict' are shown beside it; one marked 'a reading' claims no region and tests nothing. "
+           "Scope: these are miniatures (models of ~1M parameters, arithmetic tasks, 40-80 RL steps); a refutation "
            "says the effect does not appear at this scale, not that the source is wrong at its own.", ""]
     out += tables.markdown(("#", "claim", "verdict"), [
         [i, r.claim.text, f"**{r.verdict}**{seeds_and_mde(r) if r.verdict == UNDECIDED else ''}"]

@@ -176,6 +176,23 @@ def read_frame(path: str | Path) -> pd.DataFrame:
     return frame
 
 
+def read_frames(paths) -> pd.DataFrame:
+    """Several long tables (``read_frame`` each) as one: the runs of an experiment made in two stores, say, so a
+    results folder grows by the runs a later command adds. A run id in two of them is a one-line ConfigError
+    naming both files (its rows would count twice)."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    frames, owner = [], {}
+    for path in paths:
+        frame = read_frame(path)
+        for run_id in frame["run_id"].dropna().unique():
+            if run_id in owner:
+                raise ConfigError(f"--runs: run {run_id} is in both {str(owner[run_id])!r} and {str(path)!r}; "
+                                  f"give each run from one table")
+            owner[run_id] = path
+        frames.append(frame)
+    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+
+
 def _number(text) -> float | None:
     try:
         return float(text)

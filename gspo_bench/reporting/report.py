@@ -61,7 +61,7 @@ from gspo_bench.paths import probe_writable_dir
 from gspo_bench.tracking.redact import redact
 from gspo_bench.tracking.ui import mark_experiment
 from gspo_bench.reporting.grouping import MISSING, by_slug, check_by, split_values
-from gspo_bench.reporting.frame import (FINISHED, RUNS_FILE, RunData, experiment_id, load_frame, read_frame, runs_of,
+from gspo_bench.reporting.frame import (FINISHED, RUNS_FILE, RunData, experiment_id, load_frame, read_frames, runs_of,
                                         select, set_aside, write_frame)
 from gspo_bench.reporting.leaderboard import (DEFAULT_BASELINE, DEFAULT_EXPERIMENT, NOTES, no_runs_message, render,
                                               slug, summarise)
@@ -367,13 +367,13 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
                  task: str | None = None, model: str | None = None, command: str = "",
                  log_to_mlflow: bool = True, storage: str | None = None, studies: list[str] | None = None,
                  baseline: str = DEFAULT_BASELINE, strict_baseline: bool = False, by: tuple[str, ...] = (),
-                 runs_file: str | None = None) -> Report:
+                 runs_file: str | list[str] | None = None) -> Report:
     """Write ``out/report.md``, its PNGs and the runs it read (``out/runs.csv.gz``, ``frame.write_frame``); log
     them to a ``kind=report`` MLflow run unless told not to.
 
-    ``runs_file``: read the runs from such a table instead of ``uri`` (then ``uri`` is None, nothing is logged
-    to MLflow, and what only artifacts hold is left out: collapse events come from their metrics, the ratio
-    histogram is skipped).
+    ``runs_file``: read the runs from such a table, or from several joined (``frame.read_frames``), instead of
+    ``uri`` (then ``uri`` is None, nothing is logged to MLflow, and what only artifacts hold is left out:
+    collapse events come from their metrics, the ratio histogram is skipped).
 
     ``storage``: also a section per Optuna study in it (``studies``, default all); then an experiment
     holding only tuning trials is not an error. ``baseline``: of the paired differences; with
@@ -385,8 +385,9 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
     """
     import mlflow
 
-    if runs_file is not None:
-        frame = select(read_frame(runs_file), experiment, task, model)
+    files = [] if runs_file is None else [runs_file] if isinstance(runs_file, (str, Path)) else list(runs_file)
+    if files:
+        frame = select(read_frames(files), experiment, task, model)
         log_to_mlflow = False
     else:
         frame = load_frame(uri, experiment, task, model, REPORT_METRICS)
@@ -427,7 +428,8 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
     md = [f"# gspo_bench report: experiment `{experiment}`", "",
           f"- generated: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
           f"- command: `{command or 'python -m gspo_bench report'}`",
-          (f"- tracking URI: `{uri}`" if uri else f"- runs table: `{runs_file}`")
+          (f"- tracking URI: `{uri}`" if uri else "- runs table" + "s" * (len(files) > 1) + ": "
+           + ", ".join(f"`{f}`" for f in files))
           + (f"; filters: task={task!r}, model={model!r}" if task or model else ""),
           f"- runs: {', '.join(f'{n} {s}' for s, n in statuses.items())} (only FINISHED runs are averaged "
           "or plotted)" + (f"; {set_aside(runs)}" if set_aside(runs) else ""),
@@ -465,7 +467,7 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
            "(its tags and params as columns); `python -m gspo_bench report --runs " + RUNS_FILE + "` (or "
            "`leaderboard --runs`) makes this page again without the MLflow store.", ""]
     report.path.write_text(redact("\n".join(md)))  # the command line and URIs, without their credentials
-    if runs_file is None or Path(runs_file).resolve() != (out / RUNS_FILE).resolve():
+    if [Path(f).resolve() for f in files] != [(out / RUNS_FILE).resolve()]:  # unless it read exactly that file
         write_frame(frame, out / RUNS_FILE)
     if log_to_mlflow:
         report.run_id = log_report(client, experiment_id(client, experiment), report, experiment, len(runs))

@@ -64,7 +64,7 @@ from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE
 from gspo_bench.reporting.frame import FINISHED
 from gspo_bench.tracking.ui import benchmark_run
 
-SCENARIOS = ("long", "offpolicy", "stale", "moe-bf16", "hot")
+SCENARIOS = ("long", "offpolicy", "stale", "moe-bf16", "hot", "entropy")
 DEFAULT_PREFIX = "suite"
 DEFAULT_OUT = "results/suite"
 DEFAULT_SEEDS = 3
