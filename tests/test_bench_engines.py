@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from gspo_bench.bench.engines import crossover_params, markdown
 
@@ -63,3 +64,21 @@ def test_an_unknown_engine_is_one_line_exit_2(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
     out = (proc.stdout + proc.stderr).strip()
     assert proc.returncode == 2 and len(out.splitlines()) == 1 and "sglang" in out and "vllm" in out, out
+
+
+def test_the_tables_say_which_kernel_ran_a_moe_models_experts():
+    from gspo_bench.bench.engines import experts_kernel
+    from gspo_bench.models import build_builtin
+
+    moe, _ = build_builtin("tiny-moe", 0)
+    dense, _ = build_builtin("tiny-dense", 0)
+    cpu = torch.device("cpu")
+    # auto on a CPU is grouped_mm (tiny-moe's widths are multiples of 4 floats); a named kernel is kept
+    assert experts_kernel(moe, "auto", cpu, "float32") == "grouped"
+    assert experts_kernel(moe, "loop", cpu, "bfloat16") == "loop"
+    assert experts_kernel(dense, "auto", cpu, "float32") is None
+    res = _result("tiny-moe", 1e6, 2.0)
+    res["config"].update(experts_by="grouped", moe_kernel="auto")
+    text = markdown([res, _result("tiny-dense", 1e6, 2.0)], "cmd", "abc")
+    assert "2 threads; the experts run by `grouped` (`rollout.moe_kernel: auto`)." in text
+    assert text.count("experts run by") == 1

@@ -126,6 +126,22 @@ def bench_engines_generation(model, tok, prompts, max_new_tokens: int, temperatu
     return out, notes
 
 
+def experts_kernel(model, kernel: str, device: torch.device, dtype: str) -> str | None:
+    """The kernel a MoE model's experts run by when sampling in ``dtype`` on ``device`` (``auto`` resolved as
+    the engines resolve it); None for a dense model."""
+    from gspo_bench.models.builtin import is_moe
+    from gspo_bench.rollout.fastlm import pick_moe_kernel
+
+    if not is_moe(model):
+        return None
+    if kernel != "auto":
+        return kernel
+    c = model.config
+    cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    width = getattr(c, "moe_intermediate_size", None) or c.intermediate_size
+    return pick_moe_kernel(device.type, getattr(torch, dtype), cap, (c.hidden_size, width))
+
+
 def run_engines_bench(preset: str, config_files: tuple, overrides: dict, engines: tuple[str, ...], algo: str,
                       warmup: int, repeats: int, rl_steps: int, log=print) -> EnginesResult:
     """The engines of ``engines`` on the preset's model and batch (see the module docstring)."""
@@ -145,6 +161,7 @@ def run_engines_bench(preset: str, config_files: tuple, overrides: dict, engines
                         {"task": cfg.task, "prompts": r.prompts_per_step, "group_size": r.group_size,
                          "max_new_tokens": max_new, "temperature": r.temperature, "dtype": r.dtype, "algo": algo,
                          "threads": torch.get_num_threads(), "moe_kernel": r.moe_kernel,
+                         "experts_by": experts_kernel(model, r.moe_kernel, bench.device, r.dtype),
                          "device": device_name(bench.device)})
     res.generation, res.notes = bench_engines_generation(model, tok, prompts, max_new, r.temperature, engines,
                                                          warmup, repeats, r.dtype, r.moe_kernel, bench.sampler)
@@ -188,7 +205,9 @@ def markdown(results: list[dict], command: str, commit: str) -> str:
         c = r["config"]
         lines += [f"## {r['model']} ({r['params'] / 1e6:.1f} M parameters)", "",
                   f"{c['prompts']} prompts x {c['group_size']} samples, at most {c['max_new_tokens']} new tokens, "
-                  f"temperature {c['temperature']}, {c['dtype']}, {c['threads']} threads.", ""]
+                  f"temperature {c['temperature']}, {c['dtype']}, {c['threads']} threads"
+                  + (f"; the experts run by `{c['experts_by']}` (`rollout.moe_kernel: {c['moe_kernel']}`)"
+                     if c.get("experts_by") else "") + ".", ""]
         rows = []
         for name, g in r["generation"].items():
             if isinstance(g, dict):
