@@ -82,3 +82,37 @@ def test_the_tables_say_which_kernel_ran_a_moe_models_experts():
     text = markdown([res, _result("tiny-dense", 1e6, 2.0)], "cmd", "abc")
     assert "2 threads; the experts run by `grouped` (`rollout.moe_kernel: auto`)." in text
     assert text.count("experts run by") == 1
+
+
+def test_the_kernels_are_timed_in_rounds_that_take_them_in_turn(monkeypatch):
+    import gspo_bench.bench.engines as eng
+    from gspo_bench.models import build_builtin
+
+    moe, tok = build_builtin("tiny-moe", 0)
+    order = []
+    real = eng.generate
+
+    def recording(engine, *a, moe_kernel, **k):
+        order.append(moe_kernel)
+        return real(engine, *a, moe_kernel=moe_kernel, **k)
+
+    monkeypatch.setattr(eng, "generate", recording)
+    out = eng.bench_moe_kernels(moe, tok, ["1+2=", "3+4="], 6, 1.0, ("loop", "auto"), 1, 3, torch.device("cpu"),
+                                "float32")
+    # one warm-up per kernel, then three rounds of one rollout per kernel, in turn
+    assert order == ["loop", "auto"] + ["loop", "auto"] * 3
+    assert out["loop"]["runs_by"] == "loop" and out["auto"]["runs_by"] == "grouped"
+    for v in out.values():
+        assert v["min_s"] <= v["seconds"] <= v["max_s"] and v["repeats"] == 3
+        assert 0 < v["tokens"] <= 12 and v["tokens_per_s"] == pytest.approx(v["tokens"] / v["seconds"])
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--engines", "fast", "--moe-kernels", "loop,fused"], ("fused", "batched")),
+    (["--moe-kernels", "loop"], ("--engines",)),
+])
+def test_a_bad_moe_kernels_flag_is_one_line_exit_2(tmp_path, argv, words):
+    proc = subprocess.run([sys.executable, "-m", "gspo_bench", "bench", *argv], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    out = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode == 2 and len(out.splitlines()) == 1 and all(w in out for w in words), out

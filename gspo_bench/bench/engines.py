@@ -11,6 +11,10 @@ built-in, random weights, no warm start):
   reports the seconds its decode graphs took to compile (in the warm-up);
   ``vllm`` its engine's start-up seconds and the median seconds of a weight
   push (the policy perturbed in place, then pushed, ``repeats`` times);
+- with ``--moe-kernels``, on a MoE model: the fast engine with its experts
+  run by each kernel named (``rollout.moe_kernel``), in rounds that take the
+  kernels in turn (one rollout each), so that a slow spell of a shared
+  machine falls on every kernel alike: median, fastest and slowest seconds;
 - the full RL step (``--algo``, default grpo) with ``rollout.engine: vllm``
   against ``fast``, as ``bench`` (c) measures it, where ``--rl-steps`` > 0.
 
@@ -27,7 +31,7 @@ import torch
 
 from gspo_bench import tables
 from gspo_bench.config import ConfigError
-from gspo_bench.rollout.engines import ENGINES, VLLM_AUTO_MIN_PARAMS, engine_names
+from gspo_bench.rollout.engines import ENGINES, VLLM_AUTO_MIN_PARAMS, engine_names, generate
 
 
 @dataclass
@@ -38,6 +42,7 @@ class EnginesResult:
     config: dict
     generation: dict = field(default_factory=dict)
     rl_step: dict = field(default_factory=dict)
+    kernels: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -142,8 +147,38 @@ def experts_kernel(model, kernel: str, device: torch.device, dtype: str) -> str 
     return pick_moe_kernel(device.type, getattr(torch, dtype), cap, (c.hidden_size, width))
 
 
+def bench_moe_kernels(model, tok, prompts, max_new_tokens: int, temperature: float, kernels, warmup: int,
+                      repeats: int, device: torch.device, dtype: str) -> dict:
+    """The fast engine's rollout with the experts run by each of ``kernels``: ``warmup`` unmeasured rollouts per
+    kernel, then ``repeats`` rounds of one timed rollout per kernel, in turn. Per kernel (the name asked):
+    the kernel it resolved to, median / fastest / slowest seconds, tokens (median) and tokens/s at the median."""
+    from gspo_bench.bench.throughput import median_time
+
+    def once(kernel):
+        torch.manual_seed(0)
+        return generate("fast", model, tok, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                        moe_kernel=kernel)
+
+    for k in kernels:
+        for _ in range(warmup):
+            once(k)
+    times, tokens = {k: [] for k in kernels}, {k: [] for k in kernels}
+    for _ in range(repeats):
+        for k in kernels:
+            sec, [gen] = median_time(lambda: once(k), 0, 1, device)
+            times[k].append(sec)
+            tokens[k].append(float(gen.response_mask.sum()))
+    out = {}
+    for k in kernels:
+        sec, n = statistics.median(times[k]), statistics.median(tokens[k])
+        out[k] = {"runs_by": experts_kernel(model, k, device, dtype), "seconds": sec, "min_s": min(times[k]),
+                  "max_s": max(times[k]), "tokens": n, "tokens_per_s": n / sec, "repeats": repeats}
+    return out
+
+
 def run_engines_bench(preset: str, config_files: tuple, overrides: dict, engines: tuple[str, ...], algo: str,
-                      warmup: int, repeats: int, rl_steps: int, log=print) -> EnginesResult:
+                      warmup: int, repeats: int, rl_steps: int, log=print,
+                      moe_kernels: tuple[str, ...] = ()) -> EnginesResult:
     """The engines of ``engines`` on the preset's model and batch (see the module docstring)."""
     from gspo_bench.bench.throughput import bench_inputs, bench_rl_step, device_name, matmul_gflops, path_overrides
     from gspo_bench.config import deep_merge, load_config
@@ -167,6 +202,12 @@ def run_engines_bench(preset: str, config_files: tuple, overrides: dict, engines
                                                          warmup, repeats, r.dtype, r.moe_kernel, bench.sampler)
     log("generation: " + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s" for k, v in res.generation.items()
                                    if isinstance(v, dict)))
+    if moe_kernels and res.config["experts_by"] is None:
+        res.notes.append("--moe-kernels: a dense model has no experts; not measured")
+    elif moe_kernels:
+        res.kernels = bench_moe_kernels(model if bench.sampler is None else bench.sampler, tok, prompts, max_new,
+                                        r.temperature, moe_kernels, warmup, repeats, bench.device, r.dtype)
+        log("experts: " + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s" for k, v in res.kernels.items()))
     if rl_steps > 0:
         peak = matmul_gflops(device=bench.device)
         for path in [e for e in ("fast", "vllm") if e in engines]:
@@ -217,6 +258,15 @@ def markdown(results: list[dict], command: str, commit: str) -> str:
                              "" if sync is None else f"{sync:.3f}"])
         lines.append(tables.markdown(("engine", "seconds", "tokens", "tokens/s", "completions/s",
                                       "compile / start-up s", "weight sync s"), rows).rstrip("\n"))
+        if r.get("kernels"):
+            ks = r["kernels"]
+            lines += ["", f"The fast engine with the experts run by each kernel: {next(iter(ks.values()))['repeats']} "
+                      "rounds, each a rollout per kernel in turn; median seconds, with the fastest and slowest "
+                      "round:", "", tables.markdown(
+                          ("rollout.moe_kernel", "experts run by", "seconds", "fastest", "slowest", "tokens",
+                           "tokens/s"),
+                          [[k, v["runs_by"], f"{v['seconds']:.3f}", f"{v['min_s']:.3f}", f"{v['max_s']:.3f}",
+                            f"{v['tokens']:.0f}", f"{v['tokens_per_s']:.0f}"] for k, v in ks.items()]).rstrip("\n")]
         if "fast_over_vllm" in r["generation"]:
             ratio = r["generation"]["fast_over_vllm"]
             lines += ["", f"Fast engine over vLLM: **{ratio:.2f}x** tokens/s "

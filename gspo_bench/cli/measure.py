@@ -11,6 +11,7 @@ import os
 from rich.table import Table
 
 from gspo_bench.config import ConfigError, deep_merge, load_config, parse_sets
+from gspo_bench.config.names import MOE_KERNELS
 
 
 def add_bench_parser(sub, csv, set_flag) -> None:
@@ -46,6 +47,9 @@ def add_bench_parser(sub, csv, set_flag) -> None:
     b.add_argument("--engines", type=csv, metavar="E[,E...]", help="instead: these rollout engines side by side "
                    "(fast, compiled, hf, vllm) on each --model: tokens/s, completions/s, vLLM's start-up and "
                    "weight-sync seconds, and the full RL step with vllm against fast (--rl-steps 0: generation only)")
+    b.add_argument("--moe-kernels", type=csv, metavar="K[,K...]", help="with --engines: also the fast engine with a "
+                   "MoE model's experts run by each kernel (auto, grouped, batched, loop), in rounds that take the "
+                   "kernels in turn")
     b.add_argument("--append", action="store_true", help="append to --markdown instead of overwriting it")
     b.add_argument("--presets", type=csv, metavar="P[,P...]", help="instead: run each preset (e.g. gpu-dense,gpu-moe) "
                    "end to end at a cut size (bench/presets.py; --set over it), each in its own process: peak RSS, "
@@ -86,6 +90,8 @@ def bench_command(args, console) -> int:
     from gspo_bench.bench.tables import markdown, plot_scaling, rich_tables
     from gspo_bench.tracking.provenance import git_commit
 
+    if args.moe_kernels and not args.engines:
+        raise ConfigError("--moe-kernels goes with --engines (e.g. --engines fast --moe-kernels loop,auto)")
     if args.vs is not None:
         from gspo_bench.bench.trl import vs_command
 
@@ -372,13 +378,17 @@ def engines_command(args, console) -> int:
     check_engines(engines)  # before any work: a bad name, or vllm missing, exits 2 at once
     if args.rl_steps < 0 or args.repeats < 1 or args.warmup < 0:
         raise ConfigError("--repeats must be >= 1, --warmup and --rl-steps >= 0")
+    kernels = tuple(args.moe_kernels or ())
+    if bad := [k for k in kernels if k not in MOE_KERNELS]:
+        raise ConfigError(f"--moe-kernels: unknown kernel {bad[0]!r} (allowed: {', '.join(MOE_KERNELS)})")
     sets = parse_sets(args.sets)
     results = []
     for model in args.model or [None]:
         over = model_overrides(args, sets, model)
         console.print(f"[bold]bench --engines[/bold] {','.join(engines)} model={model or '(preset)'}")
         res = run_engines_bench(args.preset or "cpu-bench", tuple(args.config), over, engines, args.algo,
-                                args.warmup, args.repeats, args.rl_steps, log=console.print).to_dict()
+                                args.warmup, args.repeats, args.rl_steps, log=console.print,
+                                moe_kernels=kernels).to_dict()
         table = Table(title=f"{res['model']}: rollout engines")
         for col in ("engine", "s", "tokens/s", "completions/s", "compile/start-up s", "sync s"):
             table.add_column(col)
