@@ -425,7 +425,7 @@ def test_the_keys_reach_the_config_and_tune():
     (["loss.aggregation=bnpo"], "luspo", "loss.aggregation=bnpo needs a token-unit loss"),
     (["loss.delta_clip=3"], "gspo", "loss.delta_clip=3.0 is for the clipped token losses"),
     (["loss.delta_clip=1.25"], "dapo", "must be above 1 + eps_high = 1.28"),
-    (["train.micro_batch_tokens=64"], "clip_cov", "clip_cov needs one process and train.micro_batch_tokens 0"),
+    (["train.micro_batch_tokens=64"], "clip_cov", "clip_cov needs one process and train.micro_batch_tokens off (null)"),
     (["loss.top_entropy_quantile=0.5", "train.micro_batch_tokens=64"], "grpo", "needs one process"),
 ])
 def test_bad_values_stop_the_run_with_one_line(sets, algo, text, tmp_path, capsys):

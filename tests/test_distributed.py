@@ -20,6 +20,7 @@ import torch.multiprocessing as mp
 from gspo_bench.core import collectives as ddp
 from gspo_bench.config import ConfigError, load_config
 from gspo_bench.core.losses import agg_loss, policy_loss
+from gspo_bench.cli.main import main
 from gspo_bench.train.distributed import check_processes, fsdp_fallback
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,6 +109,22 @@ def test_bad_process_layouts_are_config_errors():
         load_config("smoke", overrides={"train": {"devices": 0}})
     with pytest.raises(ConfigError, match="train.strategy"):
         load_config("smoke", overrides={"train": {"strategy": "horovod"}})
+    with pytest.raises(ConfigError, match="train.accelerator='tpu' is not allowed"):
+        load_config("smoke", overrides={"train": {"accelerator": "tpu"}})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="torch sees a CUDA GPU here")
+@pytest.mark.parametrize("name", ["gpu", "cuda"])
+def test_a_run_asked_onto_a_gpu_where_there_is_none_stops_before_any_work(name, tmp_path, capsys):
+    with pytest.raises(ConfigError, match=f"train.accelerator={name} but torch .* sees no CUDA GPU"):
+        check_processes(load_config("smoke", overrides={"train": {"accelerator": name}}))
+    db = tmp_path / "m.db"
+    code = main(["run", "--preset", "smoke", "--tracking-uri", f"sqlite:///{db}", "--no-progress",
+                 "--set", f"train.accelerator={name}"])
+    out = capsys.readouterr()
+    text = (out.out + out.err).strip()
+    assert code == 2 and len(text.splitlines()) == 1 and "sees no CUDA GPU" in text, text
+    assert not db.exists()
 
 
 def test_fsdp_falls_back_to_transformers_sampling_and_forward_and_says_so():

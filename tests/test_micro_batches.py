@@ -55,7 +55,7 @@ def one_minibatch(algo: str, limit: int, model_dir: str):
     cls = algorithms.get(algo)
     cfg = load_config("smoke", overrides={"loss": {"kl_coef": 0.05},
                                           "rollout": {"correction": "tis", "opsm_threshold": 0.0},
-                                          "train": {"micro_batch_tokens": limit}})
+                                          "train": {"micro_batch_tokens": limit or None}})
     ids, attn, P = grouped_batch(5)
     mask = attn[:, P:].float()
     B, T = mask.shape
@@ -121,10 +121,11 @@ def test_a_nan_in_one_micro_batch_skips_the_whole_minibatch(model_dir, monkeypat
     assert math.isnan(metrics["train/loss"])
 
 
-@pytest.mark.parametrize("value, needle", [("-1", "train.micro_batch_tokens=-1 must be an int >= 1, or 0 (off)"),
-                                           ("1.5", "train.micro_batch_tokens takes int, got float 1.5"),
-                                           ("many", "train.micro_batch_tokens takes int, got str 'many'"),
-                                           ("true", "train.micro_batch_tokens takes int, got bool True")])
+@pytest.mark.parametrize("value, needle", [("-1", "train.micro_batch_tokens=-1 must be an int >= 1, or null (off)"),
+                                           ("0", "train.micro_batch_tokens=0 must be an int >= 1, or null (off)"),
+                                           ("1.5", "train.micro_batch_tokens takes int or null, got float 1.5"),
+                                           ("many", "train.micro_batch_tokens takes int or null, got str 'many'"),
+                                           ("true", "train.micro_batch_tokens takes int or null, got bool True")])
 def test_a_bad_micro_batch_tokens_is_one_line_exit_2(value, needle, tmp_path, capsys):
     code = main(["run", "--tracking-uri", f"sqlite:///{tmp_path}/m.db", "--no-progress",
                  "--set", f"train.micro_batch_tokens={value}"])
@@ -134,11 +135,12 @@ def test_a_bad_micro_batch_tokens_is_one_line_exit_2(value, needle, tmp_path, ca
     assert not (tmp_path / "m.db").exists()
 
 
-def test_micro_batches_refuse_fsdp_and_take_zero_as_off():
-    assert load_config("smoke").train.micro_batch_tokens == 0
+def test_micro_batches_refuse_fsdp_and_take_null_as_off():
+    assert load_config("smoke").train.micro_batch_tokens is None
     assert load_config("smoke", overrides={"train": {"micro_batch_tokens": 512}}).train.micro_batch_tokens == 512
-    for bad in (-8, 2.5, True):  # what a config file can hold, checked where the dataclass is built
-        with pytest.raises(ConfigError, match="train.micro_batch_tokens=.* must be an int >= 1, or 0"):
+    assert load_config("smoke", overrides={"train": {"micro_batch_tokens": None}}).train.micro_batch_tokens is None
+    for bad in (0, -8, 2.5, True):  # what a config file can hold, checked where the dataclass is built
+        with pytest.raises(ConfigError, match="train.micro_batch_tokens=.* must be an int >= 1, or null"):
             load_config("smoke", overrides={"train": {"micro_batch_tokens": bad}})
     with pytest.raises(ConfigError, match="micro_batch_tokens needs one process or --strategy ddp"):
         load_config("smoke", overrides={"train": {"micro_batch_tokens": 512, "strategy": "fsdp"}})
@@ -161,7 +163,7 @@ def test_the_recompute_and_reference_passes_run_in_micro_batches_with_the_same_l
         cls = algorithms.get("grpo")
         cfg = load_config("smoke", overrides={"loss": {"kl_coef": 0.05}, "moe": {"routing_replay": replay},
                                               "rollout": {"old_logp_source": "recompute"},
-                                              "train": {"micro_batch_tokens": limit}})
+                                              "train": {"micro_batch_tokens": limit or None}})
         torch.manual_seed(0)
         module = cls(cfg, str(tmp_path), 0, cfg.resolve("grpo", cls.recipe, T))
         seen, real = [], module.response_logp

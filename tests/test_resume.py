@@ -162,7 +162,7 @@ def test_config_digest_ignores_only_where_and_how_often():
 def test_config_digest_ignores_how_a_step_is_laid_out_in_memory():
     """Micro-batches, the LM head's chunks, checkpointed layers and the MoE kernel compute the same step: a run
     that ran out of memory resumes with them as the same run, and such runs are one config group."""
-    base = {"train": {"lr": 1e-3, "micro_batch_tokens": 0, "logit_chunk_tokens": 4096,
+    base = {"train": {"lr": 1e-3, "micro_batch_tokens": None, "logit_chunk_tokens": 4096,
                       "activation_checkpointing": False}, "rollout": {"moe_kernel": "auto", "temperature": 1.0},
             "resolved": {"rollout": {"moe_kernel": "auto", "temperature": 1.0}}}
     lean = {"train": {"lr": 1e-3, "micro_batch_tokens": 512, "logit_chunk_tokens": 0,

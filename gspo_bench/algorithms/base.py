@@ -96,7 +96,7 @@ def minibatch_indices(B: int, minibatches: int, generator: torch.Generator) -> l
 
 def micro_batches(rows: torch.Tensor, tokens: list[int], limit: int) -> list[torch.Tensor]:
     """``rows`` cut, in order, into runs whose ``tokens`` (each row's real tokens) add up to at most ``limit``;
-    a row over the limit is a run of its own. ``limit`` 0: one run of every row. ``torch.cat`` of the runs is
+    a row over the limit is a run of its own. ``limit`` 0 or below: one run of every row. ``torch.cat`` of the runs is
     ``rows``."""
     if limit <= 0:
         return [rows]
@@ -405,7 +405,7 @@ class PolicyModule(HeldOutEval, L.LightningModule):
                      record: torch.Tensor | None = None) -> torch.Tensor:
         """Response log-probs (B, T) of every row of the rollout (the recompute and reference passes, no
         gradient), in micro-batches of at most ``train.micro_batch_tokens`` real tokens like the update's, so
-        these passes grow no larger than one micro-batch either (0: all rows at once)."""
+        these passes grow no larger than one micro-batch either (off: all rows at once)."""
         limit = self.cfg.train.micro_batch_tokens
         rows = torch.arange(len(batch), device=batch.input_ids.device)
         parts = micro_batches(rows, batch.attention_mask.sum(-1).tolist(), limit) if limit else [None]
@@ -416,7 +416,7 @@ class PolicyModule(HeldOutEval, L.LightningModule):
     def minibatch_backward(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor, stats: StepStats,
                            units: dict[str, float] | None = None) -> bool:
         """Backpropagate the minibatch's loss on ``rows`` in micro-batches of at most ``train.micro_batch_tokens``
-        real tokens (``micro_batches``; 0: all rows at once) and add its metrics to ``stats``. ``units`` as in
+        real tokens (``micro_batches``; off: all rows at once) and add its metrics to ``stats``. ``units`` as in
         ``minibatch_loss``. Returns whether the loss was finite on every rank; when it was not, no gradient of
         the minibatch is left (parts already backpropagated are dropped), and ``clip_and_step`` skips it."""
         if not len(rows):  # no rows of this minibatch on this rank (W > 1 only): DDP all-reduces every gradient in

@@ -39,10 +39,10 @@ import torch
 from gspo_bench import tables
 
 CONTROLS: dict[str, dict] = {
-    "none": {"micro_batch_tokens": 0, "logit_chunk_tokens": 0, "activation_checkpointing": False},
+    "none": {"micro_batch_tokens": None, "logit_chunk_tokens": 0, "activation_checkpointing": False},
     "micro": {"micro_batch_tokens": 256, "logit_chunk_tokens": 0, "activation_checkpointing": False},
-    "chunk": {"micro_batch_tokens": 0, "logit_chunk_tokens": 256, "activation_checkpointing": False},
-    "ckpt": {"micro_batch_tokens": 0, "logit_chunk_tokens": 0, "activation_checkpointing": True},
+    "chunk": {"micro_batch_tokens": None, "logit_chunk_tokens": 256, "activation_checkpointing": False},
+    "ckpt": {"micro_batch_tokens": None, "logit_chunk_tokens": 0, "activation_checkpointing": True},
     "all": {"micro_batch_tokens": 256, "logit_chunk_tokens": 256, "activation_checkpointing": True},
 }
 """The ``train.`` settings of each named set of controls. ``micro``: gradient accumulation over micro-batches
@@ -173,7 +173,8 @@ def measure_step(preset: str, overrides: dict, algo: str) -> dict:
 # -- in the parent --------------------------------------------------------------------------------------
 def child_overrides(settings: tuple[str, ...], controls: str, prompts: int) -> tuple[str, ...]:
     """The ``--set`` items of one measurement: the defaults, the command's own, the controls, the size."""
-    own = tuple(f"train.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in CONTROLS[controls].items())
+    own = tuple(f"train.{k}={'null' if v is None else str(v).lower() if isinstance(v, bool) else v}"
+                for k, v in CONTROLS[controls].items())
     return (*DEFAULT_SETTINGS, *settings, *own, f"rollout.prompts_per_step={prompts}")
 
 

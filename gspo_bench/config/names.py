@@ -9,6 +9,9 @@ ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
 """``rollout.dtype`` (``rollout/precision.py``)."""
 CHAT_MODES = ("auto", True, False)
 """``task.chat`` and a task spec's ``chat`` (``tasks/prompts.py`` says what each does)."""
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
+"""``train.accelerator``: Lightning's names for the devices the harness runs on (``gpu`` and ``cuda`` are the
+same: a CUDA GPU; ``auto`` takes one when torch sees it)."""
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true")
 """``train.precision``, Lightning's names: ``*-mixed`` autocasts the forward and keeps float32 master weights and
 optimiser states; ``*-true`` casts the weights themselves."""

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from gspo_bench.config.names import CHAT_MODES, MOE_KERNELS, PRECISIONS, REPLAY_MODES, ROLLOUT_DTYPES
+from gspo_bench.config.names import ACCELERATORS, CHAT_MODES, MOE_KERNELS, PRECISIONS, REPLAY_MODES, ROLLOUT_DTYPES
 from gspo_bench.config.resolved import SPREAD, LossParamFields, LossSettings, Recipe, Resolved
 from gspo_bench.core.loss_params import PARAMS, LossParam
 from gspo_bench.core.names import (ADVANTAGE_BASELINES, ADVANTAGE_SCALES, CORRECTION_LEVELS, CORRECTIONS,
@@ -321,7 +321,7 @@ class TrainConfig:
     """The k of ``eval/pass_at_<k>``: the unbiased pass@k from the ``eval_samples`` n samples per prompt. A k above
     n cannot be estimated from them and is left out (with n = 2, pass@1 alone); none with n = 0."""
     accelerator: str = "auto"
-    """Lightning accelerator: auto | cpu | gpu."""
+    """Lightning accelerator: auto (a CUDA GPU when torch sees one, else the CPU) | cpu | gpu (cuda: the same)."""
     precision: str = "32-true"
     """Lightning precision of the training step: 32-true (float32) | bf16-mixed (bfloat16 autocast, float32 master
     weights and AdamW states: the GPU presets) | 16-mixed | bf16-true | 16-true | 64-true."""
@@ -343,9 +343,10 @@ class TrainConfig:
     """Lightning strategy: auto (ddp when devices x num_nodes > 1) | ddp | fsdp (GPU only)."""
     num_nodes: int = 1
     """Machines (Lightning ``num_nodes``; launch with torchrun or SLURM)."""
-    micro_batch_tokens: int = 0
+    micro_batch_tokens: int | None = None
     """Gradient accumulation: backpropagate each minibatch in micro-batches of at most this many real tokens
-    (prompt and response; a longer row is a micro-batch of its own), the same update in less memory; 0 = off."""
+    (prompt and response; a longer row is a micro-batch of its own), the same update in less memory; null (the
+    default) = off, the whole minibatch at once."""
 
     def __post_init__(self):
         _numbers("train", self, "minibatches", "lr", "critic_lr", "weight_decay", "max_grad_norm", "eval_every",
@@ -366,12 +367,13 @@ class TrainConfig:
         _check(type(self.logit_chunk_tokens) is int and self.logit_chunk_tokens >= 0,
                f"train.logit_chunk_tokens={self.logit_chunk_tokens!r} must be an int >= 1, or 0 (all tokens at once)")
         _choice("train.activation_checkpointing", self.activation_checkpointing, (True, False))
+        _choice("train.accelerator", self.accelerator, ACCELERATORS)
         _choice("train.precision", self.precision, PRECISIONS)
         _choice("train.strategy", self.strategy, ("auto", "ddp", "fsdp"))
         for key, v in (("devices", self.devices), ("num_nodes", self.num_nodes)):
             _check(type(v) is int and v >= 1, f"train.{key}={v!r} must be an int >= 1")
-        _check(type(self.micro_batch_tokens) is int and self.micro_batch_tokens >= 0,
-               f"train.micro_batch_tokens={self.micro_batch_tokens!r} must be an int >= 1, or 0 (off)")
+        _check(self.micro_batch_tokens is None or type(self.micro_batch_tokens) is int and self.micro_batch_tokens >= 1,
+               f"train.micro_batch_tokens={self.micro_batch_tokens!r} must be an int >= 1, or null (off)")
         _check(not (self.micro_batch_tokens and self.strategy == "fsdp"),
                "train.micro_batch_tokens needs one process or --strategy ddp: under fsdp every micro-batch's "
                "forward and backward is a collective, and ranks split their rows into different numbers of them")

@@ -177,7 +177,7 @@ def cell_resources(cfg: RunConfig, cpus: float | None, gpus: float | None, clust
     """(CPUs, GPUs) a cell of ``cfg`` asks for: the flags where given; else GPUs for each device of a run on GPUs
     (``train.accelerator`` gpu, or auto on a cluster with GPUs) and one CPU, or one CPU per device of a CPU run."""
     t = cfg.train
-    on_gpu = t.accelerator == "gpu" or (t.accelerator == "auto" and cluster_gpus > 0)
+    on_gpu = t.accelerator in ("gpu", "cuda") or (t.accelerator == "auto" and cluster_gpus > 0)
     g = float(gpus) if gpus is not None else (float(t.devices) if on_gpu else 0.0)
     c = float(cpus) if cpus is not None else (1.0 if g > 0 else float(t.devices))
     return c, g

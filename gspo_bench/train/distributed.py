@@ -49,8 +49,14 @@ from gspo_bench.config import ConfigError, RunConfig
 
 # -- what a multi-process run asks of its config, and Lightning's strategy for it ---------------------------
 def check_processes(cfg: RunConfig) -> None:
-    """A multi-process run splits each step's prompts evenly (whole groups per rank), and FSDP needs GPUs."""
+    """A multi-process run splits each step's prompts evenly (whole groups per rank), a run asked onto a GPU
+    has one, and FSDP needs GPUs."""
+    import torch
+
     t = cfg.train
+    if t.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"train.accelerator={t.accelerator} but torch {torch.__version__} sees no CUDA GPU; "
+                          "use train.accelerator=cpu or auto here")
     n = t.devices * t.num_nodes
     if n > 1 and cfg.rollout.prompts_per_step % n:
         raise ConfigError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must divide evenly over "
@@ -59,8 +65,6 @@ def check_processes(cfg: RunConfig) -> None:
     if n > 1 and cfg.train.eval_prompts < n:
         raise ConfigError(f"train.eval_prompts={t.eval_prompts} is fewer than the {n} processes sharing them")
     if t.strategy == "fsdp":
-        import torch
-
         if t.accelerator == "cpu" or not torch.cuda.is_available():
             raise ConfigError("--strategy fsdp needs GPUs (Lightning runs FSDP on CUDA only); on CPU use "
                               "--strategy ddp")

@@ -88,8 +88,8 @@ def check_loss_controls(cfg: RunConfig, algo: str) -> None:
     wide = "loss.top_entropy_quantile < 1" if loss.top_entropy_quantile < 1.0 else (
         algo if LOSSES[algo].minibatch_wide else None)
     if wide and (t.micro_batch_tokens or t.devices * t.num_nodes > 1):
-        raise ConfigError(f"{wide} needs one process and train.micro_batch_tokens 0: it picks tokens by statistics "
-                          "over every token of a minibatch, and a part of one sees only its own")
+        raise ConfigError(f"{wide} needs one process and train.micro_batch_tokens off (null): it picks tokens by "
+                          "statistics over every token of a minibatch, and a part of one sees only its own")
 
 
 def validate(cfg: RunConfig) -> str:
