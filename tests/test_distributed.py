@@ -21,7 +21,7 @@ from gspo_bench.core import collectives as ddp
 from gspo_bench.config import ConfigError, load_config
 from gspo_bench.core.losses import agg_loss, policy_loss
 from gspo_bench.cli.main import main
-from gspo_bench.train.distributed import check_processes, fsdp_fallback
+from gspo_bench.train.distributed import check_device, check_processes, fsdp_fallback
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -117,7 +117,7 @@ def test_bad_process_layouts_are_config_errors():
 @pytest.mark.parametrize("name", ["gpu", "cuda"])
 def test_a_run_asked_onto_a_gpu_where_there_is_none_stops_before_any_work(name, tmp_path, capsys):
     with pytest.raises(ConfigError, match=f"train.accelerator={name} but torch .* sees no CUDA GPU"):
-        check_processes(load_config("smoke", overrides={"train": {"accelerator": name}}))
+        check_device(load_config("smoke", overrides={"train": {"accelerator": name}}))
     db = tmp_path / "m.db"
     code = main(["run", "--preset", "smoke", "--tracking-uri", f"sqlite:///{db}", "--no-progress",
                  "--set", f"train.accelerator={name}"])
@@ -125,6 +125,12 @@ def test_a_run_asked_onto_a_gpu_where_there_is_none_stops_before_any_work(name, 
     text = (out.out + out.err).strip()
     assert code == 2 and len(text.splitlines()) == 1 and "sees no CUDA GPU" in text, text
     assert not db.exists()
+    # a suite whose cells train on a Ray cluster leaves the device to the cluster's workers
+    from gspo_bench.train.runner import validate
+
+    remote = load_config("smoke", overrides={"train": {"accelerator": name},
+                                             "tracking": {"tracking_uri": f"sqlite:///{tmp_path}/r.db"}})
+    assert validate(remote, here=False) == f"sqlite:///{tmp_path}/r.db"
 
 
 def test_fsdp_falls_back_to_transformers_sampling_and_forward_and_says_so():

@@ -186,7 +186,7 @@ def plan_scenario(name: str, req: SuiteRequest, algos: list[str]) -> ScenarioPla
     from gspo_bench.train.runner import validate
 
     cfg = scenario_config(name, req, algos)
-    uri = validate(cfg)
+    uri = validate(cfg, here=req.backend == "local")
     done: dict[tuple[str, int], str] = {}
     walls: dict[str, list[float]] = {}
     cells = {(a, str(s)): (a, s) for a in algos for s in req.seeds}

@@ -49,14 +49,10 @@ from gspo_bench.config import ConfigError, RunConfig
 
 # -- what a multi-process run asks of its config, and Lightning's strategy for it ---------------------------
 def check_processes(cfg: RunConfig) -> None:
-    """A multi-process run splits each step's prompts evenly (whole groups per rank), a run asked onto a GPU
-    has one, and FSDP needs GPUs."""
+    """A multi-process run splits each step's prompts evenly (whole groups per rank), and FSDP needs GPUs."""
     import torch
 
     t = cfg.train
-    if t.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"train.accelerator={t.accelerator} but torch {torch.__version__} sees no CUDA GPU; "
-                          "use train.accelerator=cpu or auto here")
     n = t.devices * t.num_nodes
     if n > 1 and cfg.rollout.prompts_per_step % n:
         raise ConfigError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must divide evenly over "
@@ -68,6 +64,17 @@ def check_processes(cfg: RunConfig) -> None:
         if t.accelerator == "cpu" or not torch.cuda.is_available():
             raise ConfigError("--strategy fsdp needs GPUs (Lightning runs FSDP on CUDA only); on CPU use "
                               "--strategy ddp")
+
+
+def check_device(cfg: RunConfig) -> None:
+    """A run asked onto a GPU (``train.accelerator`` gpu or cuda) runs where torch sees one: checked where the
+    run will train, before any work (a suite whose cells run on a Ray cluster leaves it to the cluster)."""
+    import torch
+
+    t = cfg.train
+    if t.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"train.accelerator={t.accelerator} but torch {torch.__version__} sees no CUDA GPU; "
+                          "use train.accelerator=cpu or auto here")
 
 
 def fsdp_fallback(cfg: RunConfig, log) -> RunConfig:

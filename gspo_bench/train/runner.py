@@ -92,13 +92,16 @@ def check_loss_controls(cfg: RunConfig, algo: str) -> None:
                           "statistics over every token of a minibatch, and a part of one sees only its own")
 
 
-def validate(cfg: RunConfig) -> str:
-    """Check everything cheap to check before any run exists; returns the tracking URI."""
+def validate(cfg: RunConfig, here: bool = True) -> str:
+    """Check everything cheap to check before any run exists; returns the tracking URI. ``here``: the run
+    trains in this process's machine (not a suite's Ray cluster), whose device is checked too."""
     for algo in cfg.algos:
         if algo not in algorithms.ALGORITHMS:
             raise ConfigError(f"unknown algorithm {algo!r} (allowed: {', '.join(algorithms.names())})")
         check_loss_controls(cfg, algo)
     distributed.check_processes(cfg)
+    if here:
+        distributed.check_device(cfg)
     try:
         spec = resolve_task_spec(cfg.task, cfg.task_options)
         check_task_data(spec)  # its data files or data set read once, before the header line and any warm start
