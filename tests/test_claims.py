@@ -600,3 +600,29 @@ def test_cov_and_top_entropy_and_truncation_by_hand():
     masked, frac = trunc.parts
     assert masked.stat.ci == pytest.approx(_t_ci([1.0, 0.0, -1.0])) and masked.verdict == cl.REPRODUCED
     assert frac.stat.mean == pytest.approx(0.01) and frac.verdict == cl.READING and trunc.verdict == cl.REPRODUCED
+
+
+def test_a_claims_figure_gives_each_unit_a_panel_and_an_axis_of_its_own(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    from gspo_bench.reporting.claim_specs import Claim
+    from gspo_bench.reporting.paired import PairedStat
+
+    def part(label, unit, mean, ci, region):
+        stat = PairedStat(n=8, mean=mean, sd=1.0, ci=ci, significant=True, mde=None)
+        return cl.PartResult(Part(label, (), region, unit=unit), stat, [str(s) for s in range(8)], cl.REPRODUCED)
+
+    parts = [part("pass@1", "points", 0.5, (-6.2, 7.1), (-5.0, math.inf)),
+             part("lowest entropy", "nats", 0.144, (0.131, 0.157), (0.1, math.inf)),
+             part("above grpo's", "nats", 0.059, (0.044, 0.073), (0.0, math.inf))]
+    claim = Claim("k", "a claim", "src", "design", ("e",), tuple(p.part for p in parts), ())
+    saved = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, path, **kw: saved.append(self))
+    cl.plot_claim(cl.ClaimResult(claim, parts, cl.REPRODUCED), {}, tmp_path / "k.png")
+    [fig] = saved
+    curves, points, nats = fig.axes
+    assert [t.get_text() for t in points.get_yticklabels()] == ["pass@1"]
+    assert [t.get_text() for t in nats.get_yticklabels()] == ["lowest entropy", "above grpo's"]
+    assert "[points]" in points.get_xlabel() and "[nats]" in nats.get_xlabel()
+    # the nats panel's axis spans a fraction of a nat, not the points' ±7: its intervals are readable
+    assert nats.get_xlim()[1] - nats.get_xlim()[0] < 0.5 and points.get_xlim()[1] - points.get_xlim()[0] > 10

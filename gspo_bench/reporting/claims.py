@@ -456,7 +456,8 @@ def markdown(results: list[ClaimResult], meta: dict, figures: dict[str, str]) ->
 
 
 def plot_claim(res: ClaimResult, runs: dict[str, list[RunData]], path: Path) -> Path:
-    """Left: the claim's curves (mean over seeds, min-max band); right: each part's interval and region."""
+    """Left: the claim's curves (mean over seeds, min-max band); right: each part's interval and region, one
+    panel per unit (points, log10 of a ratio, a raw metric) so that each has an axis of its own."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -465,7 +466,12 @@ def plot_claim(res: ClaimResult, runs: dict[str, list[RunData]], path: Path) -> 
     c = res.claim
     fig = Figure(figsize=(11, 3.8))
     FigureCanvasAgg(fig)
-    ax, fx = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.1, 1]})
+    rows = [p for p in res.parts if p.stat.mean is not None]
+    units = list(dict.fromkeys(p.part.unit for p in rows)) or ["points"]
+    grid = fig.add_gridspec(1, 2, width_ratios=[1.1, 1])
+    ax = fig.add_subplot(grid[0])
+    right = grid[1].subgridspec(len(units), 1, height_ratios=[
+        max(1, sum(p.part.unit == u for p in rows)) for u in units])
     log = c.curve_metric == "clip/frac"
     for i, cv in enumerate(c.curves):
         sel = list(select(runs.get(cv.experiment, []), cv.where).values())
@@ -483,21 +489,25 @@ def plot_claim(res: ClaimResult, runs: dict[str, list[RunData]], path: Path) -> 
     ax.set_ylabel(c.curve_metric)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    rows = [p for p in res.parts if p.stat.mean is not None]
-    for y, p in enumerate(rows):
-        color = {REPRODUCED: "tab:green", REFUTED: "tab:red"}.get(p.verdict, "tab:gray")
-        if p.stat.ci is not None:
-            fx.plot(p.stat.ci, [y, y], color=color, lw=2.5)
-        fx.plot([p.stat.mean], [y], "o", color=color)
-    fx.axvline(0, color="k", lw=0.8)
-    a, b = fx.get_xlim()
-    for y, p in enumerate(rows):  # the claimed region, cut to the axis
-        lo, hi = p.part.region
-        fx.fill_betweenx([y - 0.4, y + 0.4], max(lo, a), min(hi, b), color="tab:green", alpha=0.12, lw=0)
-    fx.set_xlim(a, b)
-    fx.set_yticks(range(len(rows)), [f"{p.part.label} [{p.part.unit}]" for p in rows], fontsize=7)
-    fx.invert_yaxis()
-    fx.set_xlabel("paired difference: mean and 95 % CI; shaded: the claimed region", fontsize=8)
+    for k, unit in enumerate(units):
+        fx = fig.add_subplot(right[k])
+        mine = [p for p in rows if p.part.unit == unit]
+        for y, p in enumerate(mine):
+            color = {REPRODUCED: "tab:green", REFUTED: "tab:red"}.get(p.verdict, "tab:gray")
+            if p.stat.ci is not None:
+                fx.plot(p.stat.ci, [y, y], color=color, lw=2.5)
+            fx.plot([p.stat.mean], [y], "o", color=color)
+        fx.axvline(0, color="k", lw=0.8)
+        a, b = fx.get_xlim()
+        for y, p in enumerate(mine):  # the claimed region, cut to the axis
+            lo, hi = p.part.region
+            fx.fill_betweenx([y - 0.4, y + 0.4], max(lo, a), min(hi, b), color="tab:green", alpha=0.12, lw=0)
+        fx.set_xlim(a, b)
+        fx.set_ylim(len(mine) - 0.5, -0.5)
+        fx.set_yticks(range(len(mine)), [p.part.label for p in mine], fontsize=7)
+        fx.tick_params(axis="x", labelsize=7)
+        last = k == len(units) - 1
+        fx.set_xlabel(f"[{unit}]" + ("\nmean and 95 % CI; shaded: the claimed region" if last else ""), fontsize=7)
     fig.suptitle(c.text, fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
