@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -464,11 +465,11 @@ def plot_claim(res: ClaimResult, runs: dict[str, list[RunData]], path: Path) -> 
     from gspo_bench.reporting.figures import curve
 
     c = res.claim
-    fig = Figure(figsize=(11, 3.8))
+    fig = Figure(figsize=(12, 4.2), layout="constrained")
     FigureCanvasAgg(fig)
     rows = [p for p in res.parts if p.stat.mean is not None]
     units = list(dict.fromkeys(p.part.unit for p in rows)) or ["points"]
-    grid = fig.add_gridspec(1, 2, width_ratios=[1.1, 1])
+    grid = fig.add_gridspec(1, 2, width_ratios=[1, 1])
     ax = fig.add_subplot(grid[0])
     right = grid[1].subgridspec(len(units), 1, height_ratios=[
         max(1, sum(p.part.unit == u for p in rows)) for u in units])
@@ -504,12 +505,12 @@ def plot_claim(res: ClaimResult, runs: dict[str, list[RunData]], path: Path) -> 
             fx.fill_betweenx([y - 0.4, y + 0.4], max(lo, a), min(hi, b), color="tab:green", alpha=0.12, lw=0)
         fx.set_xlim(a, b)
         fx.set_ylim(len(mine) - 0.5, -0.5)
-        fx.set_yticks(range(len(mine)), [p.part.label for p in mine], fontsize=7)
+        fx.set_yticks(range(len(mine)), [textwrap.fill(p.part.label, 34) for p in mine], fontsize=7)
         fx.tick_params(axis="x", labelsize=7)
-        last = k == len(units) - 1
-        fx.set_xlabel(f"[{unit}]" + ("\nmean and 95 % CI; shaded: the claimed region" if last else ""), fontsize=7)
+        fx.set_xlabel(f"[{unit}]", fontsize=7)
+        if k == 0:
+            fx.set_title("mean and 95 % CI; shaded: the claimed region", fontsize=7)
     fig.suptitle(c.text, fontsize=9)
-    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     return path
