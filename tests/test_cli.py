@@ -245,3 +245,15 @@ def test_a_flag_is_never_taken_for_a_longer_one_it_starts(argv, capsys):
         main(argv)
     text = one_line(capsys)
     assert e.value.code == 2 and text.startswith(f"gspo-bench: error: unrecognized arguments: {argv[1]}"), text
+
+
+def test_the_commit_is_read_before_the_command_writes_anything(monkeypatch):
+    # a page names the commit of the code that made it; asked only when the page is written, the figures the
+    # same command wrote just before would mark it +dirty
+    import gspo_bench.cli.main as cli_main
+    from gspo_bench.tracking.provenance import git_commit
+
+    git_commit.cache_clear()
+    asked = []
+    monkeypatch.setattr(cli_main, "cmd_list", lambda args: asked.append(git_commit.cache_info().currsize) or 0)
+    assert main(["list"]) == 0 and asked == [1]

@@ -17,6 +17,7 @@ from gspo_bench.cli.info import add_claims_parser
 from gspo_bench.cli.measure import add_bench_parser
 from gspo_bench.config import DEFAULT_TRACKING_URI, ConfigError, load_config, parse_sets, presets
 from gspo_bench.train.interrupts import Interrupted, handle_signals
+from gspo_bench.tracking.provenance import git_commit
 from gspo_bench.tracking.redact import RedactingConsole, redact
 from gspo_bench.reporting.frame import RUNS_FILE
 from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE, DEFAULT_EXPERIMENT, NOTES
@@ -436,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = build_parser().parse_args(argv)  # the files stating the command get it redacted; args keep the real values
     args.argv = [redact(a) for a in (sys.argv[1:] if argv is None else argv)]
+    # the commit of the code this process loaded, asked before the command writes anything: a page that names
+    # it is not marked +dirty by the figures the same command wrote just before it
+    git_commit()
     commands = {"run": cmd_run, "tune": cmd_tune, "list": cmd_list, "leaderboard": cmd_leaderboard,
                 "report": cmd_report, "bench": cmd_bench, "warmstart": cmd_warmstart, "suite": cmd_suite,
                 "collapse-check": cmd_collapse_check, "claims": cmd_claims}
