@@ -135,16 +135,13 @@ def experts_kernel(model, kernel: str, device: torch.device, dtype: str) -> str 
     """The kernel a MoE model's experts run by when sampling in ``dtype`` on ``device`` (``auto`` resolved as
     the engines resolve it); None for a dense model."""
     from gspo_bench.models.builtin import is_moe
-    from gspo_bench.rollout.fastlm import pick_moe_kernel
+    from gspo_bench.rollout.fastlm import resolve_moe_kernel
 
     if not is_moe(model):
         return None
-    if kernel != "auto":
-        return kernel
     c = model.config
-    cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     width = getattr(c, "moe_intermediate_size", None) or c.intermediate_size
-    return pick_moe_kernel(device.type, getattr(torch, dtype), cap, (c.hidden_size, width))
+    return resolve_moe_kernel(kernel, torch.empty(0, device=device, dtype=getattr(torch, dtype)), c.hidden_size, width)
 
 
 def bench_moe_kernels(model, tok, prompts, max_new_tokens: int, temperature: float, kernels, warmup: int,

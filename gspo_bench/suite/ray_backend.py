@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gspo_bench.config import CONNECT_TIMEOUT_S, ConfigError, RunConfig
+from gspo_bench.config.names import GPU_ACCELERATORS
 from gspo_bench.suite.backends import Cell, CellOutcome, run_cell
 from gspo_bench.tracking.cells import NODE_TAG
 from gspo_bench.tracking.redact import redact
@@ -177,7 +178,7 @@ def cell_resources(cfg: RunConfig, cpus: float | None, gpus: float | None, clust
     """(CPUs, GPUs) a cell of ``cfg`` asks for: the flags where given; else GPUs for each device of a run on GPUs
     (``train.accelerator`` gpu, or auto on a cluster with GPUs) and one CPU, or one CPU per device of a CPU run."""
     t = cfg.train
-    on_gpu = t.accelerator in ("gpu", "cuda") or (t.accelerator == "auto" and cluster_gpus > 0)
+    on_gpu = t.accelerator in GPU_ACCELERATORS or (t.accelerator == "auto" and cluster_gpus > 0)
     g = float(gpus) if gpus is not None else (float(t.devices) if on_gpu else 0.0)
     c = float(cpus) if cpus is not None else (1.0 if g > 0 else float(t.devices))
     return c, g

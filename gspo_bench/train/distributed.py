@@ -46,12 +46,11 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 
 from gspo_bench.config import ConfigError, RunConfig
+from gspo_bench.config.names import GPU_ACCELERATORS
 
 # -- what a multi-process run asks of its config, and Lightning's strategy for it ---------------------------
 def check_processes(cfg: RunConfig) -> None:
     """A multi-process run splits each step's prompts evenly (whole groups per rank), and FSDP needs GPUs."""
-    import torch
-
     t = cfg.train
     n = t.devices * t.num_nodes
     if n > 1 and cfg.rollout.prompts_per_step % n:
@@ -61,6 +60,8 @@ def check_processes(cfg: RunConfig) -> None:
     if n > 1 and cfg.train.eval_prompts < n:
         raise ConfigError(f"train.eval_prompts={t.eval_prompts} is fewer than the {n} processes sharing them")
     if t.strategy == "fsdp":
+        import torch
+
         if t.accelerator == "cpu" or not torch.cuda.is_available():
             raise ConfigError("--strategy fsdp needs GPUs (Lightning runs FSDP on CUDA only); on CPU use "
                               "--strategy ddp")
@@ -72,7 +73,7 @@ def check_device(cfg: RunConfig) -> None:
     import torch
 
     t = cfg.train
-    if t.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+    if t.accelerator in GPU_ACCELERATORS and not torch.cuda.is_available():
         raise ConfigError(f"train.accelerator={t.accelerator} but torch {torch.__version__} sees no CUDA GPU; "
                           "use train.accelerator=cpu or auto here")
 
