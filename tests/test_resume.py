@@ -89,12 +89,18 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_history(mixed_task, tmp_path
     assert state["rl_step"] == 3 and problems == []
 
     monkeypatch.setattr(checkpoint.Checkpointer, "after_step", original)
-    resumed = {r.algo: r for r in run(_cfg(mixed_task, uri, "stopped"), resume=True, **quiet)}
-    # ppo had finished: --resume finds nothing to continue and runs it afresh; dapo continues its own run
-    assert resumed["dapo"].run_id == killed.info.run_id
+    lines: list[str] = []
+    resumed = {r.algo: r for r in run(_cfg(mixed_task, uri, "stopped"), resume=True, log=lines.append)}
+    # ppo had finished: --resume trains it no more and reads its result back; dapo continues its own run
+    [ppo_run] = [r for r in runs_of(uri, "stopped") if r.data.tags["algo"] == "ppo"]
+    assert f"[resume] ppo seed 0: already FINISHED (run {ppo_run.info.run_id}): skipped" in lines
+    assert resumed["ppo"].earlier and resumed["ppo"].run_id == ppo_run.info.run_id
+    assert not resumed["dapo"].earlier and resumed["dapo"].run_id == killed.info.run_id
+    # what the summary shows of it is what the run logged: the first step's reward, the last step's metrics
+    assert resumed["ppo"].first["reward/mean"] == pytest.approx(straight["ppo"].first["reward/mean"])
+    assert resumed["ppo"].last["clip/frac"] == pytest.approx(straight["ppo"].last["clip/frac"])
     runs = runs_of(uri, "stopped")
-    assert sorted((r.data.tags["algo"], r.info.status) for r in runs) == [
-        ("dapo", "FINISHED"), ("ppo", "FINISHED"), ("ppo", "FINISHED")]
+    assert sorted((r.data.tags["algo"], r.info.status) for r in runs) == [("dapo", "FINISHED"), ("ppo", "FINISHED")]
     assert "killed_reason" not in mlflow.MlflowClient(uri).get_run(killed.info.run_id).data.tags
     assert checkpoint.load(mlflow.MlflowClient(uri), killed.info.run_id) == (None, [])  # finished: nothing left
     for algo in ("ppo", "dapo"):
@@ -448,3 +454,51 @@ def test_sigint_during_the_warm_start_exits_130_without_a_traceback(tmp_path):
     assert "stopped by SIGINT during the warm start of seed 0" in out
     assert not runs_of(f"sqlite:///{tmp_path}/m.db", "ws")  # nothing was started, nothing left RUNNING
     assert not [p for p in Path(tmp_path / "empty-cache").rglob(".tmp-*")]
+
+
+# -- through the command: a stopped `run --algos ...` resumed with --resume trains only what had not finished ----
+@pytest.mark.parametrize("signum, algos, seeds, stop", [
+    (signal.SIGTERM, "grpo,dapo,gspo", "1", ("dapo", 0, 2)),  # one seed: grpo finished, dapo stopped, gspo not begun
+    (signal.SIGINT, "grpo,dapo", "2", ("grpo", 1, 2)),  # two seeds: seed 0 finished, seed 1's grpo stopped
+], ids=["sigterm-one-seed", "sigint-two-seeds"])
+def test_a_stopped_run_resumed_trains_only_what_had_not_finished(tmp_path, monkeypatch, capsys, signum, algos,
+                                                                  seeds, stop):
+    from gspo_bench.cli.main import main
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    monkeypatch.chdir(tmp_path)
+    argv = ["run", "--preset", "smoke", "--algos", algos, "--seeds", seeds, "--steps", "4", "--set",
+            "train.checkpoint_every=2", "--no-progress", "--tracking-uri", uri, "--experiment", "e"]
+    original = checkpoint.Checkpointer.after_step
+
+    def after_step(self, module):
+        original(self, module)
+        if (module.name, module.seed, module.rl_step) == stop:
+            os.kill(os.getpid(), signum)
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "after_step", after_step)
+    assert main(argv) == (143 if signum == signal.SIGTERM else 130)
+    out = capsys.readouterr().out
+    resume = out.split("resume: python -m gspo_bench ", 1)[1].split()
+    assert resume == argv + ["--resume"]
+    before = {(r.data.tags["algo"], r.data.tags["seed"]): r for r in runs_of(uri, "e")}
+    finished = {cell for cell, r in before.items() if r.info.status == "FINISHED"}
+    stopped = (stop[0], str(stop[1]))
+    assert before[stopped].info.status == "KILLED" and finished and stopped not in finished
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "after_step", original)
+    assert main(resume) == 0
+    out = capsys.readouterr().out
+    cells = {(a, str(s)) for a in algos.split(",") for s in range(int(seeds))}
+    after = {(r.data.tags["algo"], r.data.tags["seed"]): r for r in runs_of(uri, "e")}
+    assert set(after) == cells and len(runs_of(uri, "e")) == len(cells)  # one run per cell: nothing repeated
+    assert all(r.info.status == "FINISHED" for r in after.values())
+    for a, s in finished:  # not trained again: the same run, ended when it first ended
+        assert f"[resume] {a} seed {s}: already FINISHED (run {before[a, s].info.run_id}): skipped" in out
+        assert after[a, s].info.end_time == before[a, s].info.end_time
+    at = before[stopped].data.tags["gspo_bench.checkpoint_step"]
+    assert f"continuing run {before[stopped].info.run_id} from its checkpoint at RL step {at}" in out
+    # the summary covers every cell, the ones read back marked as such
+    rows = [ln for ln in out.splitlines() if ln.startswith("│")]
+    assert len(rows) == len(cells)
+    assert sum("FINISHED (earlier)" in ln for ln in rows) == len(finished)

@@ -19,11 +19,13 @@ def run_command(cfg: RunConfig, args, console) -> int:
     console.quiet = not launch_rank_zero()  # the other processes of a multi-process run train silently
     console.print(f"[bold]gspo_bench[/bold] preset={cfg.preset} task={cfg.task} model={cfg.model.name} "
                   f"algos={','.join(cfg.algos)} seeds={cfg.seeds} steps={cfg.train.steps}"
-                  + (" (resuming unfinished runs)" if args.resume else ""))
+                  + (" (resuming: FINISHED runs skipped, unfinished ones continued)" if args.resume else ""))
     # run's lines are plain text: an error message may hold brackets ("[/path/pair.cc:553]") that markup reads
     results = run(cfg, log=lambda m: console.print(m, markup=False, highlight=False), resume=args.resume,
                   restart=args.restart)
     console.print(results_table(results, f"{cfg.task} / {cfg.model.name} / preset {cfg.preset}"))
+    if any(r.earlier for r in results):
+        console.print("(earlier): FINISHED before this command; read back from the store, not trained again")
     console.print(mlflow_hint(uri, cfg.tracking.experiment, results), soft_wrap=True)
     return 0 if all(r.status == "FINISHED" for r in results) else 1
 
@@ -47,7 +49,7 @@ def results_table(results: list, title: str) -> Table:
         table.add_column(col)
     for r in results:
         f, l = r.first.get("reward/mean"), r.last.get("reward/mean")
-        table.add_row(r.algo, str(r.seed), r.status,
+        table.add_row(r.algo, str(r.seed), r.status + (" (earlier)" if getattr(r, "earlier", False) else ""),
                       f"{f:.3f}→{l:.3f}" if f is not None and l is not None else "-",
                       f"{r.eval_start:.3f}→{r.eval_end:.3f}" if r.eval_end is not None else "-",
                       f"{r.last.get('clip/frac', float('nan')):.4f}", str(r.collapse_events), f"{r.seconds:.0f}")

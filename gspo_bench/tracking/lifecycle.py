@@ -10,7 +10,9 @@ on another host (a pre-empted node), its heartbeat is older than ``ORPHAN_AFTER_
 ``run`` marks the orphans of the experiment KILLED (tag ``killed_reason``) before it starts; the
 leaderboard, report and suite count FINISHED runs only, so such a run is never averaged in.
 
-``--resume`` continues, for each (algorithm, seed), the newest run of the experiment with the same settings
+``--resume`` skips each (algorithm, seed) of which the experiment holds a FINISHED run with the same settings
+digest (``find_finished``: its numbers are read back, nothing is trained again), and continues, for each other
+(algorithm, seed), the newest run of the experiment with the same settings
 digest that is KILLED, FAILED or orphaned and has a checkpoint: the same MLflow run, from that checkpoint.
 Metrics logged between the checkpoint and the crash are logged again by the resumed run at the same steps
 with the same values; ``ResumedLogger`` skips them, so each (metric, step) appears once.
@@ -116,10 +118,21 @@ def mark_orphans(client, experiment_id: str, log=print) -> list[str]:
     return marked
 
 
+def _same_settings(algo: str, seed: int, digest: str) -> str:
+    return f"tags.algo = '{algo}' and tags.seed = '{seed}' and tags.`gspo_bench.config` = '{digest}'"
+
+
+def find_finished(client, experiment_id: str, algo: str, seed: int, digest: str):
+    """The newest FINISHED run of (algo, seed) with settings ``digest``, or None: the work ``--resume`` does not
+    repeat."""
+    query = _same_settings(algo, seed, digest) + " and attributes.status = 'FINISHED'"
+    found = client.search_runs([experiment_id], query, order_by=["attributes.start_time DESC"], max_results=1)
+    return found[0] if found else None
+
+
 def find_resumable(client, experiment_id: str, algo: str, seed: int, digest: str):
     """The newest unfinished run of (algo, seed) with settings ``digest`` that is not alive, or None."""
-    query = (f"tags.algo = '{algo}' and tags.seed = '{seed}' and tags.`gspo_bench.config` = '{digest}'")
-    for run in client.search_runs([experiment_id], query, order_by=["attributes.start_time DESC"], max_results=50):
+    for run in client.search_runs([experiment_id], _same_settings(algo, seed, digest), order_by=["attributes.start_time DESC"], max_results=50):
         if run.info.status in ("KILLED", "FAILED") or orphan_reason(run):
             return run
     return None

@@ -2,6 +2,8 @@
 
 - ``quiet``: the console kept to gspo_bench's own lines and the progress bar, before any store is opened
   (MLflow's INFO lines, Lightning's and transformers' warnings, datasets' bars).
+- ``finished_run``: with ``--resume``, the FINISHED run of one (algorithm, seed) and settings, read back as
+  ``FinishedRun`` (the numbers a summary shows), so the work is not repeated.
 - ``prior_run``: the first contact with the store for one (algorithm, seed): the experiment's orphaned runs
   are marked KILLED (``lifecycle.mark_orphans``) and, with ``--resume``, the run to continue is found
   (``lifecycle.find_resumable``). Loading its checkpoint is ``train.checkpoint``'s.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from dataclasses import dataclass, field
 
 import yaml
 from lightning.pytorch.loggers.logger import DummyLogger
@@ -26,7 +29,8 @@ from gspo_bench import __version__
 from gspo_bench.config import RunConfig, flatten
 from gspo_bench.core.collectives import launch_rank_zero
 from gspo_bench.tracking import stores
-from gspo_bench.tracking.lifecycle import (ResumedLogger, RunLogger, config_digest, find_resumable, mark_orphans,
+from gspo_bench.tracking.lifecycle import (ResumedLogger, RunLogger, config_digest, find_finished, find_resumable,
+                                           mark_orphans,
                                            owner_tags)
 from gspo_bench.tracking.provenance import git_commit, machine
 from gspo_bench.tracking.redact import redact, redact_nested
@@ -66,6 +70,48 @@ def prior_run(uri: str, experiment: str, algo: str, seed: int, digest: str, resu
     if prior is None and resume:
         log(f"[resume] {algo} seed {seed}: no unfinished run with these settings: starting afresh")
     return client, prior
+
+
+@dataclass
+class FinishedRun:
+    """A FINISHED run as the store holds it: what ``run``'s summary shows of a run it does not train again."""
+
+    run_id: str
+    experiment_id: str
+    first: dict = field(default_factory=dict)
+    """``reward/mean`` at the first RL step."""
+    last: dict = field(default_factory=dict)
+    """Every metric's last value."""
+    eval_log: list = field(default_factory=list)
+    """(RL step, {eval/* metric: value}) in step order."""
+    seconds: float = 0.0
+    """``time/wall_s``."""
+    collapse_events: int = 0
+
+
+def finished_run(uri: str, experiment: str, algo: str, seed: int, digest: str) -> FinishedRun | None:
+    """The newest FINISHED run of (algo, seed) with settings ``digest`` (``lifecycle.find_finished``), read back;
+    None where there is none or the experiment does not exist. Every rank asks (they must all skip or all
+    train); the store is opened under its lock."""
+    client, exp = stores.open_store(uri, experiment)
+    if exp is None:
+        return None
+    run = find_finished(client, exp.experiment_id, algo, seed, digest)
+    if run is None:
+        return None
+    run_id, metrics = run.info.run_id, run.data.metrics
+
+    def history(key: str) -> list:
+        return sorted(((m.step, m.value) for m in client.get_metric_history(run_id, key)), key=lambda sv: sv[0])
+
+    rewards = history("reward/mean") if "reward/mean" in metrics else []
+    evals: dict[int, dict] = {}
+    for key in sorted(k for k in metrics if k.startswith("eval/")):
+        for step, value in history(key):
+            evals.setdefault(step, {})[key] = value
+    return FinishedRun(run_id, run.info.experiment_id, first={"reward/mean": rewards[0][1]} if rewards else {},
+                       last=dict(metrics), eval_log=sorted(evals.items()), seconds=metrics.get("time/wall_s", 0.0),
+                       collapse_events=int(run.data.tags.get("collapse.count", "0") or 0))
 
 
 class OtherRankLogger(DummyLogger):

@@ -63,6 +63,16 @@ class RunResult:
     experiment_id: str | None = None
     clock: dict = field(default_factory=dict)  # seconds in rollout, train and eval (PolicyModule.clock)
     completions: dict = field(default_factory=dict)  # completions generated for training and for eval
+    earlier: bool = False  # FINISHED before this command: ``--resume`` read it back and trained nothing
+
+
+def earlier_result(algo: str, seed: int, done: runs.FinishedRun) -> RunResult:
+    """A run ``--resume`` found FINISHED, as a result: its numbers read back from the store."""
+    evals = [m["eval/pass1"] for _, m in done.eval_log if "eval/pass1" in m]
+    return RunResult(algo, seed, done.run_id, "FINISHED", first=done.first, last=done.last,
+                     eval_start=evals[0] if evals else None, eval_end=evals[-1] if evals else None,
+                     eval_log=done.eval_log, collapse_events=done.collapse_events, seconds=done.seconds,
+                     experiment_id=done.experiment_id, earlier=True)
 
 
 class ProgressBar(RichProgressBar):
@@ -178,7 +188,8 @@ class RunOptions:
     """Exception types that end the run KILLED and are re-raised (``optuna.TrialPruned``); any other exception
     ends it FAILED and is returned (on one process)."""
     resume: bool = False
-    """Continue this (algo, seed)'s unfinished run from its checkpoint (``prior_run``)."""
+    """Skip this (algo, seed) where a run of these settings FINISHED (its result is read back), else continue its
+    unfinished run from its checkpoint (``prior_run``)."""
     restart: bool = False
     """With ``resume``: start it afresh where no checkpoint of it is usable."""
     start_evals: object | None = None
@@ -193,6 +204,9 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
     settings = cfg.resolve(algo, cls.recipe, task.spec.max_new_tokens)
     resolved = resolved_settings(cfg, algo, seed, ws, settings)
     digest = config_digest(resolved)
+    if o.resume and (done := runs.finished_run(uri, cfg.tracking.experiment, algo, seed, digest)) is not None:
+        log(f"[resume] {algo} seed {seed}: already FINISHED (run {done.run_id}): skipped")
+        return earlier_result(algo, seed, done)
     resume_id, state = prior_run(cfg, uri, algo, seed, resolved, o.resume, log, o.restart)
     logger = runs.open_run(cfg, uri, algo, seed, resolved, task.name, o.tags, o.parent_run_id, o.run_name,
                            resume_id)
@@ -311,8 +325,8 @@ def _trainer(cfg: RunConfig, module, logger, log, callbacks: tuple) -> tuple[L.T
 
 def run(cfg: RunConfig, log=print, keep_modules: bool = False, resume: bool = False,
         restart: bool = False) -> list[RunResult]:
-    """All algorithms x seeds of ``cfg``; returns one result per run. ``resume``: continue unfinished runs
-    from their checkpoints (``restart``: afresh, as the same run, where none is usable). A signal ends it
+    """All algorithms x seeds of ``cfg``; returns one result per run. ``resume``: skip the FINISHED ones (their
+    results read back, ``RunResult.earlier``) and continue unfinished runs from their checkpoints (``restart``: afresh, as the same run, where none is usable). A signal ends it
     with ``interrupts.Interrupted`` carrying the results so far."""
     quiet()
     uri = validate(cfg)
