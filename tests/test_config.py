@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from gspo_bench.config import (
     deep_merge,
     flatten,
     load_config,
+    load_yaml,
     parse_sets,
     presets,
     to_dict,
@@ -399,3 +401,30 @@ def test_task_options_left_at_null_stay_out_of_the_settings_digest():
     assert not any(k.startswith("task_options.") for k in flat)  # digests of older runs still match
     flat = hashed_settings(to_dict(load_config("smoke", overrides={"task_options": {"chat": False}})))
     assert flat["task_options.chat"] is False
+
+
+@pytest.mark.parametrize("value, in_file", [
+    ("1", "rollout.mask_truncated takes bool, got int 1"),  # was accepted from a file, and digested apart from true
+    ("yes", "rollout.mask_truncated='yes' is not allowed (allowed: True, False)"),
+    ("on", "rollout.mask_truncated='on' is not allowed (allowed: True, False)"),
+])
+def test_a_bool_is_true_or_false_in_a_config_file_as_in_set(value, in_file, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"rollout:\n  mask_truncated: {value}\n")
+    with pytest.raises(ConfigError, match=re.escape(in_file)):
+        load_config("smoke", config_files=(str(path),))
+    got = "int 1" if value == "1" else f"str {value!r}"
+    with pytest.raises(ConfigError, match=re.escape(f"rollout.mask_truncated takes bool, got {got}")):
+        parse_sets([f"rollout.mask_truncated={value}"])
+    path.write_text("rollout:\n  mask_truncated: true\n")
+    assert load_config("smoke", config_files=(str(path),)).rollout.mask_truncated is True
+
+
+def test_numbers_are_read_without_yaml_1_1_underscores():
+    # "lo_hi" bands stay the text typed (YAML 1.1 read 2_0.5 as 20.5 and 0.5_2 as 0.52)
+    assert [load_yaml(t) for t in ("0.5_2", "2_0.5", "1_000")] == ["0.5_2", "2_0.5", "1_000"]
+    assert [load_yaml(t) for t in ("3e-4", "1.5", "-2", ".5", "1e308")] == [3e-4, 1.5, -2, 0.5, 1e308]
+    with pytest.raises(ConfigError, match=re.escape("train.steps=1_000: train.steps takes int, got str '1_000'")):
+        parse_sets(["train.steps=1_000"])
+    over = parse_sets(["rollout.rejection=token_k1", "rollout.rejection_threshold=0.5_2"])
+    assert load_config("smoke", overrides=over).rollout.rejection_threshold == "0.5_2"

@@ -327,6 +327,25 @@ def test_bad_input_is_one_line_exit_2(extra, needle, tmp_path, monkeypatch, caps
     assert not (tmp_path / "mlflow.db").exists()
 
 
+@pytest.mark.parametrize("extra", [[], ["--dry-run"], ["--backend", "ray", "--ray-address", "127.0.0.1:1"]],
+                         ids=["local", "dry-run", "ray"])
+@pytest.mark.parametrize("sets, needle", [
+    (["loss.clip_cov_lb=5", "loss.clip_cov_ub=1"], "loss.clip_cov_lb=5 must be below loss.clip_cov_ub=1"),
+    (["loss.clip_cov_lb=6"], "loss.clip_cov_lb=6 must be below loss.clip_cov_ub=5"),  # ub: clip_cov's own default
+    (["loss.entropy_coef=5", "loss.entropy_target=0.2"], "loss.entropy_coef=5 must be within"),
+    (["rollout.rejection=token_k1", "rollout.rejection_threshold=2_0.5"], "'2_0.5' for token_k1 must be 'lo_hi'"),
+])
+def test_rules_between_settings_are_checked_before_any_cell_on_every_backend(sets, needle, extra, tmp_path,
+                                                                             monkeypatch, capsys, mixed_task):
+    monkeypatch.chdir(tmp_path)
+    argv = _argv(tmp_path, mixed_task, *[x for s in sets for x in ("--set", s)], *extra)
+    argv[argv.index("--algos") + 1] = "grpo,clip_cov"
+    assert main(argv) == 2
+    text = capsys.readouterr().out.strip()
+    assert needle in text and "error" in text and len(text.splitlines()) == 1, text
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_two_drivers_started_together_on_one_store_run_each_cell_once(tmp_path):
     import os

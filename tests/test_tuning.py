@@ -258,6 +258,9 @@ def test_an_aggressive_pruner_prunes(mixed_task, tmp_path, monkeypatch):
     (["--algo", "cispo", "--params", "eps_mid"], "eps_mid"),
     (["--algo", "gspo", "--pruner", "bogus"], "bogus"),
     (["--algo", "gspo", "--trials", "0"], "--trials=0"),
+    (["--algo", "clip_cov", "--set", "loss.clip_cov_lb=6"], "loss.clip_cov_lb=6 must be below loss.clip_cov_ub=5"),
+    (["--algo", "grpo", "--set", "loss.entropy_coef=5", "--set", "loss.entropy_target=0.2"],
+     "loss.entropy_coef=5 must be within"),
 ])
 def test_bad_input_is_one_line_exit_2_and_leaves_no_run(argv, needle, tmp_path, capsys):
     db = tmp_path / "mlflow.db"

@@ -23,14 +23,25 @@ PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads ``3e-4`` (no dot) as a string; clip ranges are written that way, so read it as a float."""
+    """YAML as a user means it, one rule for ``--config`` files and ``--set`` values alike: numbers without the
+    underscores YAML 1.1 reads into them, so ``0.5_2`` (a rejection band) stays a string where YAML 1.1 makes it
+    0.52; ``3e-4`` (no dot) a float, where YAML 1.1 makes it a string; bools only ``true``/``false``, where YAML
+    1.1 also reads yes/no/on/off."""
 
 
+_TAGS = {"tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in _TAGS]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$"),
+                              list("-+0123456789"))
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$|^[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?$"),
-    list("-+0123456789."),
-)
+    re.compile(r"^[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?$|^[-+]?[0-9]+[eE][-+]?[0-9]+$"
+               r"|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"),
+    list("-+0123456789."))
 
 
 def load_yaml(text: str):
@@ -69,14 +80,22 @@ def _build(cls, data: dict, where: str):
     kwargs = {}
     for name, value in data.items():
         sub = _section_type(cls, name)
+        key = f"{where}.{name}".strip(".")
         if name not in own:  # a loss parameter: gathered in the section's SPREAD field
             kwargs.setdefault(spread, {})[name] = value
         else:
-            kwargs[name] = _build(sub, value, f"{where}.{name}".strip(".")) if sub else value
+            kwargs[name] = _build(sub, value, key) if sub else value
     try:
-        return cls(**kwargs)
+        built = cls(**kwargs)
     except TypeError as e:
         raise ConfigError(f"{where or 'config'}: {e}") from None
+    # one type rule for a file and --set (after the section's own checks, whose lines say more of a bad value):
+    # a bool is true/false, never 1, which a check by value lets through and which would digest apart from true
+    for name, value in data.items():
+        if not _section_type(cls, name) and not _type_ok(value, known[name]):
+            got = "null" if value is None else f"{type(value).__name__} {value!r}"
+            raise ConfigError(f"{f'{where}.{name}'.strip('.')} takes {_type_name(known[name])}, got {got}")
+    return built
 
 
 def _section_type(cls, name: str):

@@ -22,7 +22,7 @@ from typing import Any, Union
 
 from gspo_bench.config.names import ACCELERATORS, CHAT_MODES, MOE_KERNELS, PRECISIONS, REPLAY_MODES, ROLLOUT_DTYPES
 from gspo_bench.config.resolved import SPREAD, LossParamFields, LossSettings, Recipe, Resolved
-from gspo_bench.core.loss_params import PARAMS, LossParam
+from gspo_bench.core.loss_params import PARAMS, LossParam, check_relations
 from gspo_bench.core.names import (ADVANTAGE_BASELINES, ADVANTAGE_SCALES, CORRECTION_LEVELS, CORRECTIONS,
                                    KL_ESTIMATORS, rejection_bounds)
 
@@ -284,8 +284,10 @@ class LossConfig(LossParamFields):
                f"loss.kl_coef={self.kl_coef!r} must be >= 0 (or auto)")
         _choice("loss.kl_estimator", self.kl_estimator, KL_ESTIMATORS)
         _choice("loss.aggregation", self.aggregation, (AUTO, "bnpo"))
-        lo, hi = self.params["entropy_coef_min"], self.params["entropy_coef_max"]
-        _check(lo <= hi, f"loss.entropy_coef_min={lo!r} must be <= loss.entropy_coef_max={hi!r}")
+        try:  # the rules between parameters given here; those with an auto side: at the run's check, resolved
+            check_relations(self.params, "loss.")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         _check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "loss.gamma and loss.lam must be in [0, 1]")
 
 

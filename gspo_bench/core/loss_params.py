@@ -161,6 +161,33 @@ ENTROPY_CONTROLS = (ENTROPY_COEF, ENTROPY_TARGET, ENTROPY_COEF_MIN, ENTROPY_COEF
 """Every loss takes these (the entropy bonus and its adaptive coefficient)."""
 
 
+def check_relations(values: dict, prefix: str = "") -> None:
+    """The rules between parameters, on one set of values (``prefix``: how the error names them, ``loss.``); a
+    value that is not a number yet (``auto``, None: off or not taken) is left to the check of the resolved ones.
+    One ValueError line for the first rule broken:
+
+    - ``clip_cov_lb < clip_cov_ub``: Clip-Cov draws from the tokens whose covariance lies strictly between them;
+    - ``entropy_coef_min <= entropy_coef_max``;
+    - with ``entropy_target`` set, ``entropy_coef_min <= entropy_coef <= entropy_coef_max``: the coefficient is
+      the adaptive control's start, and every step keeps it within those bounds.
+    """
+    def number(name: str):
+        v = values.get(name)
+        return v if isinstance(v, numbers.Real) and not isinstance(v, bool) else None
+
+    lb, ub = number("clip_cov_lb"), number("clip_cov_ub")
+    if lb is not None and ub is not None and not lb < ub:
+        raise ValueError(f"{prefix}clip_cov_lb={lb:g} must be below {prefix}clip_cov_ub={ub:g} (Clip-Cov draws from "
+                         "the tokens whose covariance lies strictly between them)")
+    lo, hi, c = number("entropy_coef_min"), number("entropy_coef_max"), number("entropy_coef")
+    if lo is not None and hi is not None and not lo <= hi:
+        raise ValueError(f"{prefix}entropy_coef_min={lo:g} must be <= {prefix}entropy_coef_max={hi:g}")
+    if number("entropy_target") is not None and None not in (lo, hi, c) and not lo <= c <= hi:
+        raise ValueError(f"{prefix}entropy_coef={c:g} must be within [{prefix}entropy_coef_min, {prefix}entropy_coef_max]"
+                         f" = [{lo:g}, {hi:g}]: with {prefix}entropy_target set it is the adaptive coefficient's "
+                         "start, and the control keeps it within those bounds")
+
+
 def clip_band(eps_low: float | None, eps_high: float, search_low: SearchRange | None = None,
               search_high: SearchRange | None = None, dual_clip: bool = True) -> tuple[LossParam, ...]:
     """The clip parameters of a loss with band ``[1 - eps_low, 1 + eps_high]`` (and the dual clip).

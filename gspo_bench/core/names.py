@@ -32,7 +32,9 @@ def rejection_bounds(options, threshold) -> tuple[tuple[str, float | None, float
     unknown = [o for o in names if o not in REJECTION_OPTIONS]
     if unknown:
         raise ValueError(f"rejection option {unknown[0]!r} is not allowed (allowed: {', '.join(REJECTION_OPTIONS)})")
-    names = list(dict.fromkeys(names))  # a repeated option counts once
+    repeated = sorted({o for o in names if names.count(o) > 1})
+    if repeated:
+        raise ValueError(f"rejection={options!r} names {repeated[0]!r} more than once")
     if threshold is None or isinstance(threshold, bool):
         raise ValueError(f"rejection={','.join(names)} needs rejection_threshold (e.g. 0.5_2.0 for *_k1, 0.01 "
                          "for the others)")
@@ -54,10 +56,10 @@ def rejection_bounds(options, threshold) -> tuple[tuple[str, float | None, float
             # "lo_hi" as ratios, or "hi" with lo = 1 / hi; compared in log space
             if len(values) == 1 and values[0] > 0:
                 values = [1.0 / values[0], values[0]]
-            ok = len(values) == 2 and all(math.isfinite(v) and v > 0 for v in values) and values[0] <= values[1]
+            ok = len(values) == 2 and all(math.isfinite(v) and v > 0 for v in values) and values[0] < values[1]
             if not ok:
                 raise ValueError(f"rejection_threshold {spec!r} for {name} must be 'lo_hi', two ratios "
-                                 "0 < lo <= hi (or one ratio hi > 0: lo = 1 / hi)")
+                                 "0 < lo < hi (or one ratio hi > 1: lo = 1 / hi)")
             out.append((name, math.log(values[0]), math.log(values[1])))
         else:
             if len(values) != 1 or not (math.isfinite(values[0]) and values[0] > 0):

@@ -33,6 +33,7 @@ from gspo_bench.algorithms.evaluation import StartEvals
 from gspo_bench.callbacks import CollapseCallback, MismatchProbe, MoEFlipProbe, RatioSample
 from gspo_bench.core.collectives import launch_rank_zero
 from gspo_bench.core.losses import LOSSES, check_controls
+from gspo_bench.core.loss_params import check_relations
 from gspo_bench.config import ConfigError, Resolved, RunConfig, to_dict
 from gspo_bench.tracking.lifecycle import config_digest, hashed_settings
 from gspo_bench.tracking.runs import quiet
@@ -94,6 +95,10 @@ def check_loss_controls(cfg: RunConfig, algo: str) -> None:
                        delta_clip=loss.delta_clip, eps_high=loss.eps_high)
     except ValueError as e:
         raise ConfigError(f"loss.{e}") from None
+    try:  # the rules between parameters, with every auto resolved to this algorithm's own default
+        check_relations(loss.params, "loss.")
+    except ValueError as e:
+        raise ConfigError(f"{e} ({algo})") from None
     t = cfg.train
     wide = "loss.top_entropy_quantile < 1" if loss.top_entropy_quantile < 1.0 else (
         algo if LOSSES[algo].minibatch_wide else None)
