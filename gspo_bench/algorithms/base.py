@@ -305,6 +305,9 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         stats = StepStats()
         # 1. old log-probs (and reference log-probs, advantages), before any update
         prep = self.prepare(batch, stats)
+        # 1 where the loss's mask left no token (truncation, rejection): the step trains on nothing (on W > 1
+        # processes the ranks' mean: 1 only where no rank had one)
+        stats.add({"train/masked_all": (prep["mask"].sum() == 0).float()})
         self.trace = StepTrace(old_logp=prep["old_logp"])
         g = torch.Generator().manual_seed(self.seed * 7919 + self.rl_step)
         prep["generator"] = g  # the step's random draws after the minibatches' permutation (clip_cov's tokens)

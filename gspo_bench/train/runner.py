@@ -30,7 +30,7 @@ from gspo_bench.train import distributed
 from gspo_bench.train import interrupts as signals
 from gspo_bench.train.assembly import rollout_data
 from gspo_bench.algorithms.evaluation import StartEvals
-from gspo_bench.callbacks import CollapseCallback, MismatchProbe, MoEFlipProbe, RatioSample
+from gspo_bench.callbacks import CollapseCallback, MaskedAllRun, MaskedAllWatch, MismatchProbe, MoEFlipProbe, RatioSample
 from gspo_bench.core.collectives import launch_rank_zero
 from gspo_bench.core.losses import LOSSES, check_controls
 from gspo_bench.core.loss_params import check_relations
@@ -283,7 +283,8 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
             rank, line, trace = other
             result.error = f"rank {rank} failed: {line}"
         log(f"[error] {algo} seed {seed} failed: {result.error}")
-        log(trace)
+        if not isinstance(e, MaskedAllRun):  # a reason, not a bug: its line says it all
+            log(trace)
         if rank:  # the other rank's traceback, as an artifact
             runs.attach_text(logger, trace, f"rank{rank}-error.txt")
         runs.end_run(logger, "FAILED", ckpt.elapsed(), ("failed_reason", result.error[:5000]))
@@ -310,7 +311,8 @@ def _trainer(cfg: RunConfig, module, logger, log, callbacks: tuple) -> tuple[L.T
     moe = module.is_moe
     collapse = CollapseCallback(cfg.collapse, log=log)
     # measurements first, so the collapse detector sees the step's full metrics
-    callbacks = [MismatchProbe(), RatioSample()] + ([MoEFlipProbe()] if moe else []) + [collapse] + list(callbacks)
+    callbacks = ([MismatchProbe(), RatioSample()] + ([MoEFlipProbe()] if moe else [])
+                 + [collapse, MaskedAllWatch(log)] + list(callbacks))
     # the bar on rank 0 only, and Lightning told the same on every rank (a bar callback with the bar
     # disabled is an error, which killed the other ranks of a --devices N run)
     progress = cfg.train.progress and launch_rank_zero()
