@@ -388,9 +388,9 @@ def test_claims_runs_table_without_any_claim_experiment_is_one_line_exit_2(tmp_p
     import gzip
 
     table = tmp_path / "runs.csv.gz"
-    table.write_bytes(gzip.compress(b"run_id,status,experiment,artifact_uri,tags.algo,metric,step,value\n"
-                                    b"r1,FINISHED,my-exp,,grpo,eval/pass1,-1,0.5\n"
-                                    b"r2,FINISHED,other-exp,,gspo,eval/pass1,-1,0.6\n"))
+    table.write_bytes(gzip.compress(b"run_id,status,experiment,artifact_uri,tags.algo,tags.seed,metric,step,value\n"
+                                    b"r1,FINISHED,my-exp,,grpo,0,eval/pass1,-1,0.5\n"
+                                    b"r2,FINISHED,other-exp,,gspo,0,eval/pass1,-1,0.6\n"))
     out = tmp_path / "page" / "claims.md"
     assert main(["claims", "--runs", str(table), "--out", str(out)]) == 2
     text = one_line(capsys)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import mlflow
@@ -183,10 +184,10 @@ def test_a_runs_file_that_is_not_one_is_one_line_exit_2(tmp_path, capsys):
     assert "no such file" in one_line(capsys)
 
 
-RUNS_HEADER = "run_id,status,experiment,artifact_uri,tags.algo,tags.note,metric,step,value\n"
-GOOD_ROWS = ('r1,FINISHED,arith-default,,grpo,,eval/pass1,-1,0.5\n'
-             'r1,FINISHED,arith-default,,grpo,"two\nlines",eval/pass1,0,0.4\n'  # a quoted field over two lines
-             'r2,RUNNING,arith-default,,gspo,,,,\n')  # a run that logged no metric: no step, no value
+RUNS_HEADER = "run_id,status,experiment,artifact_uri,tags.algo,tags.note,tags.seed,metric,step,value\n"
+GOOD_ROWS = ('r1,FINISHED,arith-default,,grpo,,0,eval/pass1,-1,0.5\n'
+             'r1,FINISHED,arith-default,,grpo,"two\nlines",0,eval/pass1,0,0.4\n'  # a quoted field over two lines
+             'r2,RUNNING,arith-default,,gspo,,1,,,\n')  # a run that logged no metric: no step, no value
 
 
 def _runs_table(path: Path, extra: str = "") -> Path:
@@ -197,15 +198,33 @@ def _runs_table(path: Path, extra: str = "") -> Path:
 
 
 @pytest.mark.parametrize("row, needle", [
-    ("r3,FINISHED,arith-default,,grpo,,eval/pass1,-1,abc\n", "line 6: value 'abc' is not a number"),
-    ("r3,FINISHED,arith-default,,grpo,,eval/pass1,x,0.5\n", "line 6: step 'x' is not an integer"),
-    ("r3,FINISHED,arith-default,,grpo,,eval/pass1,1.5,0.5\n", "line 6: step '1.5' is not an integer"),
-    ("r3,FINISHED,arith-default,,grpo,,eval/pass1,,0.5\n", "line 6: step is empty in a metric's row"),
-    ("r3,DONE,arith-default,,grpo,,eval/pass1,-1,0.5\n", "line 6: status 'DONE' is not one of FAILED, FINISHED"),
-    (",FINISHED,arith-default,,grpo,,eval/pass1,-1,0.5\n", "line 6: run_id is empty"),
-    ("r3,FINISHED,,,grpo,,eval/pass1,-1,0.5\n", "line 6: experiment is empty"),
-    ("r3,FINISHED,arith-default,,grpo,,,3,\n", "line 6: step '3' in a row without a metric"),
-], ids=["value", "step", "fractional-step", "no-step", "status", "no-run_id", "no-experiment", "step-without-metric"])
+    ("r3,FINISHED,arith-default,,grpo,,0,eval/pass1,-1,abc\n", "line 6: value 'abc' is not a number"),
+    ("r3,FINISHED,arith-default,,grpo,,0,eval/pass1,x,0.5\n", "line 6: step 'x' is not an integer"),
+    ("r3,FINISHED,arith-default,,grpo,,0,eval/pass1,1.5,0.5\n", "line 6: step '1.5' is not an integer"),
+    ("r3,FINISHED,arith-default,,grpo,,0,eval/pass1,,0.5\n", "line 6: step is empty in a metric's row"),
+    ("r3,DONE,arith-default,,grpo,,0,eval/pass1,-1,0.5\n", "line 6: status 'DONE' is not one of FAILED, FINISHED"),
+    (",FINISHED,arith-default,,grpo,,0,eval/pass1,-1,0.5\n", "line 6: run_id is empty"),
+    ("r3,FINISHED,,,grpo,,0,eval/pass1,-1,0.5\n", "line 6: experiment is empty"),
+    ("r3,FINISHED,arith-default,,grpo,,0,,3,\n", "line 6: step '3' in a row without a metric"),
+    ("r3,FINISHED,arith-default,,grpo,,0,eval/pass1,-1,inf\n", "line 6: value 'inf' of eval/pass1 is not finite"),
+    ("r3,FINISHED,arith-default,,grpo,,0,eval/pass1,-1,1e999\n", "line 6: value '1e999' of eval/pass1 is not finite"),
+    ("r3,FINISHED,arith-default,,grpo,,0,eval/pass1,-1,nan\n", "line 6: value 'nan' of eval/pass1 is not finite"),
+    ("r3,FINISHED,arith-default,,grpo,,0,eval/pass1,-1,1e308\n",
+     "line 6: value '1e308' of eval/pass1 is outside its range [0, 1]"),
+    ("r3,FINISHED,arith-default,,grpo,,0,eval/pass_at_4,-1,-5\n",
+     "line 6: value '-5' of eval/pass_at_4 is outside its range [0, 1]"),
+    ("r3,FINISHED,arith-default,,grpo,,0,time/wall_s,-1,-3\n", "line 6: value '-3' of time/wall_s is below 0"),
+    ("r3,FINISHED,arith-default,,grpo,,abc,eval/pass1,-1,0.5\n", "line 6: tags.seed 'abc' is not an integer"),
+    ("r3,FINISHED,arith-default,,grpo,,,eval/pass1,-1,0.5\n", "line 6: tags.seed is empty"),
+    ("r3,FINISHED,arith-default,,,,0,eval/pass1,-1,0.5\n", "line 6: tags.algo is empty"),
+    ("r1,FINISHED,arith-default,,grpo,,0,eval/pass1,-1,0.5\n",
+     "line 6: run_id 'r1', metric 'eval/pass1', step '-1' repeats line 2"),
+    ("r1,FINISHED,arith-default,,grpo,,0,eval/pass1,0.0,0.3\n",
+     "line 6: run_id 'r1', metric 'eval/pass1', step '0.0' repeats line 3"),  # the same step, another value
+    ("r2,RUNNING,arith-default,,gspo,,1,,,\n", "line 6: run_id 'r2' has a second row without a metric, after line 5"),
+], ids=["value", "step", "fractional-step", "no-step", "status", "no-run_id", "no-experiment", "step-without-metric",
+        "inf", "overflow", "nan", "1e308", "negative-pass-at-k", "negative-time", "seed", "no-seed", "no-algo",
+        "repeated-row", "repeated-step", "repeated-empty-run"])
 @pytest.mark.parametrize("cmd", ["leaderboard", "report", "claims"])
 def test_a_bad_row_of_a_runs_table_is_named_by_its_line_one_line_exit_2(cmd, row, needle, tmp_path, capsys):
     table = _runs_table(tmp_path / "runs.csv.gz", row)
@@ -221,9 +240,10 @@ def test_a_start_time_that_is_no_number_is_named_by_its_line(tmp_path, capsys):
     import gzip
 
     table = tmp_path / "runs.csv.gz"
-    table.write_bytes(gzip.compress(b"run_id,status,experiment,artifact_uri,start_time,metric,step,value\n"
-                                    b"r1,FINISHED,e,,1700000000000,eval/pass1,-1,0.5\n"
-                                    b"r2,FINISHED,e,,soon,eval/pass1,-1,0.5\n"))
+    table.write_bytes(gzip.compress(b"run_id,status,experiment,artifact_uri,start_time,tags.algo,tags.seed,metric,step,"
+                                    b"value\n"
+                                    b"r1,FINISHED,e,,1700000000000,grpo,0,eval/pass1,-1,0.5\n"
+                                    b"r2,FINISHED,e,,soon,grpo,1,eval/pass1,-1,0.5\n"))
     assert main(["leaderboard", "--runs", str(table)]) == 2
     assert "line 3: start_time 'soon' is not a number" in one_line(capsys)
 
@@ -234,10 +254,113 @@ def test_a_well_typed_runs_table_reads_back(tmp_path):
     from gspo_bench.reporting.frame import read_frame, runs_of
 
     r1, r2 = runs_of(read_frame(_runs_table(tmp_path / "runs.csv.gz",
-                                             "r1,FINISHED,arith-default,,grpo,,eval/pass1,1.0,\n")))
+                                             "r1,FINISHED,arith-default,,grpo,,0,eval/pass1,1.0,\n")))
     assert (r1.status, r1.metrics, r1.history["eval/pass1"][0]) == ("FINISHED", {"eval/pass1": 0.5}, (0, 0.4))
     assert r1.history["eval/pass1"][1][0] == 1 and math.isnan(r1.history["eval/pass1"][1][1])  # empty value: NaN
     assert (r2.run_id, r2.status, r2.metrics, r2.history) == ("r2", "RUNNING", {}, {})
+
+
+ARITH_TABLE = Path(__file__).parent.parent / "results" / "arith-default" / "runs.csv.gz"
+
+
+@pytest.fixture(scope="module")
+def arith_part():
+    """The committed arith-default table cut to grpo and gspo, seeds 0 and 1: a real table small enough to
+    read three times per case."""
+    from gspo_bench.reporting.frame import read_frame
+
+    frame = read_frame(ARITH_TABLE)
+    keep = frame["tags.algo"].isin(["grpo", "gspo"]) & frame["tags.seed"].isin(["0", "1"])
+    return frame[keep].reset_index(drop=True)
+
+
+def _spoiled(frame, how: str):
+    """``frame`` spoiled as a hostile table would be, and the row (0-based) the refusal must name."""
+    import pandas as pd
+
+    frame = frame.copy()
+    first = int((frame["metric"] == "eval/pass1").to_numpy().argmax())
+    if how == "doubled":  # every row twice: the completions/s of every run counted twice
+        return pd.concat([frame, frame], ignore_index=True), len(frame)
+    column, value = {"inf": ("value", "inf"), "1e308": ("value", "1e308"), "-5": ("value", "-5"),
+                     "seed": ("tags.seed", "abc"), "algo": ("tags.algo", "")}[how]
+    frame.loc[first, column] = value
+    return frame, first
+
+
+@pytest.mark.parametrize("how, needle", [
+    ("doubled", "repeats line 2 (a run has one value per metric and step"),
+    ("inf", "value 'inf' of eval/pass1 is not finite"),
+    ("1e308", "value '1e308' of eval/pass1 is outside its range [0, 1]"),
+    ("-5", "value '-5' of eval/pass1 is outside its range [0, 1]"),
+    ("seed", "tags.seed 'abc' is not an integer"),
+    ("algo", "tags.algo is empty"),
+])
+def test_a_spoiled_results_table_is_one_line_exit_2_before_any_command_writes(arith_part, how, needle, tmp_path,
+                                                                                capsys):
+    from gspo_bench.reporting.frame import write_frame
+
+    frame, row = _spoiled(arith_part, how)
+    table = write_frame(frame, tmp_path / "runs.csv.gz")
+    out = tmp_path / "out"
+    capsys.readouterr()
+    for cmd, extra in (("leaderboard", []), ("report", ["--out", str(out)]),
+                       ("claims", ["--out", str(out / "claims.md")])):
+        assert main([cmd, "--runs", str(table), *extra]) == 2, cmd
+        text = one_line(capsys)
+        assert text.startswith(f"gspo-bench: error: --runs {str(table)!r}: line {row + 2}: "), (cmd, text)
+        assert needle in text, (cmd, text)
+        assert not out.exists(), cmd  # no page, figure or table written
+
+
+def test_an_infinite_value_is_written_as_the_largest_float_and_reads_back(tmp_path):
+    import math
+    import sys
+
+    import pandas as pd
+
+    from gspo_bench.reporting.frame import read_frame, runs_of, write_frame
+
+    frame = pd.DataFrame({"run_id": ["r1", "r1"], "status": "FINISHED", "experiment": "e", "artifact_uri": "",
+                          "tags.algo": "grpo", "tags.seed": "0", "metric": "train/loss", "step": [-1, 3],
+                          "value": [math.inf, -math.inf]})
+    [run] = runs_of(read_frame(write_frame(frame, tmp_path / "runs.csv.gz")))
+    big = sys.float_info.max  # what MLflow's SQL stores keep for an infinite value
+    assert run.metrics == {"train/loss": big} and run.history == {"train/loss": [(3, -big)]}
+
+
+@pytest.mark.parametrize("ro", ["store-folder", "folder-only"])
+def test_a_read_only_store_is_one_line_exit_2_before_the_report_writes_anything(made, ro, tmp_path):
+    """A report logs its own run: against a store it cannot write it used to write its whole folder, then fail
+    with SQLAlchemy tracebacks and exit 1. "store-folder": the database's folder mounted read only;
+    "folder-only": the file itself writable in that read-only folder (SQLite writes a journal beside it)."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None:
+        pytest.fail("unshare (util-linux) is needed to mount a read-only folder, as root or not")
+    uri, *_ = made
+    db = Path(uri[len("sqlite:///"):])
+    copy, mnt, out = tmp_path / "m.db", tmp_path / "ro", tmp_path / "out"
+    shutil.copy(db, copy)  # "folder-only" mounts it, writable, over the read-only folder's file
+    mnt.mkdir()
+    mounts = f"mount --bind -o ro {db.parent} {mnt}" + (f" && mount --bind {copy} {mnt / 'm.db'}"
+                                                         if ro == "folder-only" else "")
+    inner = (f"{sys.executable} -m gspo_bench report --tracking-uri sqlite:///{mnt}/m.db --experiment {EXP} "
+             f"--out {out}")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    # a user and mount namespace of its own: a read-only bind mount, as root or not
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", f"{mounts} && cd {tmp_path} && {inner}"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    text = (proc.stdout + proc.stderr).strip()
+    refused = mnt / "m.db" if ro == "store-folder" else mnt
+    assert proc.returncode == 2, text
+    assert text.splitlines() == [f"gspo-bench: error: tracking URI 'sqlite:///{mnt}/m.db': cannot write "
+                                 f"{str(refused)!r} (Read-only file system); report logs its own run there "
+                                 "(kind=report)"]
+    assert not out.exists()
 
 
 def test_every_runs_table_in_results_reads(capsys):

@@ -97,6 +97,23 @@ def test_a_read_only_working_directory_ends_in_one_line_exit_2_and_no_run(tmp_pa
     assert not [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
 
 
+def test_a_writable_sqlite_file_in_a_read_only_folder_is_refused_as_the_folder(tmp_path):
+    # SQLite writes its journal beside the file: the file opening for writes is not enough (run and report
+    # both refuse such a store through writable_uri)
+    if shutil.which("unshare") is None:
+        pytest.fail("unshare (util-linux) is needed to mount a read-only folder without root")
+    src, mnt, db = tmp_path / "src", tmp_path / "ro", tmp_path / "m.db"
+    src.mkdir(), mnt.mkdir()
+    (src / "m.db").write_bytes(b""), db.write_bytes(b"")
+    check = ("from gspo_bench.config import ConfigError\nfrom gspo_bench.tracking import stores\n"
+             f"try:\n    stores.writable_uri('sqlite:///{mnt}/m.db')\nexcept ConfigError as e:\n    print(e)")
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount --bind -o ro {src} {mnt} && mount --bind {db} "
+                           f"{mnt}/m.db && {sys.executable} -c \"$CHECK\""], env={**_env(tmp_path), "CHECK": check},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == (f"tracking URI 'sqlite:///{mnt}/m.db': cannot write '{mnt}' (Read-only file "
+                                   "system)"), proc.stdout + proc.stderr
+
+
 # -- a tracking server that stops answering ----------------------------------------------------------------------
 @pytest.mark.parametrize("budget, retries, timeout", [(60, 4, 9), (10, 2, 2), (1, 0, 1), (600, 7, 59)])
 def test_the_retry_budget_bounds_waits_and_timeouts_together(budget, retries, timeout):

@@ -17,8 +17,11 @@ alone.
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import math
+import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +40,19 @@ SUPERSEDED = "SUPERSEDED"  # the status a table gives an older FINISHED run of a
 BASE_COLUMNS = ("run_id", "status", "experiment", "artifact_uri")
 OPTIONAL_COLUMNS = ("start_time",)  # written since tables set duplicates aside by age; older tables lack it
 TAIL_COLUMNS = ("metric", "step", "value")
+# metrics that only take values in a range, (name pattern, low, high), checked on read (``row_fault``): a value
+# outside is no measurement but a made-up result (a pass@1 of 1e308 reaches any target at its first step); any
+# other metric need only be finite
+METRIC_RANGES = (
+    ("eval/*", 0.0, 1.0),  # pass rates and means of verifier rewards, which lie in [0, 1] (tasks.REWARD_PARAMS)
+    # the same rewards in training; not reward/shaped_mean, which DAPO's overlong penalty takes below 0
+    ("reward/mean", 0.0, 1.0), ("reward/train_batch_mean", 0.0, 1.0), ("reward/std", 0.0, 1.0),
+    ("clip/frac*", 0.0, 1.0), ("*_frac", 0.0, 1.0), ("train/nonfinite", 0.0, 1.0),  # fractions
+    ("time/*", 0.0, math.inf), ("throughput/*", 0.0, math.inf), ("response/length_*", 0.0, math.inf),
+    ("policy/entropy", 0.0, math.inf), ("collapse/*", 0.0, math.inf), ("dynamic/*", 0.0, math.inf),
+    ("verify/timeouts", 0.0, math.inf),  # durations, rates, lengths, an entropy and counts
+)
+RANGE_SLACK = 1e-6  # float32 rounding may take a mean of values in [0, 1] a few ulps past its bound
 
 
 @dataclass
@@ -149,16 +165,20 @@ def _ordered(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_frame(frame: pd.DataFrame, path: str | Path) -> Path:
-    """The long table as compressed CSV (``.csv.gz``): the raw data of a results folder."""
+    """The long table as compressed CSV (``.csv.gz``): the raw data of a results folder. An infinite value (a
+    diverged loss in a file store) is written as MLflow's SQL stores keep it, the largest float of its sign, so
+    that ``read_frame``, which takes finite values only, reads the table back."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    frame = frame.assign(value=frame["value"].replace({math.inf: sys.float_info.max, -math.inf: -sys.float_info.max}))
     frame.to_csv(path, index=False, compression="gzip")
     return path
 
 
 def read_frame(path: str | Path) -> pd.DataFrame:
-    """A long table written by ``write_frame``; a missing or unreadable file, a missing column or a row whose
-    values ``runs_of`` could not read (``row_fault``) is a one-line ConfigError, the row named by its line."""
+    """A long table written by ``write_frame``; a missing or unreadable file, a missing column or a row that
+    ``runs_of`` could not read or whose values no run logs (``row_fault``: a repeated row among them) is a
+    one-line ConfigError, the row named by its line."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"--runs {str(path)!r}: no such file (a runs.csv.gz written by report)")
@@ -169,7 +189,7 @@ def read_frame(path: str | Path) -> pd.DataFrame:
     missing = [c for c in (*BASE_COLUMNS, *TAIL_COLUMNS) if c not in frame.columns]
     if missing:
         raise ConfigError(f"--runs {str(path)!r}: not a runs table (no column {', '.join(missing)})")
-    fault = row_fault(frame)
+    fault = row_fault(frame, lambda row: _line_of(path, row))
     if fault is not None:
         row, what = fault
         raise ConfigError(f"--runs {str(path)!r}: line {_line_of(path, row)}: {what}")
@@ -206,22 +226,62 @@ def _shown(value) -> str:
     return text if len(text) <= 40 else text[:36] + "...'"
 
 
-def row_fault(frame: pd.DataFrame) -> tuple[int, str] | None:
-    """The first row (0-based position) of a table read as text that ``runs_of`` could not read, and what is
-    wrong with it; None when every row is sound. A row has a non-empty ``run_id`` and ``experiment``, one of
-    MLflow's run statuses and a number or nothing as ``start_time`` (where the column is); with a ``metric``, an
-    integer ``step`` and a number or nothing as ``value`` (a NaN logged is written as nothing); without one (a
-    run that logged no metric), neither step nor value."""
+def metric_range(name: str) -> tuple[float, float]:
+    """The values metric ``name`` can take: the range of the first ``METRIC_RANGES`` pattern it matches, else
+    any finite number."""
+    return next(((low, high) for pattern, low, high in METRIC_RANGES if fnmatch.fnmatchcase(name, pattern)),
+                (-math.inf, math.inf))
+
+
+def row_fault(frame: pd.DataFrame, line_of=lambda row: row + 2) -> tuple[int, str] | None:
+    """The first row (0-based position) of a table read as text that ``runs_of`` could not read, or that holds
+    what no run logs, and what is wrong with it; None when every row is sound. A row has a non-empty ``run_id``
+    and ``experiment``, one of MLflow's run statuses, a number or nothing as ``start_time`` (where the column
+    is), a non-empty ``tags.algo`` and an integer ``tags.seed`` (every benchmark run is tagged with both); with
+    a ``metric``, an integer ``step`` and a finite number within the metric's range (``metric_range``) or
+    nothing as ``value`` (a NaN logged is written as nothing); without one (a run that logged no metric),
+    neither step nor value. No two rows have the same run, metric and step (a repeated row would be read
+    twice: a history with every step doubled, a run counted twice); ``line_of(row)``: the line of the file data
+    row ``row`` starts on, so that a repeat names the line it repeats."""
     from mlflow.entities import RunStatus
 
     statuses = sorted(RunStatus.to_string(s) for s in RunStatus.all_status())
 
+    def column(col: str) -> pd.Series:  # a tag column no run has is empty in every row
+        return frame[col] if col in frame.columns else pd.Series("", index=frame.index, dtype=str)
+
     def empty(col: str) -> pd.Series:
-        return frame[col].isna() | (frame[col].str.strip() == "")
+        return column(col).isna() | (column(col).str.strip() == "")
 
     metric, no_step, no_value = ~empty("metric"), empty("step"), empty("value")
     integer = frame["step"].map(lambda t: (x := _number(t)) is not None and math.isfinite(x) and x.is_integer())
     number = frame["value"].map(lambda t: _number(t) is not None)  # inf and nan as well
+    value = frame["value"].map(lambda t: x if (x := _number(t)) is not None and math.isfinite(x) else math.nan)
+    finite = value.notna()
+    ranges = {m: metric_range(m) for m in frame["metric"][metric].unique()}  # per name, not per row
+    low = frame["metric"].map(lambda m: ranges.get(m, (-math.inf, math.inf))[0]).astype(float)
+    high = frame["metric"].map(lambda m: ranges.get(m, (-math.inf, math.inf))[1]).astype(float)
+    outside = metric & finite & ((value < low - RANGE_SLACK) | (value > high + RANGE_SLACK))
+    seed_integer = column("tags.seed").map(lambda t: isinstance(t, str) and re.fullmatch(r"-?\d+", t) is not None)
+    # a row's key: its run, metric and step (the step as a number, so that "3" and "3.0" are one step)
+    keys = pd.DataFrame({"run": frame["run_id"], "metric": frame["metric"].where(metric),
+                         "step": frame["step"].map(_number)})
+    repeated = keys.duplicated(keep="first")
+
+    def out_of_range(i: int) -> str:
+        name, (lo, hi) = frame["metric"].iat[i], ranges[frame["metric"].iat[i]]
+        where = f"outside its range [{lo:g}, {hi:g}]" if math.isfinite(hi) else f"below {lo:g}, its least value"
+        return f"value {_shown(frame['value'].iat[i])} of {name} is {where}"
+
+    def repeat(i: int) -> str:
+        group = keys.groupby(list(keys.columns), dropna=False, sort=False).ngroup().to_numpy()
+        first = line_of(int((group == group[i]).argmax()))
+        run = _shown(frame["run_id"].iat[i])
+        if not metric.iat[i]:
+            return f"run_id {run} has a second row without a metric, after line {first} (it would be read twice)"
+        return (f"run_id {run}, metric {_shown(frame['metric'].iat[i])}, step {_shown(frame['step'].iat[i])} "
+                f"repeats line {first} (a run has one value per metric and step; a repeated row is read twice)")
+
     bad_start = (~empty("start_time") & ~frame["start_time"].map(lambda t: _number(t) is not None)
                  if "start_time" in frame.columns else pd.Series(False, index=frame.index))  # optional column
     # (rows it fails, what the line says), in the order of the columns
@@ -231,13 +291,21 @@ def row_fault(frame: pd.DataFrame) -> tuple[int, str] | None:
          lambda i: f"status {_shown(frame['status'].iat[i])} is not one of {', '.join(statuses)}"),
         (empty("experiment"), lambda i: "experiment is empty"),
         (bad_start, lambda i: f"start_time {_shown(frame['start_time'].iat[i])} is not a number"),
+        (empty("tags.algo"), lambda i: "tags.algo is empty (every benchmark run is tagged with its algorithm)"),
+        (empty("tags.seed"), lambda i: "tags.seed is empty (every benchmark run is tagged with its seed)"),
+        (~empty("tags.seed") & ~seed_integer,
+         lambda i: f"tags.seed {_shown(column('tags.seed').iat[i])} is not an integer"),
         (metric & no_step, lambda i: "step is empty in a metric's row"),
         (metric & ~no_step & ~integer, lambda i: f"step {_shown(frame['step'].iat[i])} is not an integer"),
         (metric & ~no_value & ~number, lambda i: f"value {_shown(frame['value'].iat[i])} is not a number"),
+        (metric & ~no_value & number & ~finite, lambda i: f"value {_shown(frame['value'].iat[i])} of {frame['metric'].iat[i]} "
+         "is not finite (a value is a finite number, or nothing where the run logged NaN)"),
+        (outside, out_of_range),
         (~metric & ~no_step, lambda i: f"step {_shown(frame['step'].iat[i])} in a row without a metric (a run "
          "that logged none has no step or value)"),
         (~metric & ~no_value, lambda i: f"value {_shown(frame['value'].iat[i])} in a row without a metric (a "
          "run that logged none has no step or value)"),
+        (repeated, repeat),
     ]
     bad = [mask.to_numpy(dtype=bool) for mask, _ in checks]
     rows = [int(m.argmax()) for m in bad if m.any()]

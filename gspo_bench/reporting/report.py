@@ -58,6 +58,7 @@ from gspo_bench import tables
 from gspo_bench.reporting import figures
 from gspo_bench.config import ConfigError
 from gspo_bench.paths import probe_writable_dir
+from gspo_bench.tracking import stores
 from gspo_bench.tracking.redact import redact
 from gspo_bench.tracking.ui import mark_experiment
 from gspo_bench.reporting.grouping import MISSING, by_slug, check_by, split_values
@@ -369,7 +370,9 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
                  baseline: str = DEFAULT_BASELINE, strict_baseline: bool = False, by: tuple[str, ...] = (),
                  runs_file: str | list[str] | None = None) -> Report:
     """Write ``out/report.md``, its PNGs and the runs it read (``out/runs.csv.gz``, ``frame.write_frame``); log
-    them to a ``kind=report`` MLflow run unless told not to.
+    them to a ``kind=report`` MLflow run unless told not to. A store that would refuse that run (read only, an
+    artifact folder that takes no files: ``stores.writable_uri``, ``stores.check_store``) is a ConfigError before
+    anything is written.
 
     ``runs_file``: read the runs from such a table, or from several joined (``frame.read_frames``), instead of
     ``uri`` (then ``uri`` is None, nothing is logged to MLflow, and what only artifacts hold is left out:
@@ -394,6 +397,11 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
     runs = runs_of(frame)
     if not runs and storage is None:
         raise ConfigError(no_runs_message(experiment, task, model))
+    if log_to_mlflow:  # the report's own run comes last: a store that would refuse it is refused before any page
+        try:
+            stores.check_store(stores.writable_uri(uri), experiment)
+        except ConfigError as e:
+            raise ConfigError(f"{e}; report logs its own run there (kind=report)") from None
     # before anything is written: a bad --baseline is a one-line error
     split_base = parse_split_baseline(baseline, by)  # TAG=VALUE: splits vs a split, in (g); (f) vs the default
     if split_base:

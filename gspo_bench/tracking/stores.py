@@ -14,8 +14,9 @@
   path, or a PostgreSQL advisory lock.
 - ``open_store``: the client and the experiment (if it exists), the tables
   made under that lock.
-- ``writable_uri``: the URI ``run`` writes to, a SQLite file's folder (and
-  the file, where it exists) checked for writes.
+- ``writable_uri``: the URI ``run`` writes to (and ``report``, which logs
+  its own run), a SQLite file's folder (and the file, where it exists)
+  checked for writes.
 - ``check_artifact_location``: the folder a run's artifacts and checkpoints
   go to must take files, checked before any run exists (for a new
   experiment MLflow's default is ``./mlruns`` in the working directory).
@@ -138,21 +139,29 @@ def ensure_experiment(uri: str, name: str, artifact_location: str | None = None)
 
 def writable_uri(setting: str | None) -> str:
     """The URI runs are written to (``config.resolve_tracking_uri`` of ``tracking.tracking_uri``); a sqlite
-    file's folder must exist and, with the file if it exists, be writable."""
+    file's folder must exist and, with the file if it exists, be writable (SQLite writes its journal beside
+    the file: a writable file in a read-only folder takes no write)."""
     uri = resolve_tracking_uri(setting)
     if uri.startswith("sqlite:///"):
         db = Path(uri[len("sqlite:///"):]).expanduser()
         if not db.parent.resolve().is_dir():
             raise ConfigError(f"tracking URI {uri!r}: directory {str(db.parent)!r} does not exist")
-        try:  # a real write (permission bits lie to root, and /proc-like folders refuse new files)
-            if db.exists():
+
+        def refused(path: Path, e: OSError) -> ConfigError:
+            return ConfigError(f"tracking URI {uri!r}: cannot write {str(path)!r} ({e.strerror or e})")
+
+        # a real write (permission bits lie to root, and /proc-like folders refuse new files): the file where it
+        # exists, then its folder
+        if db.exists():
+            try:
                 with open(db, "ab"):
                     pass
-            else:
-                probe_writable_dir(db.parent.resolve())
+            except OSError as e:
+                raise refused(db, e) from None
+        try:
+            probe_writable_dir(db.parent.resolve())
         except OSError as e:
-            raise ConfigError(f"tracking URI {uri!r}: cannot write {str(db if db.exists() else db.parent)!r} "
-                              f"({e.strerror or e})") from None
+            raise refused(db.parent, e) from None
     return uri
 
 
