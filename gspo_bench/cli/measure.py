@@ -63,7 +63,7 @@ def add_bench_parser(sub, csv, set_flag) -> None:
                    "`suite --backend ray` on a Ray head of this machine with --workers CPUs, --repeats times each, "
                    "each run a process of its own (bench/suite_ray.py; --set over the suite); --markdown writes the "
                    "page with the command and commit (the ray extra)")
-    b.add_argument("--workers", type=int, default=2, metavar="N", help="with --suite-ray: CPUs of the Ray head, one "
+    b.add_argument("--workers", type=int, metavar="N", help="with --suite-ray: CPUs of the Ray head, one "
                    "cell each at a time (default 2)")
 
 
@@ -80,6 +80,29 @@ def model_overrides(args, sets: dict, model: str | None) -> dict:
     return deep_merge(sets, over)
 
 
+SUITE_RAY_WORKERS = 2  # bench --suite-ray's Ray head: CPUs, one cell each at a time
+
+MODES = (("--vs", "vs"), ("--whole", "whole"), ("--engines", "engines"), ("--presets", "presets"),
+         ("--memory", "memory"), ("--suite-ray", "suite_ray"))
+"""The measurements ``bench`` makes instead of its default one: one at a time."""
+NEEDS = (("--moe-kernels", "moe_kernels", "--engines", "e.g. --engines fast --moe-kernels loop,auto"),
+         ("--prompts", "prompts", "--memory", "e.g. --memory none,all --prompts 4,16"),
+         ("--workers", "workers", "--suite-ray", "e.g. --suite-ray --workers 2"),
+         ("--append", "append", "--markdown", "the page it appends to"))
+"""A flag that means something only beside another: (flag, its attribute, the flag it goes with, a hint)."""
+
+
+def check_flags(args) -> None:
+    """Two measurements asked at once, or a flag without the one it goes with: a ConfigError, before any work."""
+    modes = [flag for flag, attr in MODES if getattr(args, attr, None) not in (None, False, [])]
+    if len(modes) > 1:
+        raise ConfigError(f"{' and '.join(modes)} each ask for a measurement of their own: give one per command")
+    for flag, attr, partner, hint in NEEDS:
+        partner_attr = partner.lstrip("-").replace("-", "_")
+        if getattr(args, attr, None) not in (None, False) and not getattr(args, partner_attr, None):
+            raise ConfigError(f"{flag} goes with {partner} ({hint})")
+
+
 def bench_command(args, console) -> int:
     """``bench``: measure, print the tables, write JSON / Markdown / figure / profile as asked."""
     import json
@@ -90,8 +113,7 @@ def bench_command(args, console) -> int:
     from gspo_bench.bench.tables import markdown, plot_scaling, rich_tables
     from gspo_bench.tracking.provenance import git_commit
 
-    if args.moe_kernels and not args.engines:
-        raise ConfigError("--moe-kernels goes with --engines (e.g. --engines fast --moe-kernels loop,auto)")
+    check_flags(args)
     if args.vs is not None:
         from gspo_bench.bench.trl import vs_command
 
@@ -294,6 +316,8 @@ def suite_ray_command(args, console) -> int:
     from gspo_bench.bench import suite_ray
     from gspo_bench.tracking.provenance import git_commit, machine
 
+    if args.workers is None:
+        args.workers = SUITE_RAY_WORKERS
     if args.workers < 1 or args.repeats < 1:
         raise ConfigError(f"--workers {args.workers} and --repeats {args.repeats} must be >= 1")
     if args.preset or args.config or args.model or args.task:

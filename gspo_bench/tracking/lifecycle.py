@@ -132,7 +132,8 @@ def find_finished(client, experiment_id: str, algo: str, seed: int, digest: str)
 
 def find_resumable(client, experiment_id: str, algo: str, seed: int, digest: str):
     """The newest unfinished run of (algo, seed) with settings ``digest`` that is not alive, or None."""
-    for run in client.search_runs([experiment_id], _same_settings(algo, seed, digest), order_by=["attributes.start_time DESC"], max_results=50):
+    for run in client.search_runs([experiment_id], _same_settings(algo, seed, digest),
+                                  order_by=["attributes.start_time DESC"], max_results=50):
         if run.info.status in ("KILLED", "FAILED") or orphan_reason(run):
             return run
     return None

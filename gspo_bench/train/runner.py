@@ -30,7 +30,8 @@ from gspo_bench.train import distributed
 from gspo_bench.train import interrupts as signals
 from gspo_bench.train.assembly import rollout_data
 from gspo_bench.algorithms.evaluation import StartEvals
-from gspo_bench.callbacks import CollapseCallback, MaskedAllRun, MaskedAllWatch, MismatchProbe, MoEFlipProbe, RatioSample
+from gspo_bench.callbacks import (CollapseCallback, MaskedAllRun, MaskedAllWatch, MismatchProbe, MoEFlipProbe,
+                                  RatioSample)
 from gspo_bench.core.collectives import launch_rank_zero
 from gspo_bench.core.losses import LOSSES, check_controls
 from gspo_bench.core.loss_params import check_relations
