@@ -31,7 +31,8 @@ the claims (``claims.py``) all pair with ``pair_by_seed`` and summarise with
 ``paired_summary``; several runs of one seed reach them counted by the one
 rule of ``seeds.py``. The interval is scipy's (``ttest_1samp`` on the
 differences, i.e. ``ttest_rel`` on the pairs); the MDE is solved exactly from
-the noncentral t (statsmodels' ``TTestPower``).
+the noncentral t (``t_test_power``, integrated over the sample sd: statsmodels' ``TTestPower`` returned its bracket's
+bound at few pairs and small levels).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def mde(sd: float | None, n: int, alpha: float = 0.05, power: float = 0.8) -> fl
 
     Solved exactly: the standardised effect ``d`` at which the noncentral t with ``n - 1`` degrees of freedom
     and noncentrality ``d sqrt(n)`` exceeds the two-sided critical value with probability ``power``
-    (statsmodels' ``TTestPower.solve_power``); MDE = d * sd. The common shortcut (t_{1-alpha/2, n-1} +
+    (``t_test_power``, ``_effect_size``); MDE = d * sd. The common shortcut (t_{1-alpha/2, n-1} +
     t_{power, n-1}) * sd / sqrt(n) (Bloom 1995) is slightly optimistic with few pairs: for alpha 0.05 and
     power 0.8 the exact d is 3.26 with n = 3 (shortcut 3.10), 1.68 with n = 5 (1.66), 1.16 with n = 8 (1.15),
     and 11.5 with n = 2 (9.96). None when n < 2 or sd is None (no estimate of the spread).
@@ -88,14 +89,48 @@ def mde(sd: float | None, n: int, alpha: float = 0.05, power: float = 0.8) -> fl
     return d * sd
 
 
-@functools.lru_cache(maxsize=256)
-def _effect_size(n: int, alpha: float, power: float) -> float:
-    from statsmodels.stats.power import TTestPower
+def t_test_power(d: float, n: int, alpha: float) -> float:
+    """The power of the two-sided paired t test at level ``alpha`` with ``n`` pairs when the true mean difference is
+    ``d`` sds: P(|T'| > t*), T' ~ noncentral t(n - 1, d sqrt(n)), t* = t_{1-alpha/2, n-1}.
 
-    d = TTestPower().solve_power(effect_size=None, nobs=n, alpha=alpha, power=power, alternative="two-sided")
-    # statsmodels returns a scalar or, from its root finder's fallback, a one-element array (numpy >= 2.4 no
-    # longer converts the latter with float())
-    return float(np.asarray(d).reshape(-1)[0])
+    Computed by integrating over the sample sd, as ``tost_power`` does, not from scipy's noncentral t, whose
+    tails turn NaN at the few pairs and small levels a family's Holm step asks for (n = 3, alpha 0.05 / 64): with
+    the true sd 1, the mean m ~ N(d, 1/n) and the sample sd s, (n - 1) s^2 ~ chi2(n - 1), are independent, so
+    P = E_s[Phi(d sqrt(n) - t* s) + Phi(-d sqrt(n) - t* s)]."""
+    from scipy.integrate import quad
+    from scipy.special import ndtr
+    from scipy.stats import t as student
+
+    df = n - 1
+    crit, shift = float(student.ppf(1 - alpha / 2, df)), d * math.sqrt(n)
+    # log of the chi2(df) density's constant: -(df/2) log 2 - log Gamma(df/2) (scalar math: the integrand runs
+    # hundreds of times per solve, and scipy.stats' per-call overhead made one solve take a second)
+    log_c = -0.5 * df * math.log(2.0) - math.lgamma(0.5 * df)
+
+    def rejects(q: float) -> float:
+        if q <= 0.0:
+            return 0.0
+        s = math.sqrt(q / df)  # the sample sd at chi-square value q
+        # chi2 density: q^(df/2 - 1) exp(-q/2) / (2^(df/2) Gamma(df/2))
+        density = math.exp(log_c + (0.5 * df - 1.0) * math.log(q) - 0.5 * q)
+        # P(|m| > t* s / sqrt(n)) = Phi(d sqrt(n) - t* s) + Phi(-d sqrt(n) - t* s)
+        return float(ndtr(shift - crit * s) + ndtr(-shift - crit * s)) * density
+
+    # the chi-square's mass lies within its mean + 40 sds: the integral over [0, that] is the whole to 1e-12
+    top = df + 40 * math.sqrt(2 * df)
+    return min(1.0, quad(rejects, 0, top, limit=400, epsabs=1e-13, epsrel=1e-11, points=[df])[0])
+
+
+@functools.lru_cache(maxsize=1024)
+def _effect_size(n: int, alpha: float, power: float) -> float:
+    """d solving ``t_test_power(d, n, alpha) = power``: a bracket that doubles until it holds the root, then
+    Brent's method. The power rises with d, with n and with alpha, so d falls with both (tested)."""
+    from scipy.optimize import brentq
+
+    hi = 1.0
+    while t_test_power(hi, n, alpha) < power:
+        hi *= 2.0
+    return float(brentq(lambda d: t_test_power(d, n, alpha) - power, 0.0, hi, xtol=1e-10, rtol=1e-12))
 
 
 def paired_summary(diffs: list[float], alpha: float = 0.05, power: float = 0.8) -> PairedStat:
