@@ -19,8 +19,9 @@ from mlflow_fakes import one_line
 
 from gspo_bench.cli.main import main
 from gspo_bench.reporting.frame import RunData, history_keys, read_frame, runs_of
-from gspo_bench.reporting.scaling import (COMPLETIONS, TOKENS, SeedCurve, compute_axis, extrapolate,
-                                          fit_algorithm, fit_curve, scaling_curve, seed_curve)
+from gspo_bench.reporting.scaling import (COMPLETIONS, TOKENS, SeedCurve, bound_sides, compute_axis, extrapolate,
+                                          fit_algorithm, fit_curve, fit_log_line, log_line, scaling_curve,
+                                          seed_curve)
 from gspo_bench.reporting.scaling_table import check_metric, fit_metrics, render_scaling, scaling_groups
 
 TRUE = {"A": 0.8, "B": 1.5, "C_mid": 5120.0, "R0": 0.3}
@@ -118,9 +119,132 @@ def test_the_first_half_predicts_the_final_evaluation():
     assert e.observed == pytest.approx(true_final, abs=0.01)
     assert e.predicted == pytest.approx(true_final, abs=0.02) and e.error < 0.02
     assert e.error == pytest.approx(abs(e.predicted - e.observed))
-    # steps 0, 10 and 20 only: two distinct C > 0 in the first half, no check
+    # steps 0, 10, ..., 40: two compute points (steps 10 and 20) in the first half, no check by the curve
     short = {s: SeedCurve(c.steps[::2][:5], c.C[::2][:5], c.R[::2][:5]) for s, c in curves.items()}
-    assert extrapolate(short) is None
+    e = extrapolate(short)
+    assert (e.points, e.free, e.fit, e.predicted, e.error) == (2, 3, None, None, None)
+    assert e.line_error is not None  # a line has 2 parameters: 2 points determine it
+
+
+# steps 0, 2, 4, 8, 16 at 512 completions a step: C = 0, 1024, 2048, 4096, 8192, each C twice the one before;
+# the score gains 0.1 at each doubling, a straight line in log C that does not bend: a curve levelling off below
+# 1 would have to bend, so the fit drives A to its bound 1
+BOUND_STEPS = [0, 2, 4, 8, 16]
+BOUND_R = [0.3, 0.5, 0.6, 0.7, 0.8]
+
+
+def _rows(md: str, algo: str = "grpo") -> list[str]:
+    """The cells of ``algo``'s row of a Markdown fits table."""
+    (row,) = [line for line in md.splitlines() if line.startswith(f"| {algo} |")]
+    return [c.strip() for c in row.strip("|").split("|")]
+
+
+def test_a_parameter_at_its_bound_is_reported_as_not_identified_without_an_interval(capsys):
+    # within 1/1000 of the range's width from an end: 0.9995 is at 1 on [0, 1], 0.0015 is not at 0
+    assert bound_sides([0.9995, 5.0, 0.0015, 0.012], [0.0, 0.01, 0.0, 0.01], [1.0, 10.0, 1.0, 10.0]) == [
+        1, None, None, 0]
+    C = np.array(BOUND_STEPS) * float(PER_STEP)
+    fit = fit_curve(C, BOUND_R)
+    assert fit.A == pytest.approx(1.0, abs=1e-6) and fit.at_bound == (("A", 1.0),)
+    assert fit.bound("A") == 1.0 and fit.bound("B") is None and fit.bound("C_mid") is None
+    # a curve that bends below 1 has no parameter at a bound
+    assert fit_curve(C, scaling_curve(C, 0.7, 2.0, 2000.0, 0.3)).at_bound == ()
+    # a jump between C = 2048 and 4096: the steepest B allowed, 10, at its bound
+    jump = fit_curve(C, [0.3, 0.3, 0.3, 0.7, 0.7])
+    assert jump.bound("B") == 10.0 and jump.bound("A") is None and jump.A == pytest.approx(0.7, abs=0.01)
+
+    # three seeds, 0.01 apart after the warm start: every seed and every resample puts A at 1, and the table
+    # printed it as "1.000 [1.000, 1.000] bound", an interval of zero width that reads as a measurement
+    runs = [_run(s, zip(BOUND_STEPS, [0.3] + [r + 0.01 * s for r in BOUND_R[1:]])) for s in range(3)]
+    (g,) = scaling_groups(runs, n_boot=40)
+    f = g.algos[0].fit
+    assert f.pooled.bound("A") == 1.0 and f.boot_ok == 40 and set(f.intervals) == {"B", "C_mid"}
+    cells = _rows(render_scaling([g]))
+    assert cells[3] == "at bound 1: not identified" and "[" in cells[4] and "[" in cells[5]
+    assert cells[7] == "n/a (0/3; 3 at a bound)"  # A per seed: no seed's A is identified either
+    assert "1.000" not in " ".join(cells[3:8])
+    (row,) = csv.DictReader(io.StringIO(render_scaling([g], "csv")))
+    assert (row["A"], row["A_low"], row["A_high"], row["A_at_bound"]) == ("", "", "", "1.0")
+    assert float(row["B_low"]) <= float(row["B"]) <= float(row["B_high"]) and row["B_at_bound"] == ""
+    assert (row["seed_fits"], row["seed_fits_at_bound"], row["A_seed_mean"]) == ("3", "3", "")
+    # B at its bound in a table: not identified, no interval
+    steep = [_run(s, zip(BOUND_STEPS, [0.3, 0.3 + 0.01 * s, 0.3, 0.7 + 0.01 * s, 0.7])) for s in range(3)]
+    (g,) = scaling_groups(steep, n_boot=20)
+    assert _rows(render_scaling([g]))[4] == "at bound 10: not identified"
+    (row,) = csv.DictReader(io.StringIO(render_scaling([g], "csv")))
+    assert (row["B"], row["B_low"], row["B_at_bound"]) == ("", "", "10.0")
+
+
+def _token_runs(steps, n_seeds: int = 3) -> list[RunData]:
+    """Runs on the token axis whose seeds write different lengths (seed s: 16 + s tokens a completion), so
+    that each seed has its own C at every evaluation step; scores from the synthetic curve."""
+    out = []
+    for s in range(n_seeds):
+        length = {"response/length_mean": [(t, 16.0 + s) for t in range(1, max(steps) + 1)]}
+        C = np.array(steps) * float(PER_STEP) * 16
+        R = scaling_curve(C, **TRUE) + 0.002 * s
+        R[0] = TRUE["R0"]
+        out.append(_run(s, zip(steps, R.tolist()), length))
+    return out
+
+
+def test_a_fit_with_fewer_compute_points_than_parameters_is_not_shown():
+    # 3 seeds evaluated at steps 0, 10, 20 on the token axis: 6 distinct C > 0, but two places of the curve,
+    # 2 compute points for 3 parameters (the fit on the 6 values was printed before)
+    (g,) = scaling_groups(_token_runs([0, 10, 20]), n_boot=20)
+    a = g.algos[0]
+    assert g.unit == TOKENS and len({float(x) for c in a.curves.values() for x in c.C if x > 0}) == 6
+    assert (a.fit.points, a.fit.free, a.fit.pooled, a.fit.intervals) == (2, 3, None, None)
+    cells = _rows(render_scaling([g]))
+    assert cells[3] == "n/a: 2 compute points for 3 parameters" and cells[4:7] == ["-", "-", "-"]
+    # the check fits steps <= 10: one compute point, neither the curve nor the line
+    assert cells[8] == "n/a: 1 compute point at steps <= 10 for 3 parameters" and cells[10:] == ["-", "-"]
+    (row,) = csv.DictReader(io.StringIO(render_scaling([g], "csv")))
+    assert (row["compute_points"], row["A"], row["B"], row["predicted_final"]) == ("2", "", "", "")
+
+    # steps 0, 10, ..., 40: the full fit has 4 points and is shown; its first half (steps 10 and 20) has 2, and
+    # its check is not (report.md printed it), while the line's, 2 points for 2 parameters, is
+    (g,) = scaling_groups(_token_runs([0, 10, 20, 30, 40]), n_boot=20)
+    e = g.algos[0].extrapolation
+    assert g.algos[0].fit.pooled is not None and (e.points, e.predicted) == (2, None) and e.line is not None
+    cells = _rows(render_scaling([g]))
+    assert cells[3].startswith("0.") and cells[8] == "n/a: 2 compute points at steps <= 20 for 3 parameters"
+    assert cells[9] == f"{e.observed:.3f}" and cells[10] == "-" and cells[11] == f"{e.line_error:.3f}"
+    (row,) = csv.DictReader(io.StringIO(render_scaling([g], "csv")))
+    assert (row["check_points"], row["predicted_final"], row["abs_error"]) == ("2", "", "")
+    assert float(row["line_abs_error"]) == pytest.approx(e.line_error)
+
+
+def test_the_straight_line_in_log_compute_is_least_squares_and_is_shown_beside_the_curve():
+    # R = 0.5 + 0.1 log2(C / 1000) through three points: slope 0.1 / ln 2, and 0.8 at C = 8000
+    a, b = fit_log_line([0.0, 1000.0, 2000.0, 4000.0], [0.3, 0.5, 0.6, 0.7])  # C = 0 left out
+    assert b == pytest.approx(0.1 / math.log(2)) and a == pytest.approx(0.5 - 0.1 * math.log2(1000))
+    assert float(log_line(8000.0, a, b)) == pytest.approx(0.8)
+    assert fit_log_line([1000.0, 1000.0], [0.5, 0.6]) is None  # one distinct C: no line
+    # noisy points: the same numbers as numpy.polyfit of R on ln C
+    rng = np.random.default_rng(6)
+    C, R = rng.uniform(100, 1e5, 12), rng.uniform(0.3, 0.8, 12)
+    assert fit_log_line(C, R) == pytest.approx(tuple(np.polyfit(np.log(C), R, 1)[::-1]))
+
+    # the check: the line fitted to the same points as the curve (steps <= 30, C > 0, every seed), its
+    # prediction of each seed's final C averaged, against the mean observed final score
+    rng = np.random.default_rng(2)
+    curves = {str(s): _curve(rng) for s in range(3)}
+    e = extrapolate(curves)
+    early = [(c.C[m], c.R[m]) for c in curves.values() for m in [(c.steps <= 30) & (c.C > 0)]]
+    slope, intercept = np.polyfit(np.log(np.concatenate([x for x, _ in early])),
+                                  np.concatenate([y for _, y in early]), 1)
+    line_final = np.mean([intercept + slope * math.log(c.C[-1]) for c in curves.values()])
+    observed = np.mean([c.R[-1] for c in curves.values()])
+    assert e.line_predicted == pytest.approx(line_final) and e.line_error == pytest.approx(abs(line_final - observed))
+    # the curve saturates after step 30 and a line in log C does not: here the curve earns its parameters
+    assert e.error < 0.02 < e.line_error
+    runs = [_run(s, zip(STEPS.tolist(), c.R.tolist())) for s, c in curves.items()]
+    (g,) = scaling_groups(runs, n_boot=0)
+    md = render_scaling([g])
+    assert "| error | line in log C: error |" in md
+    cells = _rows(md)
+    assert cells[10:] == [f"{g.algos[0].extrapolation.error:.3f}", f"{e.line_error:.3f}"]
 
 
 def test_compute_by_hand_completions_rounds_and_tokens():
@@ -172,8 +296,8 @@ def test_leaderboard_fit_on_the_arith_default_runs(arith, capsys):
     # R0 = the mean step-0 eval/pass1 over every seed (the warm starts): the same for every algorithm
     r0 = np.mean([r.history["eval/pass1"][0][1] for r in arith if r.algo == "grpo"])
     assert all(f"| 8 | {r0:.3f} |" in r for r in rows)
-    # steps 10 and 20 are two compute values: the first half cannot fix 3 parameters
-    assert all("n/a (2 distinct C > 0 at steps <= 20" in r for r in rows)
+    # steps 10 and 20 are two compute points: the first half cannot fix 3 parameters
+    assert all("| n/a: 2 compute points at steps <= 20 for 3 parameters |" in r for r in rows)
     assert "ScaleRL reads two A as different only beyond its ±0.02 band" in out
     assert "dapo: dynamic sampling" in out
 
@@ -183,15 +307,20 @@ def test_leaderboard_fit_csv_holds_the_numbers(arith, capsys):
                  "--format", "csv"]) == 0
     back = {r["algo"]: r for r in csv.DictReader(io.StringIO(capsys.readouterr().out))}
     grpo = back["grpo"]
-    assert (grpo["x"], grpo["seeds"], grpo["points"], grpo["seed_fits"]) == ("completions", "8", "32", "8")
-    assert float(grpo["r0"]) <= float(grpo["A"]) <= 1.0 and float(grpo["rms"]) < 0.06
-    assert float(grpo["A_low"]) <= float(grpo["A"]) <= float(grpo["A_high"])
+    assert (grpo["x"], grpo["seeds"], grpo["points"], grpo["compute_points"]) == ("completions", "8", "32", "4")
+    # grpo's A sits at its bound 1 (the runs still rise at step 40): no value, no interval, the bound instead
+    assert (grpo["A"], grpo["A_low"], grpo["A_high"], grpo["A_at_bound"]) == ("", "", "", "1.0")
+    assert grpo["seed_fits"] == "8" and 0 < int(grpo["seed_fits_at_bound"]) < 8 and float(grpo["rms"]) < 0.06
+    assert float(grpo["B_low"]) <= float(grpo["B"]) <= float(grpo["B_high"]) and grpo["B_at_bound"] == ""
+    luspo = back["luspo"]
+    assert float(luspo["r0"]) <= float(luspo["A_low"]) <= float(luspo["A"]) < 1.0 and luspo["A_at_bound"] == ""
     # at 0.75 the check fits steps <= 30 (3 compute values) and predicts step 40's mean over the 8 seeds
     observed = np.mean([r.history["eval/pass1"][-1][1] for r in arith if r.algo == "grpo"])
     assert (grpo["cut_step"], grpo["final_step"]) == ("30.0", "40")
     assert float(grpo["observed_final"]) == pytest.approx(observed)
     assert float(grpo["abs_error"]) == pytest.approx(abs(float(grpo["predicted_final"]) - observed))
-    assert float(grpo["abs_error"]) < 0.1
+    assert float(grpo["abs_error"]) < 0.1 and grpo["check_points"] == "3"
+    assert float(grpo["line_abs_error"]) == pytest.approx(abs(float(grpo["line_predicted_final"]) - observed))
 
 
 def test_fit_with_a_metric_no_run_has_is_one_line_exit_2(capsys):

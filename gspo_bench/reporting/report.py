@@ -23,8 +23,9 @@ Per leaderboard group (task, model, preset, config) of FINISHED runs:
 (h) compute scaling, in each group's section after (f): each algorithm's
     evaluations against the rollout compute (log axis) with its pooled
     ScaleRL fit, and the fits' table (A, B, C_mid with bootstrap intervals
-    over seeds, RMS, the final evaluation predicted from the first half) for
-    eval/pass1 and every eval/mean_at_<k> logged (``scaling_table.py``).
+    over seeds, or "not identified" at a bound; RMS; the final evaluation
+    predicted from the first half, beside a straight line in log compute)
+    for eval/pass1 and every eval/mean_at_<k> logged (``scaling_table.py``).
 
 Missing data skips a figure with a sentence saying why. The files are logged
 as artifacts of a new run named ``report`` tagged ``kind=report``, which the
@@ -295,8 +296,8 @@ def scaling_section(groups: list[ScalingGroup], title: str, name: str, out: Path
                "R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) (dotted past the last evaluation), dashed = its "
                "asymptote A, grey dash-dot = the warm start R0 (step 0, not on a log axis).", ""]
     else:
-        md += [f"No figure: no algorithm's {first.metric} has as many distinct compute values (C > 0) as the "
-               "curve has parameters.", ""]
+        md += [f"No figure: no algorithm's {first.metric} has as many compute points (evaluation steps with "
+               "C > 0) as the curve has parameters.", ""]
     for g in groups:
         md += [f"**{g.metric}** against {axis_text(g)}", "", group_markdown(g).rstrip("\n"), ""]
     return md + [SCALING_NOTES, ""], figs

@@ -9,11 +9,15 @@ to with unlimited compute), B the efficiency exponent (how steeply it climbs the
 which half the gain A - R0 is reached. Everything here is pure: arrays (or ``RunData``) in, numbers out.
 
 - ``scaling_curve``: the formula; ``fit_curve``: one fit (scipy's ``curve_fit`` with bounds), None when it
-  fails or has fewer distinct compute values than free parameters.
+  fails or has fewer distinct compute values than free parameters; a parameter the fit leaves at an end of
+  its range is marked (``CurveFit.at_bound``): the data do not identify it, and no interval is given for it.
 - ``fit_algorithm``: an algorithm's per-seed fits, its pooled fit (every seed's points together) and bootstrap
-  intervals for A, B and C_mid over seeds (seeds resampled with replacement, the pooled curve refitted).
+  intervals for A, B and C_mid over seeds (seeds resampled with replacement, the pooled curve refitted). The
+  pooled fit counts compute points as evaluation steps (``compute_points``): on the token axis every seed
+  has its own C at a step, and 8 seeds at 2 steps are still 2 points of the curve, not 16.
 - ``extrapolate``: the pooled fit on the evaluations of the first half of the steps, its prediction of the
-  final evaluation against the observed one.
+  final evaluation against the observed one, beside the same prediction by a straight line in log C fitted
+  to the same points (``fit_log_line``): the baseline the curve's extra parameters have to beat.
 - ``compute_axis``: the compute of each evaluation of a run, in completions generated or generated tokens.
 
 How the fit departs from the paper: ScaleRL's x is GPU-hours on one fixed cluster; here it is the generation
@@ -38,6 +42,9 @@ from gspo_bench.reporting.frame import RunData
 B_BOUNDS = (1e-2, 10.0)  # B in (0, 10]: the lower end is 0.01 (a curve flatter than that gains nothing in range)
 C_MID_SPAN = (1e-3, 100.0)  # C_mid in (0, 100 x max C]: from 1/1000 of the smallest C > 0 to 100 x the largest
 A_MAX = 1.0  # A's upper bound for scores in [0, 1] (pass rates, mean rewards)
+# a parameter within this share of its range's width (in the coordinates the fit moves: A's share of the gain,
+# B, log C_mid, R0) from an end of the range is at that bound: the optimiser stopped there, the data did not
+BOUND_TOL = 1e-3
 B_STARTS = (0.5, 1.0, 2.0, 4.0)  # the multi-start grid of a fit: B, times C_mid at these quantiles of C
 C_MID_STARTS = (0.25, 0.5, 1.0)
 N_BOOT = 1000
@@ -52,7 +59,9 @@ ROUNDS_KEY = "dynamic/gen_batches"  # DAPO's dynamic sampling: rollout rounds dr
 @dataclass(frozen=True)
 class CurveFit:
     """One fitted curve: its parameters, the RMS of its residuals over the points fitted (C > 0) and how many
-    there were. ``r0_fixed``: R0 was the mean score at C = 0 (the warm start), not a fitted parameter."""
+    there were. ``r0_fixed``: R0 was the mean score at C = 0 (the warm start), not a fitted parameter.
+    ``at_bound``: (name, bound) of each parameter the fit left at an end of its range (``BOUND_TOL``): its
+    value is the bound, not a measurement (A at 1: the runs have not bent yet)."""
 
     A: float
     B: float
@@ -61,10 +70,15 @@ class CurveFit:
     rms: float
     n: int
     r0_fixed: bool = True
+    at_bound: tuple[tuple[str, float], ...] = ()
 
     def predict(self, C) -> np.ndarray:
         """R(C) of this curve at ``C`` (an array or a number)."""
         return scaling_curve(C, self.A, self.B, self.C_mid, self.R0)
+
+    def bound(self, name: str) -> float | None:
+        """The bound parameter ``name`` sits at (then the data do not identify it), else None."""
+        return dict(self.at_bound).get(name)
 
 
 @dataclass(frozen=True)
@@ -80,7 +94,9 @@ class SeedCurve:
 class AlgoFit:
     """An algorithm's fits: one per seed (None where it failed), the pooled fit, and for each of A, B and
     C_mid the bootstrap percentile interval over seeds (None with one seed, or when fewer than half the
-    resamples fitted). ``boot_ok``: the resamples that fitted, of ``boot``."""
+    resamples fitted; a parameter at its bound in the pooled fit has none). ``boot_ok``: the resamples that
+    fitted, of ``boot``. ``points``: the seeds' distinct compute points (``compute_points``), ``free``: the
+    curve's free parameters; the pooled fit is None when ``points < free``."""
 
     seeds: tuple[str, ...]
     per_seed: tuple[CurveFit | None, ...]
@@ -88,24 +104,38 @@ class AlgoFit:
     intervals: dict[str, tuple[float, float]] | None
     boot: int
     boot_ok: int
+    points: int = 0
+    free: int = 3
 
 
 @dataclass(frozen=True)
 class Extrapolation:
     """The pooled fit on the evaluations at steps <= ``cut_step`` and its prediction of the final evaluation
     (step ``final_step``), both as means over seeds: ``predicted`` (of each seed's R(C_final)), ``observed``
-    (of each seed's final score)."""
+    (of each seed's final score). ``points``: the distinct compute points at steps <= ``cut_step``, ``free``:
+    the curve's free parameters; ``fit`` and ``predicted`` are None when ``points < free`` or the fit failed.
+    ``line`` (intercept, slope) and ``line_predicted``: the same for a straight line in log C fitted to the
+    same points (``fit_log_line``; None with fewer than 2 compute points)."""
 
     cut_step: float
     final_step: int
-    predicted: float
     observed: float
-    fit: CurveFit
+    points: int
+    free: int
+    fit: CurveFit | None
+    predicted: float | None
+    line: tuple[float, float] | None = None
+    line_predicted: float | None = None
 
     @property
-    def error(self) -> float:
+    def error(self) -> float | None:
         # |predicted - observed|
-        return abs(self.predicted - self.observed)
+        return None if self.predicted is None else abs(self.predicted - self.observed)
+
+    @property
+    def line_error(self) -> float | None:
+        # |line_predicted - observed|
+        return None if self.line_predicted is None else abs(self.line_predicted - self.observed)
 
 
 def scaling_curve(C, A: float, B: float, C_mid: float, R0: float) -> np.ndarray:
@@ -199,9 +229,45 @@ def fit_curve(C, R, a_max: float = A_MAX, start: CurveFit | None = None) -> Curv
         return None
     g, B, log_c_mid, *rest = (float(t) for t in best)
     R0 = r0 if r0 is not None else rest[0]
+    # each parameter's range in its own units: g in [0, 1] is A in [R0, a_max]; log C_mid's ends are C_mid's
+    ends = [("A", (R0, a_max)), ("B", B_BOUNDS), ("C_mid", (math.exp(lo_c), math.exp(hi_c)))]
+    ends += [] if r0 is not None else [("R0", (0.0, a_max))]
+    at_bound = tuple((name, span[side]) for (name, span), side in zip(ends, bound_sides(best, lower, upper))
+                     if side is not None)
     # A = R0 + g (a_max - R0); RMS = sqrt(mean((R - R(C))^2)) over the points fitted
     return CurveFit(A=R0 + g * (a_max - R0), B=B, C_mid=math.exp(log_c_mid), R0=R0,
-                    rms=math.sqrt(best_sse / len(y)), n=len(y), r0_fixed=r0 is not None)
+                    rms=math.sqrt(best_sse / len(y)), n=len(y), r0_fixed=r0 is not None, at_bound=at_bound)
+
+
+def bound_sides(theta, lower, upper, tol: float = BOUND_TOL) -> list[int | None]:
+    """Per parameter, which end of its range [lower, upper] it sits at: 0 (lower) or 1 (upper) when within
+    ``tol`` x (upper - lower) of that end, else None."""
+    out: list[int | None] = []
+    for t, lo, hi in zip(theta, lower, upper):
+        # at an end: |t - end| <= tol (hi - lo)
+        near = tol * (hi - lo)
+        out.append(0 if t - lo <= near else 1 if hi - t <= near else None)
+    return out
+
+
+def fit_log_line(C, R) -> tuple[float, float] | None:
+    """The straight line in log compute, R = a + b ln C, fitted by least squares to the points with C > 0
+    (finite values): (a, b). None with fewer than 2 distinct C > 0. The baseline of the extrapolation check:
+    two parameters and no asymptote, so a curve that predicts no better has not earned its extra ones."""
+    C, R = np.asarray(C, dtype=float).ravel(), np.asarray(R, dtype=float).ravel()
+    keep = np.isfinite(C) & np.isfinite(R) & (C > 0)
+    x, y = np.log(C[keep]), R[keep]
+    if len(np.unique(x)) < 2:
+        return None
+    # b = sum((x - mean x)(R - mean R)) / sum((x - mean x)^2), a = mean R - b mean x, x = ln C
+    dx = x - x.mean()
+    b = float(dx @ (y - y.mean()) / (dx @ dx))
+    return float(y.mean() - b * x.mean()), b
+
+
+def log_line(C, a: float, b: float) -> np.ndarray:
+    """R = a + b ln C at ``C`` (C > 0)."""
+    return a + b * np.log(np.asarray(C, dtype=float))
 
 
 def pooled_points(curves: list[SeedCurve]) -> tuple[np.ndarray, np.ndarray]:
@@ -217,6 +283,26 @@ def percentile_interval(values: np.ndarray, level: float = LEVEL) -> tuple[float
     return float(lo), float(hi)
 
 
+def compute_points(curves: list[SeedCurve]) -> int:
+    """The distinct compute points of seeds pooled: their distinct evaluation steps with C > 0. On the token
+    axis each seed has its own C at a step, and seeds evaluated at the same 2 steps spread around 2 places of
+    the curve: 2 points, however many distinct C values they make."""
+    return len({int(s) for c in curves for s in c.steps[c.C > 0]})
+
+
+def free_parameters(curves: list[SeedCurve]) -> int:
+    """The curve's free parameters on these seeds' points: A, B, C_mid, and R0 when no point is at C = 0."""
+    return 3 if any((c.C == 0).any() for c in curves) else 4
+
+
+def fit_pooled(curves: list[SeedCurve], a_max: float = A_MAX, start: CurveFit | None = None) -> CurveFit | None:
+    """``fit_curve`` on every seed's points together; None when they hold fewer compute points
+    (``compute_points``) than the curve has free parameters."""
+    if compute_points(curves) < free_parameters(curves):
+        return None
+    return fit_curve(*pooled_points(curves), a_max=a_max, start=start)
+
+
 def bootstrap(curves: list[SeedCurve], rng: np.random.Generator, n_boot: int = N_BOOT,
               start: CurveFit | None = None, a_max: float = A_MAX) -> np.ndarray:
     """(A, B, C_mid) of the pooled curve refitted to ``n_boot`` resamples of the seeds (k seeds drawn with
@@ -226,7 +312,7 @@ def bootstrap(curves: list[SeedCurve], rng: np.random.Generator, n_boot: int = N
     draws = rng.integers(0, k, size=(n_boot, k))
     out = []
     for draw in draws:
-        fit = fit_curve(*pooled_points([curves[i] for i in draw]), a_max=a_max, start=start)
+        fit = fit_pooled([curves[i] for i in draw], a_max=a_max, start=start)
         if fit is not None:
             out.append((fit.A, fit.B, fit.C_mid))
     return np.array(out, dtype=float).reshape(-1, 3)
@@ -236,36 +322,49 @@ def fit_algorithm(curves: dict[str, SeedCurve], rng: np.random.Generator, n_boot
                   level: float = LEVEL, a_max: float = A_MAX) -> AlgoFit:
     """Per-seed fits, the pooled fit and the bootstrap intervals (``bootstrap``; ``level`` percentile) of one
     algorithm's seeds (``curves``: seed -> its evaluations). The pooled fit tries the grid of starts; the
-    per-seed fits and the resamples' start from it. With one seed, or no pooled fit, no intervals."""
+    per-seed fits and the resamples' start from it. With one seed, or no pooled fit, no intervals; a
+    parameter at its bound in the pooled fit gets none either (the resamples pile up on the bound, and an
+    interval such as [1.000, 1.000] would read as a measurement)."""
     seeds = tuple(curves)
-    pooled = fit_curve(*pooled_points(list(curves.values())), a_max=a_max)
+    every = list(curves.values())
+    pooled = fit_pooled(every, a_max=a_max)
     # each seed's fit starts from the pooled curve (a seed's few points are that curve plus noise)
     per_seed = tuple(fit_curve(curves[s].C, curves[s].R, a_max=a_max, start=pooled) for s in seeds)
     intervals, ok = None, 0
     if pooled is not None and len(seeds) > 1 and n_boot > 0:
-        draws = bootstrap(list(curves.values()), rng, n_boot, start=pooled, a_max=a_max)
+        draws = bootstrap(every, rng, n_boot, start=pooled, a_max=a_max)
         ok = len(draws)
         if ok >= n_boot / 2:  # intervals from a minority of the resamples would describe only the easy ones
-            intervals = {name: percentile_interval(draws[:, j], level) for j, name in enumerate(("A", "B", "C_mid"))}
-    return AlgoFit(seeds, per_seed, pooled, intervals, n_boot if len(seeds) > 1 and pooled is not None else 0, ok)
+            intervals = {name: percentile_interval(draws[:, j], level) for j, name in enumerate(("A", "B", "C_mid"))
+                         if pooled.bound(name) is None}
+    return AlgoFit(seeds, per_seed, pooled, intervals, n_boot if len(seeds) > 1 and pooled is not None else 0, ok,
+                   compute_points(every), free_parameters(every))
 
 
 def extrapolate(curves: dict[str, SeedCurve], split: float = SPLIT, a_max: float = A_MAX) -> Extrapolation | None:
     """The pooled fit on each seed's evaluations at steps <= ``split`` x its final step, and its prediction of
-    the final evaluation: the mean over seeds of R(C at the final step) against the mean observed final score.
-    None when that fit fails (``fit_curve``: e.g. the first half holds fewer distinct C > 0 than parameters)."""
+    the final evaluation: the mean over seeds of R(C at the final step) against the mean observed final score;
+    beside it the same prediction by a straight line in log C fitted to the same points (C > 0). The curve's
+    fit and prediction are None when it fails (``fit_pooled``: e.g. the first half holds fewer compute points
+    than parameters), the line's with fewer than 2 compute points. None when no seed has an evaluation."""
     finals = [c for c in curves.values() if len(c.steps)]
-    early = [SeedCurve(c.steps[m], c.C[m], c.R[m]) for c in finals for m in [c.steps <= split * c.steps.max()]]
-    fit = fit_curve(*pooled_points(early), a_max=a_max)
-    if fit is None:
+    if not finals:
         return None
+    early = [SeedCurve(c.steps[m], c.C[m], c.R[m]) for c in finals for m in [c.steps <= split * c.steps.max()]]
+    points = compute_points(early)
+    fit = fit_pooled(early, a_max=a_max)
+    line = fit_log_line(*pooled_points(early)) if points >= 2 else None
     # per seed, its evaluation(s) at its last step (several when runs of one seed are pooled):
     # predicted = mean_s R(C_final,s); observed = mean_s R_final,s
     at_end = [c.steps == c.steps.max() for c in finals]
-    predicted = float(np.mean([fit.predict(c.C[m]).mean() for c, m in zip(finals, at_end)]))
     observed = float(np.mean([c.R[m].mean() for c, m in zip(finals, at_end)]))
+    predicted = None if fit is None else float(np.mean([fit.predict(c.C[m]).mean() for c, m in zip(finals, at_end)]))
+    # the line's: mean_s (a + b ln C_final,s)
+    line_predicted = None if line is None else float(np.mean([log_line(c.C[m], *line).mean()
+                                                              for c, m in zip(finals, at_end)]))
     last = max(int(c.steps.max()) for c in finals)
-    return Extrapolation(split * last, last, predicted, observed, fit)
+    return Extrapolation(split * last, last, observed, points, free_parameters(early), fit, predicted, line,
+                         line_predicted)
 
 
 # -- compute per evaluation -------------------------------------------------------------------------------------

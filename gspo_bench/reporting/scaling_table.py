@@ -5,7 +5,10 @@ Per group (task, model, preset, config, then the ``--by`` values), over its FINI
 the metric (``eval/pass1`` by default; ``eval/mean_at_<k>`` and any score in [0, 1] work alike), per
 algorithm: each seed's evaluations against the compute spent (``scaling.seed_curve``; several runs of one
 seed pool their points), the per-seed fits, the pooled fit with bootstrap intervals over seeds, and the
-extrapolation check (fit on the first half of the steps, predict the final evaluation).
+extrapolation check (fit on the first half of the steps, predict the final evaluation), beside the same check
+by a straight line in log compute. What the data do not determine is printed as such: a parameter at an end
+of its range is "not identified", with no interval; a fit with fewer compute points than parameters is not
+printed at all, and its cell says so.
 
 The x axis is chosen per group, so that every algorithm of a group is on the same one: generated tokens when
 every run has a ``response/length_mean`` value at every step (what an MLflow store holds), else completions
@@ -28,7 +31,7 @@ from gspo_bench.reporting.grouping import split_values, with_by
 from gspo_bench.reporting.pairing import group_title
 from gspo_bench.reporting.paired import seed_key
 from gspo_bench.reporting.scaling import (A_MAX, COMPLETIONS, LENGTH_KEY, LEVEL, N_BOOT, ROUNDS_KEY, SPLIT, TOKENS,
-                                          AlgoFit, Extrapolation, SeedCurve, compute_axis, extrapolate,
+                                          AlgoFit, CurveFit, Extrapolation, SeedCurve, compute_axis, extrapolate,
                                           fit_algorithm, seed_curve)
 
 FIT_METRIC = "eval/pass1"
@@ -49,13 +52,17 @@ NOTES = (
     "least squares over the evaluations with C > 0. Pooled = every seed's points together; [95 % CI] = "
     "percentile interval of the pooled refit over bootstrap resamples of the seeds (with replacement, seeded "
     "Generator); RMS = root mean square residual of the pooled fit; A per seed = mean ± sd of the per-seed fits' "
-    "A (fitted/seeds). A fit needs at least as many distinct C > 0 as free parameters (3; 4 when R0 is "
-    "fitted), else n/a. 'bound': A "
-    "at its upper bound 1 (the runs are still rising: the asymptote is not measured, only that the curve has not "
-    "bent); C_mid 'beyond' = past the last evaluation's C, where the curve is extrapolated. First half -> final: "
-    "the pooled fit on the evaluations at steps <= half the final step (--fit-split: another share) predicts the "
-    "final evaluation's mean over seeds; error = |predicted - observed|. ScaleRL reads two A as different only "
-    "beyond its ±0.02 band (the spread of A over 3 runs of one recipe).")
+    "A where it is identified (those/seeds; the seeds whose A is at a bound are counted apart). A fit needs at "
+    "least as many compute points (distinct evaluation steps with C > 0: seeds at one step are one point, "
+    "whatever their C) as free parameters (3; 4 when R0 is fitted); with fewer it is not shown, and n/a says "
+    "why. 'at bound x: not identified': the fit left the parameter at an end of its range (within 1/1000 of the "
+    "range's width), so its value is that bound, not a measurement, and it has no interval (A at 1: the runs "
+    "are still rising, and the curve has not bent). C_mid 'beyond' = past the last evaluation's C, where the "
+    "curve is extrapolated. First half -> final: the pooled fit on the evaluations at steps <= half the final "
+    "step (--fit-split: another share) predicts the final evaluation's mean over seeds; error = |predicted - "
+    "observed|; line in log C: error = the same for the least-squares line R = a + b ln C fitted to the same "
+    "points (C > 0), the baseline the curve's extra parameters have to beat. ScaleRL reads two A as "
+    "different only beyond its ±0.02 band (the spread of A over 3 runs of one recipe).")
 
 
 @dataclass(frozen=True)
@@ -188,12 +195,15 @@ def scaling_groups(runs: list[RunData], metric: str = FIT_METRIC, x: str = AUTO,
 
 # -- rendering ---------------------------------------------------------------------------------------------------
 COLUMNS = ("algo", "seeds", "R0", "A [95 % CI]", "B [95 % CI]", "C_mid [95 % CI]", "RMS", "A per seed",
-           "final: predicted from first half", "observed", "error")
+           "final: predicted from first half", "observed", "error", "line in log C: error")
 CHECK_COLUMN = COLUMNS.index("final: predicted from first half")
-CSV_FIELDS = ("task", "model", "preset", "config", "algo", "metric", "x", "seeds", "points", "r0", "A", "A_low",
-              "A_high", "B", "B_low", "B_high", "C_mid", "C_mid_low", "C_mid_high", "rms", "resamples",
-              "resamples_fitted", "seed_fits", "A_seed_mean", "A_seed_sd", "cut_step", "final_step",
-              "predicted_final", "observed_final", "abs_error")
+# <name>_at_bound: the bound a parameter sits at (its value and interval cells are then empty: not identified)
+CSV_FIELDS = ("task", "model", "preset", "config", "algo", "metric", "x", "seeds", "points", "compute_points",
+              "r0", "r0_at_bound", "A", "A_low", "A_high", "A_at_bound", "B", "B_low", "B_high", "B_at_bound",
+              "C_mid", "C_mid_low", "C_mid_high", "C_mid_at_bound", "rms", "resamples", "resamples_fitted",
+              "seed_fits", "seed_fits_at_bound", "A_seed_mean", "A_seed_sd", "cut_step", "final_step",
+              "check_points", "predicted_final", "observed_final", "abs_error", "line_predicted_final",
+              "line_abs_error")
 
 
 def compact(x: float) -> str:
@@ -212,27 +222,54 @@ def _with_ci(value: float, ci: tuple[float, float] | None, fmt) -> str:
     return fmt(value) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "")
 
 
-def _cells(a: AlgoScaling, split: float) -> list[str]:
+def _estimate(fit: CurveFit, name: str, ci: dict, fmt, bound_fmt) -> str:
+    """A parameter's cell: its value with its interval, or, at a bound, that it is not identified."""
+    bound = fit.bound(name)
+    if bound is not None:
+        return f"at bound {bound_fmt(bound)}: not identified"
+    return _with_ci(getattr(fit, name), ci.get(name), fmt)
+
+
+def seed_asymptotes(f: AlgoFit) -> tuple[list[float], int]:
+    """The per-seed fits' A where it is identified, and how many per-seed fits have A at a bound."""
+    fitted = [p for p in f.per_seed if p is not None]
+    return [p.A for p in fitted if p.bound("A") is None], sum(p.bound("A") is not None for p in fitted)
+
+
+def _too_few(points: int, free: int, where: str = "") -> str:
+    return f"n/a: {points} compute point{'s' if points != 1 else ''}{where} for {free} parameters"
+
+
+def _cells(a: AlgoScaling) -> list[str]:
     f, e = a.fit, a.extrapolation
     seeds = f"{len(a.curves)}"
-    fitted = [p.A for p in f.per_seed if p is not None]
-    # the per-seed fits' A: mean ± sample sd (fitted / seeds)
-    spread = f" ± {statistics.stdev(fitted):.3f}" if len(fitted) > 1 else ""
-    per_seed = (f"{statistics.fmean(fitted):.3f}{spread}" if fitted else "n/a") + f" ({len(fitted)}/{len(f.seeds)})"
+    known, bounded = seed_asymptotes(f)
+    # the per-seed fits' identified A: mean ± sample sd (identified / seeds, those at a bound counted apart)
+    spread = f" ± {statistics.stdev(known):.3f}" if len(known) > 1 else ""
+    per_seed = ((f"{statistics.fmean(known):.3f}{spread}" if known else "n/a") + f" ({len(known)}/{len(f.seeds)}"
+                + (f"; {bounded} at a bound" if bounded else "") + ")")
+    check = ["-", "-", "-", "-"]
     if e is not None:
-        check = [f"{e.predicted:.3f} (steps <= {e.cut_step:g})", f"{e.observed:.3f}", f"{e.error:.3f}"]
-    else:
-        cut = split * max(int(c.steps.max()) for c in a.curves.values())
-        early = {float(x) for c in a.curves.values() for x in c.C[(c.steps <= split * c.steps.max()) & (c.C > 0)]}
-        check = [f"n/a ({len(early)} distinct C > 0 at steps <= {cut:g}: fewer than the parameters)", "-", "-"]
+        where = f" at steps <= {e.cut_step:g}"
+        if e.predicted is not None:
+            predicted = f"{e.predicted:.3f} (steps <= {e.cut_step:g})"
+        elif e.points < e.free:
+            predicted = _too_few(e.points, e.free, where)
+        else:
+            predicted = f"n/a: the fit{where} failed"
+        check = [predicted, f"{e.observed:.3f}", "-" if e.error is None else f"{e.error:.3f}",
+                 "-" if e.line_error is None else f"{e.line_error:.3f}"]
     p = f.pooled
     if p is None:
-        return [a.algo, seeds, "-", "n/a (too few distinct compute values)", "-", "-", "-", per_seed, *check]
+        why = _too_few(f.points, f.free) if f.points < f.free else "n/a: the fit failed"
+        return [a.algo, seeds, "-", why, "-", "-", "-", per_seed, *check]
     ci = f.intervals or {}
-    a_text = _with_ci(p.A, ci.get("A"), lambda v: f"{v:.3f}") + (" bound" if p.A >= A_MAX - 1e-6 else "")
-    c_text = _with_ci(p.C_mid, ci.get("C_mid"), compact) + (" beyond" if p.C_mid > _max_c(a) else "")
-    return [a.algo, seeds, f"{p.R0:.3f}", a_text, _with_ci(p.B, ci.get("B"), lambda v: f"{v:.2f}"), c_text,
-            f"{p.rms:.3f}", per_seed, *check]
+    r0 = f"at bound {p.bound('R0'):.3g}: not identified" if p.bound("R0") is not None else f"{p.R0:.3f}"
+    a_text = _estimate(p, "A", ci, lambda v: f"{v:.3f}", lambda v: f"{v:.3g}")
+    b_text = _estimate(p, "B", ci, lambda v: f"{v:.2f}", lambda v: f"{v:g}")
+    c_text = _estimate(p, "C_mid", ci, compact, compact)
+    c_text += " beyond" if p.bound("C_mid") is None and p.C_mid > _max_c(a) else ""
+    return [a.algo, seeds, r0, a_text, b_text, c_text, f"{p.rms:.3f}", per_seed, *check]
 
 
 def axis_text(g: ScalingGroup) -> str:
@@ -253,7 +290,7 @@ def group_markdown(g: ScalingGroup) -> str:
     columns = list(COLUMNS)
     if g.split != SPLIT:
         columns[CHECK_COLUMN] = f"final: predicted from the first {g.split:g} of the steps"
-    text = tables.markdown(columns, [_cells(a, g.split) for a in g.algos])
+    text = tables.markdown(columns, [_cells(a) for a in g.algos])
     return text + "".join(f"\nNote: {n}.\n" for n in g.notes)
 
 
@@ -265,20 +302,26 @@ def records(groups: list[ScalingGroup]) -> list[dict]:
         for a in g.algos:
             f, p, e = a.fit, a.fit.pooled, a.extrapolation
             ci = f.intervals or {}
-            fitted = [q.A for q in f.per_seed if q is not None]
+            known, bounded = seed_asymptotes(f)
             row = {"task": task, "model": model, "preset": preset, "config": config, **dict(zip(g.by, vals)),
                    "algo": a.algo, "metric": g.metric, "x": g.unit, "seeds": len(a.curves),
-                   "points": sum(int((c.C > 0).sum()) for c in a.curves.values()), "resamples": f.boot,
-                   "resamples_fitted": f.boot_ok, "seed_fits": len(fitted),
-                   "A_seed_mean": statistics.fmean(fitted) if fitted else None,
-                   "A_seed_sd": statistics.stdev(fitted) if len(fitted) > 1 else None}
+                   "points": sum(int((c.C > 0).sum()) for c in a.curves.values()), "compute_points": f.points,
+                   "resamples": f.boot, "resamples_fitted": f.boot_ok, "seed_fits": len(known) + bounded,
+                   "seed_fits_at_bound": bounded, "A_seed_mean": statistics.fmean(known) if known else None,
+                   "A_seed_sd": statistics.stdev(known) if len(known) > 1 else None}
             if p is not None:
                 row |= {"r0": p.R0, "A": p.A, "B": p.B, "C_mid": p.C_mid, "rms": p.rms}
                 for name, (lo, hi) in ci.items():
                     row |= {f"{name}_low": lo, f"{name}_high": hi}
+                # a parameter at a bound: the bound in its own column, no value (``fit_algorithm`` gave it no
+                # interval)
+                for name, bound in p.at_bound:
+                    column = "r0" if name == "R0" else name
+                    row |= {column: None, f"{column}_at_bound": bound}
             if e is not None:
-                row |= {"cut_step": e.cut_step, "final_step": e.final_step, "predicted_final": e.predicted,
-                        "observed_final": e.observed, "abs_error": e.error}
+                row |= {"cut_step": e.cut_step, "final_step": e.final_step, "check_points": e.points,
+                        "predicted_final": e.predicted, "observed_final": e.observed, "abs_error": e.error,
+                        "line_predicted_final": e.line_predicted, "line_abs_error": e.line_error}
             out.append(row)
     return out
 
