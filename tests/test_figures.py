@@ -282,3 +282,30 @@ def test_report_section_with_every_algorithm_links_existing_figures(runs, group,
     assert [f.name for f in figs] == links
     for name in links:
         assert (tmp_path / name).read_bytes().startswith(PNG)
+
+
+def test_a_fit_parameter_at_its_bound_is_labelled_so_and_its_asymptote_not_drawn():
+    from types import SimpleNamespace
+
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    from gspo_bench.reporting.figures import _scaling_panel, fit_text
+    from gspo_bench.reporting.scaling import CurveFit
+
+    free = CurveFit(A=0.62, B=1.3, C_mid=2560.0, R0=0.4, rms=0.01, n=5)
+    bounded = CurveFit(A=1.0, B=1.3, C_mid=2560.0, R0=0.4, rms=0.01, n=5, at_bound=(("A", 1.0),))
+    assert fit_text(free) == "A=0.620 B=1.30 C_mid=2.56k"
+    assert fit_text(bounded, ", ") == "A at bound 1, B=1.30, C_mid=2.56k"
+    assert fit_text(bounded, c_mid=False) == "A at bound 1 B=1.30"
+    curve = SimpleNamespace(C=np.array([0.0, 1000.0, 2000.0, 4000.0]), R=np.array([0.4, 0.5, 0.55, 0.6]),
+                            steps=np.array([0, 10, 20, 40]))
+    dashed = {}
+    for name, fit in (("free", free), ("bounded", bounded)):
+        ax = Figure().subplots()
+        _scaling_panel(ax, SimpleNamespace(algo="grpo", curves={"0": curve}, fit=SimpleNamespace(pooled=fit)), 0,
+                       solo=False)
+        dashed[name] = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
+        assert ax.get_lines()[1].get_label() == f"grpo (n=1): {fit_text(fit, ', ')}"
+    assert len(dashed["free"]) == 1 and dashed["free"][0].get_ydata()[0] == pytest.approx(0.62)
+    assert dashed["bounded"] == []  # A = 1 is the range's end, not an asymptote the runs show

@@ -592,10 +592,19 @@ def _scaling_panel(ax, a, i: int, solo: bool, label: bool = True) -> None:
     top = float(xs.max())
     inside = np.geomspace(float(xs.min()) / 2, top, 80)
     ax.plot(inside, fit.predict(inside), color=color, linewidth=style["linewidth"],
-            label=f"{name}: A={fit.A:.3f}, B={fit.B:.2f}, C_mid={compact(fit.C_mid)}" if label else None)
+            label=f"{name}: {fit_text(fit, ', ')}" if label else None)
     past = np.geomspace(top, 4 * top, 30)
     ax.plot(past, fit.predict(past), color=color, linewidth=1.0, linestyle=":")
-    ax.axhline(fit.A, color=color, linewidth=0.8, linestyle="--", alpha=0.6)
+    if fit.bound("A") is None:  # an asymptote at its bound is the range's end, not something the data show
+        ax.axhline(fit.A, color=color, linewidth=0.8, linestyle="--", alpha=0.6)
+
+
+def fit_text(fit, sep: str = " ", c_mid: bool = True) -> str:
+    """A fit's parameters for a label, ``A=0.620 B=1.30 C_mid=2.56k``; one the data leave at its bound reads
+    ``A at bound 1`` (not identified: no value claimed)."""
+    shown = [("A", f"{fit.A:.3f}"), ("B", f"{fit.B:.2f}")] + ([("C_mid", compact(fit.C_mid))] if c_mid else [])
+    return sep.join(f"{name} at bound {fit.bound(name):g}" if fit.bound(name) is not None else f"{name}={text}"
+                    for name, text in shown)
 
 
 def scaling_figure(group, title: str) -> Figure:
@@ -624,7 +633,7 @@ def scaling_figure(group, title: str) -> Figure:
             ax.set_label(f"scaling|{a.algo}")
             _scaling_panel(ax, a, i, solo=True, label=False)
             fit = a.fit.pooled
-            ax.set_title(f"{a.algo}: " + (f"A={fit.A:.2f} B={fit.B:.2f}" if fit else "no fit"),
+            ax.set_title(f"{a.algo}: " + (fit_text(fit, c_mid=False) if fit else "no fit"),
                          color=PALETTE[i % len(PALETTE)], fontsize=9, fontweight="bold", pad=3)
             ax.tick_params(labelsize=7)
         for j, ax in enumerate(axes):
@@ -633,7 +642,7 @@ def scaling_figure(group, title: str) -> Figure:
         fig.supylabel(group.metric, fontsize=9)
         handles = [Line2D([], [], color="0.3", linewidth=1.8, label="pooled fit R(C)"),
                    Line2D([], [], color="0.3", linestyle=":", label="the fit past the last evaluation"),
-                   Line2D([], [], color="0.3", linestyle="--", label="asymptote A"),
+                   Line2D([], [], color="0.3", linestyle="--", label="asymptote A (not drawn at its bound)"),
                    Line2D([], [], marker="o", linestyle="", color="0.3", label="mean over seeds per step; dots: seeds")]
         fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8)
     for ax in axes:
