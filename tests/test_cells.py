@@ -1,6 +1,6 @@
 """A cell claimed in the tracking store before it runs (``tracking/cells.py``), on a real SQLite MLflow store:
 one claim at a time per cell, a dead driver's claim ignored and removed, a cell done or at work left alone,
-the heartbeat, and claims never counted by a table."""
+the heartbeat, claims never counted by a table, and no claim run left RUNNING once released, however it ends."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import time
 
 import mlflow
 import pytest
+from mlflow.entities import ViewType
 
 from gspo_bench.tracking import cells
 from gspo_bench.tracking.lifecycle import owner_tags
@@ -24,6 +25,12 @@ def store(tmp_path):
 
 def _active_claims(client, exp_id) -> list:
     return client.search_runs([exp_id], "tags.kind = 'claim'")
+
+
+def _every_claim(client, exp_id) -> dict:
+    """{run id: (status, lifecycle stage)} of every claim run, deleted ones too."""
+    return {r.info.run_id: (r.info.status, r.info.lifecycle_stage)
+            for r in client.search_runs([exp_id], "tags.kind = 'claim'", run_view_type=ViewType.ALL)}
 
 
 def test_a_held_cell_cannot_be_claimed_again_until_it_is_released(store):
@@ -50,7 +57,9 @@ def test_a_dead_drivers_claim_is_ignored_and_removed(store):
     stale = client.create_run(exp, tags={"kind": "claim", "cell": "smoke/gspo/0", **dead}).info.run_id
     claim, why = cells.claim_cell(client, exp, "smoke", "gspo", 0)
     assert claim is not None, why
-    assert client.get_run(stale).info.lifecycle_stage == "deleted"
+    run = client.get_run(stale)
+    assert (run.info.status, run.info.lifecycle_stage) == ("KILLED", "deleted")
+    assert run.data.tags["killed_reason"].startswith("orphaned: its process")
     claim.release()
 
 
@@ -120,7 +129,7 @@ def test_a_claim_on_a_node_the_scheduler_reports_dead_is_released_and_its_run_ma
     assert marked == [held]
     run = client.get_run(held)
     assert run.info.status == "KILLED" and run.data.tags["killed_reason"] == "orphaned: its node left"
-    assert client.get_run(gone).info.lifecycle_stage == "deleted"
+    assert (client.get_run(gone).info.status, client.get_run(gone).info.lifecycle_stage) == ("KILLED", "deleted")
     assert client.get_run(live).info.lifecycle_stage == "active"  # the live node's claim and run stay
     assert client.get_run(working).info.status == "RUNNING"
 
@@ -131,3 +140,44 @@ def test_a_claim_carries_the_owner_tags_it_is_given(store):
     [run] = _active_claims(client, exp)
     assert run.info.run_id == claim.run_id and run.data.tags[cells.NODE_TAG] == "n-1"
     claim.release()
+
+
+def test_a_released_claim_ends_finished_or_killed_never_running(store):
+    _, client, exp = store
+    done, _ = cells.claim_cell(client, exp, "smoke", "grpo", 0)
+    with done:  # its cell ended, whatever its status
+        pass
+    yielding, why = cells.claim_cell(client, exp, "smoke", "grpo", 1, attempts=1)
+    with yielding:
+        other, why = cells.claim_cell(client, exp, "smoke", "grpo", 1, attempts=1)  # backs off: its claim ends
+        assert other is None and why.startswith("claimed by another driver")
+    stopped, _ = cells.claim_cell(client, exp, "smoke", "grpo", 2)
+    with pytest.raises(KeyboardInterrupt), stopped:  # a signal's stop out of the cell
+        raise KeyboardInterrupt
+    every = _every_claim(client, exp)
+    assert len(every) == 4 and not [r for r, (status, _) in every.items() if status == "RUNNING"], every
+    assert {stage for _, stage in every.values()} == {"deleted"}
+    assert every[done.run_id][0] == every[yielding.run_id][0] == "FINISHED"
+    assert every[stopped.run_id][0] == "KILLED"
+    assert client.get_run(stopped.run_id).data.tags["killed_reason"] == "its holder stopped: KeyboardInterrupt"
+    [backed_off] = set(every) - {done.run_id, yielding.run_id, stopped.run_id}
+    assert every[backed_off][0] == "FINISHED"
+
+
+def test_the_claims_a_driver_s_dead_workers_left_end_killed_with_their_runs(store):
+    _, client, exp = store
+    worker = {**owner_tags(), "gspo_bench.host": "node-b.example", "gspo_bench.pid": "4242"}
+    held = {}
+    for seed, driver in ((0, "d1"), (1, "d1"), (2, "d2")):
+        tags = {"algo": "grpo", "seed": str(seed), "preset": "smoke"}
+        claim = client.create_run(exp, tags={"kind": "claim", "cell": f"smoke/grpo/{seed}", cells.DRIVER_TAG: driver,
+                                             **tags, **worker}).info.run_id
+        held[seed] = (claim, client.create_run(exp, tags={**tags, **worker}).info.run_id)
+    marked = cells.release_claims(client, exp, cells.DRIVER_TAG, {"d1"}, "orphaned: its Ray node died")
+    assert sorted(marked) == [("smoke/grpo/0", held[0][1]), ("smoke/grpo/1", held[1][1])]
+    for seed in (0, 1):
+        claim, run = (client.get_run(r) for r in held[seed])
+        assert (claim.info.status, claim.info.lifecycle_stage) == ("KILLED", "deleted")
+        assert run.info.status == "KILLED" and run.data.tags["killed_reason"] == "orphaned: its Ray node died"
+    assert [client.get_run(r).info.status for r in held[2]] == ["RUNNING", "RUNNING"]  # another driver's
+    assert cells.release_claims(client, exp, cells.DRIVER_TAG, {"d2"}, "gone", cell="smoke/grpo/0") == []

@@ -2,10 +2,14 @@
 end to end on a real Ray cluster of this machine with 2 worker slots, started by hand as a user starts one
 (``ray start --head``): the smoke suite's cells each FINISHED once with the serial backend's metric histories,
 two drivers on one plan, a rerun that runs nothing, a worker killed mid-cell whose cell resumes from its
-checkpoint, and bad input as one line with exit 2."""
+checkpoint, a driver stopped by a signal whose cells end KILLED, a second node that dies with the cells only it
+could hold, and bad input as one line with exit 2; then on clusters a driver starts for itself (``--ray-address
+local``): a raylet's death named in one line with its cells ended KILLED, and no process of the cluster left once
+its driver is killed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,12 +23,12 @@ from types import SimpleNamespace
 
 import mlflow
 import pytest
+from mlflow.entities import ViewType
 
 from gspo_bench.bench.suite_ray import ray_head
 from gspo_bench.cli.main import main
 from gspo_bench.config import ConfigError, load_config
 from gspo_bench.suite import ray_backend as rb
-from gspo_bench.tracking import lifecycle
 from gspo_bench.tracking.stores import open_store
 
 
@@ -126,11 +130,16 @@ def _env(**extra) -> dict:
     return env
 
 
+# a cluster's health checks of its nodes each second rather than each 3 s: a dead node is known dead within some
+# 5 s rather than 15 (the tests that kill one wait that long)
+QUICK_DEATH = {"RAY_health_check_period_ms": "1000"}
+
+
 @pytest.fixture(scope="module")
 def cluster(ray_ready):
     """``ray start --head --block`` with 2 CPUs and no GPU, its own temp folder and ports (as ``bench --suite-ray``
     starts it); stopped, with the processes it started, at the end of the module."""
-    with ray_head(2, _env()) as (address, _):
+    with ray_head(2, _env(**QUICK_DEATH)) as (address, _):
         yield SimpleNamespace(address=address)
 
 
@@ -139,15 +148,22 @@ def _argv(root: Path, *extra: str) -> list[str]:
             "--no-progress", "--tracking-uri", f"sqlite:///{root / 'mlflow.db'}", *extra]
 
 
-def _suite(root: Path, *extra: str, out: str = "out") -> subprocess.Popen:
+def _suite(root: Path, *extra: str, out: str = "out", **env: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "gspo_bench", *_argv(root, "--out", str(root / out), *extra)],
-                            cwd=root, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=root, env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _cell_runs(root: Path) -> list:
     client = mlflow.MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     exp = client.get_experiment_by_name(EXP)
     return [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("kind") in (None, "claim")]
+
+
+def _claims(root: Path) -> list:
+    """Every claim run of the store, deleted ones too."""
+    client = mlflow.MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    exp = client.get_experiment_by_name(EXP)
+    return client.search_runs([exp.experiment_id], "tags.kind = 'claim'", run_view_type=ViewType.ALL)
 
 
 def _histories(root: Path) -> dict:
@@ -266,20 +282,160 @@ def test_a_worker_killed_mid_cell_resumes_its_cell_from_its_checkpoint(cluster, 
 
 
 @pytest.mark.slow
-def test_a_driver_stopped_by_sigterm_exits_143_and_takes_its_cells_workers_with_it(cluster, tmp_path):
+@pytest.mark.parametrize("signum, times", [(signal.SIGTERM, 1), (signal.SIGINT, 2)],
+                         ids=["SIGTERM-at-the-step-s-end", "SIGINT-twice-at-once"])
+def test_a_driver_stopped_by_a_signal_ends_its_cells_killed_and_releases_their_claims(cluster, tmp_path, signum,
+                                                                                       times):
+    # twice: RL steps long enough (1000 prompts, some 6 s here) that the second signal lands mid-step
+    slow = ("--set", "rollout.prompts_per_step=1000", "--set", "train.checkpoint_every=1") if times == 2 else ()
     proc = _suite(tmp_path, "--backend", "ray", "--ray-address", cluster.address, "--set", "train.steps=8",
-                  "--set", "train.checkpoint_every=2")
+                  "--set", "train.checkpoint_every=2", *slow)
     _wait_for_checkpoint(proc, tmp_path)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
+    if times == 2:
+        time.sleep(1.5)  # past the driver's next look (each second)
+        proc.send_signal(signum)
     out = proc.communicate(timeout=300)[0]
-    assert proc.returncode == 143 and "stopped by SIGTERM" in out and "Traceback" not in out, out[-3000:]
-    assert "resume: run the same command again" in out
-    running = [r for r in _cell_runs(tmp_path) if r.info.status == "RUNNING" and "kind" not in r.data.tags]
-    assert running
-    t0 = time.time()  # Ray ends a driver's tasks with it: each cell it left RUNNING is an orphan to resume
-    while any(lifecycle.orphan_reason(r) is None for r in running):
-        assert time.time() - t0 < 60, [r.data.tags["gspo_bench.pid"] for r in running]
+    name = signal.Signals(signum).name
+    assert proc.returncode == 128 + signum and out.count(f"stopped by {name}") == 1, out[-3000:]
+    assert "Traceback" not in out and "resume: run the same command again" in out, out[-3000:]
+    runs = [r for r in _cell_runs(tmp_path) if "kind" not in r.data.tags]
+    assert runs and not [r for r in runs if r.info.status == "RUNNING"], out[-3000:]
+    killed = [r for r in runs if r.info.status == "KILLED"]
+    assert killed and all(f"run {r.info.run_id} marked KILLED" in out for r in killed), out[-3000:]
+    # a cell that finished its RL step is named as the serial backend names it; one whose worker the second signal
+    # killed mid-step, by the driver
+    at_step_end = rf"{name} at RL step \d+; (resume from RL step \d+ with --resume|no checkpoint yet)"
+    at_once = f"{name} stopped the suite's driver at once: its Ray worker was killed mid-step"
+    reasons = [r.data.tags["killed_reason"] for r in killed]
+    assert all(re.fullmatch(at_step_end, x) or (times == 2 and x == at_once) for x in reasons), reasons
+    assert times == 1 or at_once in reasons, reasons
+    claims = _claims(tmp_path)
+    assert claims and not [c for c in claims if c.info.status == "RUNNING"]  # each released, none left RUNNING
+
+
+@pytest.mark.slow
+def test_a_node_that_dies_with_no_node_left_for_its_cells_ends_each_killed_in_one_line(cluster, tmp_path):
+    # a second node of the cluster, the only one that holds a cell of 3 CPUs (the head has 2)
+    log_path = tmp_path / "node.log"
+    with open(log_path, "w") as log:
+        node = subprocess.Popen([str(Path(sys.executable).with_name("ray")), "start", "--address", cluster.address,
+                                 "--block", "--num-cpus", "3", "--num-gpus", "0", "--disable-usage-stats",
+                                 "--object-store-memory", str(100 * 2**20), "--dashboard-agent-listen-port",
+                                 str(_free_port()), "--metrics-export-port", str(_free_port())],
+                                env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = None
+    try:
+        t0 = time.time()
+        while "Ray runtime started" not in log_path.read_text():
+            assert node.poll() is None and time.time() - t0 < 120, log_path.read_text()[-3000:]
+            time.sleep(0.2)
+        proc = _suite(tmp_path, "--backend", "ray", "--ray-address", cluster.address, "--cpus-per-cell", "3",
+                      "--set", "train.steps=8", "--set", "train.checkpoint_every=2")
+        victim = _wait_for_checkpoint(proc, tmp_path)
+        for pid in (node.pid, *_family(node.pid)):  # the node dies: its raylet, its workers, all of it
+            os.kill(pid, signal.SIGKILL)
+        out = proc.communicate(timeout=300)[0]
+    finally:
+        for pid in (node.pid, *_family(node.pid)):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        node.wait()
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1 and "Traceback" not in out, out[-3000:]
+    label = f"smoke / {victim.data.tags['algo']} / seed {victim.data.tags['seed']}"
+    [line] = [ln for ln in out.splitlines() if ln.startswith(f"[error] {label}:")]
+    assert "its Ray node" in line and f"run {victim.info.run_id} marked KILLED" in line, out[-3000:]
+    # each cell says so in its one line, rather than waiting for a node that will not come
+    assert out.count("; no node left in the cluster can run it") == 4, out[-3000:]
+    runs = [r for r in _cell_runs(tmp_path) if "kind" not in r.data.tags]
+    assert [(r.info.run_id, r.info.status) for r in runs] == [(victim.info.run_id, "KILLED")], out[-3000:]
+    assert "its Ray node" in runs[0].data.tags["killed_reason"]
+    assert not [c for c in _claims(tmp_path) if c.info.status == "RUNNING"]
+
+
+# -- a cluster the driver starts for itself (--ray-address local) -----------------------------------------------------
+def _family(pid: int) -> dict[int, tuple[str, str]]:
+    """The process ``pid`` started, and theirs: {pid: (name, start time)} (Linux ``/proc``)."""
+    table = {}
+    for p in Path("/proc").iterdir():
+        try:
+            text = (p / "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        if p.name.isdigit():
+            head, rest = text.rsplit(")", 1)
+            fields = rest.split()
+            table[int(p.name)] = (int(fields[1]), head.split("(", 1)[1], fields[19])
+    family, grew = {pid}, True
+    while grew:
+        grew = False
+        for child, (parent, _, _) in table.items():
+            if parent in family and child not in family:
+                family.add(child)
+                grew = True
+    return {p: table[p][1:] for p in family - {pid}}
+
+
+def _still_there(family: dict[int, tuple[str, str]]) -> dict[int, str]:
+    """The processes of ``family`` still running (the same pid and start time): {pid: name}."""
+    left = {}
+    for pid, (name, start) in family.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[19] == start and fields[0] != "Z":
+            left[pid] = name
+    return left
+
+
+def _gone_within(family: dict[int, tuple[str, str]], seconds: float) -> dict[int, str]:
+    t0 = time.time()
+    while (left := _still_there(family)) and time.time() - t0 < seconds:
         time.sleep(0.5)
+    return left
+
+
+def _local_suite(root: Path) -> subprocess.Popen:
+    """A driver of a cluster it starts (its environment is the cluster's)."""
+    return _suite(root, "--backend", "ray", "--ray-address", "local", "--cpus-per-cell", "1", "--set",
+                  "train.steps=8", "--set", "train.checkpoint_every=2", **QUICK_DEATH)
+
+
+@pytest.mark.slow
+def test_a_local_cluster_s_processes_end_with_its_driver_killed_with_sigkill(ray_ready, tmp_path):
+    proc = _local_suite(tmp_path)
+    _wait_for_checkpoint(proc, tmp_path)  # the cluster and the workers of its cells at work
+    family = _family(proc.pid)
+    assert "raylet" in {name for name, _ in family.values()}, family
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert _gone_within(family, 30) == {}  # nothing of the cluster outlives its driver
+
+
+@pytest.mark.slow
+def test_a_dead_raylet_is_named_in_one_line_and_its_cells_end_killed(ray_ready, tmp_path):
+    proc = _local_suite(tmp_path)
+    victim = _wait_for_checkpoint(proc, tmp_path)
+    family = _family(proc.pid)
+    [raylet] = [pid for pid, (name, _) in family.items() if name == "raylet"]
+    for pid in (raylet, *_family(raylet)):  # the cluster's one node dies: its raylet, and its workers with it
+        os.kill(pid, signal.SIGKILL)
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 1 and "Traceback" not in out, out[-3000:]
+    assert "died 4 times" not in out, out[-3000:]
+    label = f"smoke / {victim.data.tags['algo']} / seed {victim.data.tags['seed']}"
+    [line] = [ln for ln in out.splitlines() if ln.startswith(f"[error] {label}:")]
+    assert "its Ray node" in line and f"run {victim.info.run_id} marked KILLED" in line, out[-3000:]
+    runs = [r for r in _cell_runs(tmp_path) if "kind" not in r.data.tags]
+    assert not [r for r in runs if r.info.status == "RUNNING"], out[-3000:]
+    [run] = [r for r in runs if r.info.run_id == victim.info.run_id]
+    assert run.info.status == "KILLED" and "Ray node" in run.data.tags["killed_reason"]
+    assert not [c for c in _claims(tmp_path) if c.info.status == "RUNNING"]
+    assert _gone_within(family, 30) == {}  # the driver's cluster stopped with it
 
 
 # -- bad input --------------------------------------------------------------------------------------------------------

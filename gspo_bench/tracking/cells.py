@@ -6,7 +6,11 @@ MLflow run of its own in that experiment, tagged ``kind=claim``, ``cell=<preset>
 owner (``lifecycle.owner_tags``: host, pid, process start time, heartbeat). Tables never count such a run
 (``kind`` is a hidden kind). The claim holds while its run is RUNNING and not orphaned (its process gone on this
 host, or no heartbeat for ``lifecycle.ORPHAN_AFTER_S`` from another: ``lifecycle.orphan_reason``); the driver
-refreshes its heartbeat while the cell runs and deletes it when the cell ends, however it ends.
+refreshes its heartbeat while the cell runs and releases it when the cell ends, however it ends.
+
+A claim run never stays RUNNING: releasing one ends it (FINISHED when its cell ended or its driver yielded,
+KILLED with a ``killed_reason`` when its holder was stopped or is dead), then deletes it, so no table or listing of
+the store meets it again.
 
 Why a run and not a lock: a run is the one thing every MLflow store (a SQLite file, PostgreSQL, an ``mlflow
 server`` over HTTP) can create, list and delete, and a store behind a server offers no lock. Mutual exclusion
@@ -14,7 +18,7 @@ comes from the order of writes and reads, as in the classic "announce, then look
 
 1. write my claim;
 2. list the cell's live claims; if mine is the only one, the cell is mine;
-3. otherwise delete mine, wait a random while and try again (``attempts`` times), or give up.
+3. otherwise release mine, wait a random while and try again (``attempts`` times), or give up.
 
 Two drivers can never both win: a winner's listing did not see the other claim, so that claim was written
 after the listing, hence after the winner's own claim, and its owner's listing sees the winner's claim (which a
@@ -26,10 +30,12 @@ Before it claims, and again once it holds the claim, the driver asks whether the
 a FINISHED run of it (done, by this driver's plan or another's), or a RUNNING run of it whose process is alive
 (a ``run`` started by hand, or a driver older than claims). Either way it leaves the cell alone.
 
-A claim taken by a scheduler's worker (``suite --backend ray``) also names the worker's node (tag ``NODE_TAG``).
-When the scheduler reports that node dead, the worker's process cannot be asked (it was on another host) and
-its heartbeat would hold the cell for ``lifecycle.ORPHAN_AFTER_S``: ``release_dead_claims`` deletes such a claim
-and marks the cell's run of the same process KILLED, so the retried task continues it from its checkpoint.
+A claim taken by a scheduler's worker (``suite --backend ray``) also names the worker's node (tag ``NODE_TAG``)
+and the driver that scheduled it (tag ``DRIVER_TAG``). When the scheduler reports that node dead, or the driver
+knows its task ended without releasing the claim (its worker killed, its node gone), the worker's process cannot
+be asked (it may be on another host) and its heartbeat would hold the cell for ``lifecycle.ORPHAN_AFTER_S``:
+``release_claims`` (``release_dead_claims`` for a dead node) ends such a claim KILLED and marks the cell's run of
+the same process KILLED, so a retried task, or the next command, continues it from its checkpoint.
 """
 
 from __future__ import annotations
@@ -44,11 +50,24 @@ from gspo_bench.tracking.ui import CLAIM_KIND, benchmark_run
 
 CELL_TAG = "cell"
 NODE_TAG = "gspo_bench.node"  # the scheduler's id of the node a claim's process runs on, where one scheduled it
+DRIVER_TAG = "gspo_bench.driver"  # the id of the driver that scheduled the claim's process, where one did
 HEARTBEAT_S = 60.0  # a claim's heartbeat while its cell runs (a claim is dead after lifecycle.ORPHAN_AFTER_S)
 
 
 def cell_key(preset: str, algo: str, seed: int) -> str:
     return f"{preset}/{algo}/{seed}"
+
+
+def end_claim(client, run_id: str, status: str, reason: str | None = None) -> None:
+    """End a claim run with ``status`` (``reason`` as its ``killed_reason``), then delete it; a claim another driver
+    ended meanwhile is left as it is."""
+    try:
+        if reason:
+            client.set_tag(run_id, "killed_reason", reason)
+        client.set_terminated(run_id, status)
+        client.delete_run(run_id)
+    except Exception:  # ended and deleted meanwhile by another driver (a deleted run takes no more writes)
+        pass
 
 
 @dataclass
@@ -72,21 +91,21 @@ class Claim:
         self._beat = threading.Thread(target=beat, daemon=True, name=f"gspo_bench-claim-{self.cell}")
         self._beat.start()
 
-    def release(self) -> None:
-        """Stop the heartbeat and delete the claim run (a store gone meanwhile: the claim dies with this
-        process, as a claim of a killed driver does)."""
+    def release(self, status: str = "FINISHED", reason: str | None = None) -> None:
+        """Stop the heartbeat, end the claim run with ``status`` and delete it (a store gone meanwhile: the claim
+        dies with this process, as a claim of a killed driver does)."""
         self._stop.set()
-        try:
-            self.client.delete_run(self.run_id)
-        except Exception:
-            pass
+        end_claim(self.client, self.run_id, status, reason)
 
     def __enter__(self) -> "Claim":
         self.keep_alive()
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.release()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.release()
+        else:  # an exception out of the cell (a signal's stop): the claim ends KILLED, as its cell's run does
+            self.release("KILLED", f"its holder stopped: {exc_type.__name__}")
 
 
 def _live(run) -> bool:
@@ -112,17 +131,14 @@ def taken(client, experiment_id: str, preset: str, algo: str, seed: int) -> str 
 
 
 def live_claims(client, experiment_id: str, cell: str) -> list:
-    """The cell's live claims; a dead one (its driver killed) is deleted on the way, as nobody else will."""
+    """The cell's live claims; a dead one (its driver killed) is ended KILLED on the way, as nobody else will."""
     query = f"tags.kind = '{CLAIM_KIND}' and tags.{CELL_TAG} = '{cell}'"
     live = []
     for r in client.search_runs([experiment_id], query, max_results=1000):
         if _live(r):
             live.append(r)
         else:
-            try:
-                client.delete_run(r.info.run_id)
-            except Exception:  # deleted meanwhile by another driver
-                pass
+            end_claim(client, r.info.run_id, "KILLED", orphan_reason(r))
     return live
 
 
@@ -141,14 +157,17 @@ def claim_cell(client, experiment_id: str, preset: str, algo: str, seed: int, at
                                 tags={"kind": CLAIM_KIND, CELL_TAG: cell, "algo": algo, "seed": str(seed),
                                       "preset": preset, **owner_tags(), **(tags or {})})
         mine = run.info.run_id
-        others = [r for r in live_claims(client, experiment_id, cell) if r.info.run_id != mine]
-        if not others:
-            why = taken(client, experiment_id, preset, algo, seed)  # finished or started between the looks
-            if why:
-                client.delete_run(mine)
-                return None, why
+        try:
+            others = [r for r in live_claims(client, experiment_id, cell) if r.info.run_id != mine]
+            why = None if others else taken(client, experiment_id, preset, algo, seed)  # done between the looks
+        except BaseException as e:  # a signal (or a store gone) mid-claim: the claim written ends with it
+            end_claim(client, mine, "KILLED", f"its holder stopped while claiming: {type(e).__name__}")
+            raise
+        if not others and not why:
             return Claim(client, mine, cell), None
-        client.delete_run(mine)
+        end_claim(client, mine, "FINISHED")  # yielded
+        if why:
+            return None, why
         if attempt + 1 < attempts:
             time.sleep(random.uniform(*wait_s))
     t = others[0].data.tags
@@ -156,27 +175,34 @@ def claim_cell(client, experiment_id: str, preset: str, algo: str, seed: int, at
                   f"claim run {others[0].info.run_id})")
 
 
-def release_dead_claims(client, experiment_id: str, preset: str, algo: str, seed: int, dead_nodes: set[str],
-                        reason: str) -> list[str]:
-    """Delete the cell's claims held on a node of ``dead_nodes`` (tag ``NODE_TAG``), and mark the cell's RUNNING
-    runs of their processes (same host and pid) KILLED with ``reason`` as ``killed_reason``; returns the ids of
-    the runs marked."""
-    cell = cell_key(preset, algo, seed)
-    query = f"tags.kind = '{CLAIM_KIND}' and tags.{CELL_TAG} = '{cell}'"
-    owners = set()
+def release_claims(client, experiment_id: str, tag: str, values: set[str], reason: str,
+                   cell: str | None = None) -> list[tuple[str, str]]:
+    """End KILLED (``reason`` as ``killed_reason``) and delete the claims whose tag ``tag`` is one of ``values``, of
+    ``cell`` (``cell_key``) or of every cell, and mark the RUNNING runs of their cells by the same processes (same
+    host and pid) KILLED with that reason; returns ``(cell, run id)`` of each run marked. For claims whose holders
+    are known dead: a node the scheduler reports dead, a driver's task that ended without releasing its claim."""
+    query = f"tags.kind = '{CLAIM_KIND}'" + (f" and tags.{CELL_TAG} = '{cell}'" if cell else "")
+    owners: dict[tuple[str, str, str], set] = {}  # (preset, algo, seed) -> {(host, pid)}
     for r in client.search_runs([experiment_id], query, max_results=1000):
         t = r.data.tags
-        if t.get(NODE_TAG) in dead_nodes:
-            owners.add((t.get("gspo_bench.host"), t.get("gspo_bench.pid")))
-            try:
-                client.delete_run(r.info.run_id)
-            except Exception:  # deleted meanwhile by another driver
-                pass
+        if t.get(tag) in values:
+            owners.setdefault((t.get("preset"), t.get("algo"), t.get("seed")), set()).add(
+                (t.get("gspo_bench.host"), t.get("gspo_bench.pid")))
+            end_claim(client, r.info.run_id, "KILLED", reason)
     marked = []
-    for r in cell_runs(client, experiment_id, preset, algo, seed):
-        t = r.data.tags
-        if r.info.status == "RUNNING" and (t.get("gspo_bench.host"), t.get("gspo_bench.pid")) in owners:
-            client.set_tag(r.info.run_id, "killed_reason", reason)
-            client.set_terminated(r.info.run_id, "KILLED")
-            marked.append(r.info.run_id)
+    for (preset, algo, seed), held in owners.items():
+        for r in cell_runs(client, experiment_id, preset, algo, seed):
+            t = r.data.tags
+            if r.info.status == "RUNNING" and (t.get("gspo_bench.host"), t.get("gspo_bench.pid")) in held:
+                client.set_tag(r.info.run_id, "killed_reason", reason)
+                client.set_terminated(r.info.run_id, "KILLED")
+                marked.append((cell_key(preset, algo, seed), r.info.run_id))
     return marked
+
+
+def release_dead_claims(client, experiment_id: str, preset: str, algo: str, seed: int, dead_nodes: set[str],
+                        reason: str) -> list[str]:
+    """``release_claims`` of the cell's claims held on a node of ``dead_nodes`` (tag ``NODE_TAG``); returns the ids
+    of the runs marked KILLED."""
+    return [run_id for _, run_id in release_claims(client, experiment_id, NODE_TAG, dead_nodes, reason,
+                                                   cell_key(preset, algo, seed))]
