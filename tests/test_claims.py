@@ -437,6 +437,33 @@ def test_a_part_that_is_a_paired_table_comparison_takes_the_tables_holm_verdict(
     assert part.p == pytest.approx(2 * student_t.cdf(part.stat.mean / (part.stat.sd / 2), 3))
 
 
+def test_a_table_comparison_whose_terms_pin_settings_is_that_splits_row_not_an_average_over_settings():
+    from gspo_bench.reporting.paired_table import paired_groups
+
+    # moe-stabilisers holds grpo and gspo under four (routing_replay, correction) settings; the part "moe bf16, no
+    # replay: gspo - grpo" names none/none, so it is the none/none split's row of `report --by
+    # routing_replay,correction` (its p, Holm p over that split's 2 algorithms, MDE), whatever the other settings do
+    lead = {"none": (0.010, 0.030, 0.020), "r3": (-0.05, 0.08, -0.01), "r2": (0.04, -0.06, 0.0),
+            "tis": (0.09, -0.02, 0.05)}
+    runs = {"moe-stabilisers": [], "suite-stale": [], "arith-default": []}
+    for setting, tags in {"none": ("none", "none"), "r3": ("r3", "none"), "r2": ("r2", "none"),
+                          "tis": ("none", "tis")}.items():
+        tag = {**DFLT, "routing_replay": tags[0], "correction": tags[1]}
+        for s in range(3):
+            runs["moe-stabilisers"].append(_rd("grpo", s, 0.60 + s / 50, **tag))
+            runs["moe-stabilisers"].append(_rd("gspo", s, 0.60 + s / 50 + lead[setting][s], **tag))
+            runs["moe-stabilisers"].append(_rd("cispo", s, 0.61 + s / 50 + (s % 2) / 100, **tag))
+    part = next(r for r in cl.evaluate((_claim("mismatch"),), runs)[0].parts if r.part.label.startswith("moe"))
+    assert part.stat.ci == pytest.approx(_t_ci([1.0, 3.0, 2.0]))
+    [group] = [g for g in paired_groups(runs["moe-stabilisers"], by=("correction", "routing_replay"))
+               if g.key[4:] == ("none", "none")]
+    row = next(r for r in group.rows if r["algo"] == "gspo" and r["metric"] == "final_pass1")
+    assert part.p == pytest.approx(row["p"]) and part.p_family == pytest.approx(row["p_holm"])
+    assert part.mde == pytest.approx(100 * row["mde"]) and part.mde_alpha == pytest.approx(0.05 / 2)
+    assert part.family == ("moe-stabilisers, correction=none, routing_replay=none: 2 algorithms against grpo, "
+                           "final pass@1")
+
+
 def test_other_parts_form_the_pages_family_and_holm_decides_a_refutation():
     # dppo: two differences of differences (stale vs default, the page's own region tests, claimed above 0) and
     # two offpolicy comparisons (paired-table comparisons with grpo: their table's family)

@@ -46,6 +46,7 @@ from gspo_bench.reporting.seeds import RUNS, SEED, per_seed, run_table
 REPRODUCED, REFUTED, UNDECIDED, NOT_RUN = "reproduced", "refuted", "not decided", "not run"
 READING = "a reading"  # a part shown beside the verdict with no region claimed (the whole line): nothing to test
 ALPHA, POWER = 0.05, 0.8  # every family's level, and the power its MDE is quoted at
+GROUP_TAGS = ("algo", "task", "model", "preset", "tuning")  # a run's algorithm and group (its config: tuning)
 METRICS = ("eval/pass1",)  # always loaded; ``needed_metrics`` adds what the claims measure and draw
 
 
@@ -194,16 +195,19 @@ def shared_comparison(part: Part, baseline: str = DEFAULT_BASELINE) -> tuple[str
     return a.experiment, algo
 
 
-def _table_rows(experiment: str, runs: dict[str, list[RunData]], cache: dict) -> dict:
-    """(group, algorithm) -> the paired table's final pass@1 row and its family's size, for ``experiment``'s
-    runs against the baseline (computed once per experiment)."""
+def _table_rows(experiment: str, by: tuple[str, ...], runs: dict[str, list[RunData]], cache: dict) -> dict:
+    """(group key, algorithm) -> the paired table's final pass@1 row and its family's size, for ``experiment``'s
+    runs against the baseline, split by the run tags ``by`` as ``report --by`` splits them (computed once per
+    experiment and split). The key is the group's (task, model, preset, config) and the ``by`` values: a part
+    whose terms pin a setting (routing_replay=none) is that split's comparison, never an average over settings."""
     from gspo_bench.reporting.paired_table import paired_groups
 
-    if experiment not in cache:
-        cache[experiment] = {(g.key[:4], r["algo"]): (r, g.mde_algos_tested)
-                             for g in paired_groups(runs.get(experiment, []), DEFAULT_BASELINE, ALPHA, POWER)
-                             for r in g.rows if r["metric"] == "final_pass1"}
-    return cache[experiment]
+    if (experiment, by) not in cache:
+        cache[experiment, by] = {(g.key, r["algo"]): (r, g.mde_algos_tested)
+                                 for g in paired_groups(runs.get(experiment, []), DEFAULT_BASELINE, ALPHA, POWER,
+                                                        by=by)
+                                 for r in g.rows if r["metric"] == "final_pass1"}
+    return cache[experiment, by]
 
 
 def _side(mean: float, region: tuple[float, float]) -> str:
@@ -226,10 +230,15 @@ def apply_families(results: list[PartResult], runs: dict[str, list[RunData]]) ->
         shared = shared_comparison(r.part)
         if shared is not None:
             experiment, algo = shared
+            # the settings the terms pin besides the algorithm: the table's split of this comparison
+            split = tuple(sorted((k, v) for k, v in r.part.terms[0].where if k not in GROUP_TAGS))
+            by = tuple(k for k, _ in split)
             group = next(iter(select(runs[experiment], r.part.terms[0].where).values())).group
-            row, k = _table_rows(experiment, runs, tables).get((group, algo), (None, 0))
+            row, k = _table_rows(experiment, by, runs, tables).get(((*group, *(v for _, v in split)), algo),
+                                                                   (None, 0))
             if row is not None and row["n"] == r.stat.n:
-                r.family = f"{experiment}: {k} algorithms against {DEFAULT_BASELINE}, final pass@1"
+                within = "".join(f", {k_}={v}" for k_, v in split)
+                r.family = f"{experiment}{within}: {k} algorithms against {DEFAULT_BASELINE}, final pass@1"
                 r.p, r.p_family, r.mde_alpha = row["p"], row["p_holm"], row["mde_alpha"]
                 r.mde = None if row["mde"] is None else 100 * row["mde"]
                 decided = r.p_family is not None and r.p_family < ALPHA
