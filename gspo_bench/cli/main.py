@@ -16,6 +16,7 @@ from rich.table import Table
 from gspo_bench.cli.info import add_claims_parser
 from gspo_bench.cli.measure import add_bench_parser
 from gspo_bench.config import DEFAULT_TRACKING_URI, ConfigError, load_config, parse_sets, presets
+from gspo_bench.config.sections import repeated
 from gspo_bench.train.interrupts import Interrupted, handle_signals
 from gspo_bench.tracking.provenance import git_commit
 from gspo_bench.tracking.redact import RedactingConsole, redact
@@ -45,8 +46,6 @@ def _csv(s: str) -> list[str]:
 
 def _csv_once(s: str) -> list[str]:
     """A comma list of a flag, each item once: a repeat (``--memory none,none``) is an error, not a second run."""
-    from gspo_bench.config.sections import repeated
-
     items = _csv(s)
     if len(set(items)) < len(items):
         raise argparse.ArgumentTypeError(f"names {repeated(items)} more than once")

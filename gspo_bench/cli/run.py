@@ -49,7 +49,7 @@ def results_table(results: list, title: str) -> Table:
         table.add_column(col)
     for r in results:
         f, l = r.first.get("reward/mean"), r.last.get("reward/mean")
-        table.add_row(r.algo, str(r.seed), r.status + (" (earlier)" if getattr(r, "earlier", False) else ""),
+        table.add_row(r.algo, str(r.seed), r.status + (" (earlier)" if r.earlier else ""),
                       f"{f:.3f}→{l:.3f}" if f is not None and l is not None else "-",
                       f"{r.eval_start:.3f}→{r.eval_end:.3f}" if r.eval_end is not None else "-",
                       f"{r.last.get('clip/frac', float('nan')):.4f}", str(r.collapse_events), f"{r.seconds:.0f}")

@@ -93,8 +93,7 @@ def _build(cls, data: dict, where: str):
     # a bool is true/false, never 1, which a check by value lets through and which would digest apart from true
     for name, value in data.items():
         if not _section_type(cls, name) and not _type_ok(value, known[name]):
-            got = "null" if value is None else f"{type(value).__name__} {value!r}"
-            raise ConfigError(f"{f'{where}.{name}'.strip('.')} takes {_type_name(known[name])}, got {got}")
+            raise ConfigError(_wrong_type(f"{where}.{name}".strip("."), value, known[name]))
     return built
 
 
@@ -202,6 +201,12 @@ def _type_name(tp) -> str:
     return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
 
 
+def _wrong_type(key: str, value, tp) -> str:
+    """``KEY takes <type>, got <type> <value>``: the one line a value of the wrong type gets, from a file or --set."""
+    got = "null" if value is None else f"{type(value).__name__} {value!r}"
+    return f"{key} takes {_type_name(tp)}, got {got}"
+
+
 def parse_sets(items: list[str] | tuple[str, ...]) -> dict:
     """``--set KEY=VALUE`` items as the nested overrides ``load_config`` takes.
 
@@ -247,9 +252,8 @@ def parse_sets(items: list[str] | tuple[str, ...]) -> dict:
             first = str(e).strip().splitlines()[0]
             raise ConfigError(f"--set {key_s}={raw_s}: not a YAML value ({first})") from None
         if not _type_ok(value, tp):
-            got = "null" if value is None else f"{type(value).__name__} {value!r}"
             hint = "; quote it to pass a string" if value is not None and _type_ok("", tp) else ""
-            raise ConfigError(f"--set {key_s}={raw_s}: {key_s} takes {_type_name(tp)}, got {got}{hint}")
+            raise ConfigError(f"--set {key_s}={raw_s}: {_wrong_type(key_s, value, tp)}{hint}")
         where[name or head] = value
     return out
 

@@ -184,8 +184,7 @@ def check_relations(values: dict, prefix: str = "") -> None:
         raise ValueError(f"{prefix}entropy_coef_min={lo:g} must be <= {prefix}entropy_coef_max={hi:g}")
     if number("entropy_target") is not None and None not in (lo, hi, c) and not lo <= c <= hi:
         raise ValueError(f"{prefix}entropy_coef={c:g} must be within [{prefix}entropy_coef_min, "
-                         f"{prefix}entropy_coef_max]"
-                         f" = [{lo:g}, {hi:g}]: with {prefix}entropy_target set it is the adaptive coefficient's "
+                         f"{prefix}entropy_coef_max] = [{lo:g}, {hi:g}]: with {prefix}entropy_target set it is the adaptive coefficient's "
                          "start, and the control keeps it within those bounds")
 
 

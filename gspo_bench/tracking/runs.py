@@ -30,8 +30,7 @@ from gspo_bench.config import RunConfig, flatten
 from gspo_bench.core.collectives import launch_rank_zero
 from gspo_bench.tracking import stores
 from gspo_bench.tracking.lifecycle import (ResumedLogger, RunLogger, config_digest, find_finished, find_resumable,
-                                           mark_orphans,
-                                           owner_tags)
+                                           mark_orphans, owner_tags)
 from gspo_bench.tracking.provenance import git_commit, machine
 from gspo_bench.tracking.redact import redact, redact_nested
 from gspo_bench.tracking.ui import NOTE_TAG, mark_experiment, run_description
@@ -102,7 +101,7 @@ def finished_run(uri: str, experiment: str, algo: str, seed: int, digest: str) -
     run_id, metrics = run.info.run_id, run.data.metrics
 
     def history(key: str) -> list:
-        return sorted(((m.step, m.value) for m in client.get_metric_history(run_id, key)), key=lambda sv: sv[0])
+        return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
 
     rewards = history("reward/mean") if "reward/mean" in metrics else []
     evals: dict[int, dict] = {}
