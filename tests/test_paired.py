@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import numpy as np
 import pytest
+from scipy.stats import ttest_1samp
 
 from gspo_bench.cli.main import main
 from gspo_bench.config import ConfigError
@@ -382,3 +384,99 @@ def test_an_mde_past_the_pass1_scale_reads_as_more_than_100_points():
     assert stat_cells(row("points", 100.0, 1.561))[-1] == "> 100"
     assert stat_cells(row("points", 100.0, 0.4))[-1] == "40.0"
     assert stat_cells(row("steps", 1.0, 156.1))[-1] == "156.1"  # steps have no ceiling
+
+
+# -- the claims' region test: inside or outside, whichever the interval shows first ---------------------------------
+REGION_CASES = [([1.0, 2.0, 1.5, 3.0], (0.0, math.inf)), ([-1.0, -2.5, -0.5], (0.0, math.inf)),
+                ([8.0, 9.0, 7.0, 8.5], (3.0, math.inf)), ([0.5, -0.5, 1.0, -1.0, 0.0, 0.5, -0.5, 0.0], (3.0, math.inf)),
+                ([2.0, 4.0, 3.5], (3.0, math.inf)), ([-4.0, -5.5, -3.9, -4.2], (-math.inf, -3.0)),
+                ([0.5, -0.2, 0.1, 0.3], (-3.0, 3.0)), ([4.0, 5.0, 3.5], (-3.0, 3.0)), ([1.0, 4.0, 2.0], (-3.0, 3.0)),
+                ([-2.0, 1.0, 0.5], (-3.0, math.inf))]
+
+
+@pytest.mark.parametrize("ds, region", REGION_CASES)
+def test_inside_p_by_hand(ds, region):
+    from scipy.stats import t as student
+
+    from gspo_bench.reporting.paired import inside_p
+
+    st = paired_summary(ds)
+    n, mean = len(ds), sum(ds) / len(ds)
+    se = statistics.stdev(ds) / math.sqrt(n)
+    lo, hi = region
+    # by hand: each finite edge a one-sided t test (above lo: H0 mean <= lo; below hi: H0 mean >= hi), the
+    # larger p doubled (every edge must reject)
+    ps = ([student.sf((mean - lo) / se, n - 1)] if math.isfinite(lo) else []) + \
+         ([student.cdf((mean - hi) / se, n - 1)] if math.isfinite(hi) else [])
+    assert inside_p(st, region) == pytest.approx(min(1.0, 2 * max(ps)))
+    # the same one-sided tests as scipy's one-sample t test states them
+    if math.isfinite(lo):
+        assert student.sf((mean - lo) / se, n - 1) == pytest.approx(ttest_1samp(ds, lo, alternative="greater").pvalue)
+    if math.isfinite(hi):
+        assert student.cdf((mean - hi) / se, n - 1) == pytest.approx(ttest_1samp(ds, hi, alternative="less").pvalue)
+
+
+@pytest.mark.parametrize("ds, region", REGION_CASES)
+@pytest.mark.parametrize("alpha", [0.05, 0.01, 0.2])
+def test_region_test_decides_exactly_when_the_interval_lies_inside_or_outside(ds, region, alpha):
+    from gspo_bench.reporting.paired import inside_p, outside_p, region_test
+
+    st = paired_summary(ds, alpha=alpha)
+    p, inside = region_test(st, region)
+    p_in, p_out = inside_p(st, region), outside_p(st, region)
+    assert p == pytest.approx(min(p_in, p_out)) and inside == (p_in <= p_out)
+    lo, hi = region
+    ci_lo, ci_hi = st.ci  # the two-sided (1 - alpha) t interval
+    wholly_inside = lo < ci_lo and ci_hi < hi
+    wholly_outside = ci_hi <= lo or ci_lo >= hi
+    assert (p < alpha) == (wholly_inside or wholly_outside)
+    if p < alpha:
+        assert inside == wholly_inside
+
+
+def test_region_test_against_zero_is_the_two_sided_paired_t_test():
+    from gspo_bench.reporting.paired import region_test
+
+    for ds in ([1.0, 2.0, 1.5, 3.0], [-1.0, -2.5, -0.5], [0.3, -0.2, 0.1, -0.4, 0.05], [-1.0, 2.0]):
+        st = paired_summary(ds)
+        p, inside = region_test(st, (0.0, math.inf))
+        assert p == pytest.approx(ttest_1samp(ds, 0.0).pvalue) == pytest.approx(st.p)
+        assert inside == (sum(ds) / len(ds) > 0)
+        # and against any one edge e: the one-sample t test against e
+        assert region_test(st, (1.0, math.inf))[0] == pytest.approx(ttest_1samp(ds, 1.0).pvalue)
+        assert region_test(st, (-math.inf, 1.0))[0] == pytest.approx(ttest_1samp(ds, 1.0).pvalue)
+        assert region_test(st, (-math.inf, 1.0))[1] == (sum(ds) / len(ds) < 1.0)
+
+
+def test_region_test_of_an_equivalence_region_is_tost_by_hand():
+    from scipy.stats import t as student
+
+    from gspo_bench.reporting.paired import region_test
+
+    # within (-3, +3): mean 0.175, sd 0.30, 4 pairs -> both one-sided tests reject at 0.025: equivalent
+    ds = [0.5, -0.2, 0.1, 0.3]
+    st = paired_summary(ds)
+    n, mean, se = 4, 0.175, statistics.stdev(ds) / 2
+    p_lo, p_hi = student.sf((mean + 3) / se, 3), student.cdf((mean - 3) / se, 3)
+    p, inside = region_test(st, (-3.0, 3.0))
+    assert inside and p == pytest.approx(2 * max(p_lo, p_hi)) and p < 0.05
+    # beyond +3: 4, 5, 3.5 -> decided outside, the test of lying above +3
+    ds = [4.0, 5.0, 3.5]
+    st = paired_summary(ds)
+    p, inside = region_test(st, (-3.0, 3.0))
+    assert not inside and p == pytest.approx(2 * student.sf((st.mean - 3) / (st.sd / math.sqrt(3)), 2))
+    assert p == pytest.approx(ttest_1samp(ds, 3.0, alternative="greater").pvalue * 2)
+    # straddling +3 (1, 4, 2): neither side at 0.05
+    p, _ = region_test(paired_summary([1.0, 4.0, 2.0]), (-3.0, 3.0))
+    assert p > 0.05
+
+
+def test_region_test_has_nothing_to_test_for_a_tie_one_pair_or_the_whole_line():
+    from gspo_bench.reporting.paired import inside_p, region_test
+
+    for region in ((3.0, math.inf), (-3.0, 3.0), (-math.inf, 3.0)):
+        assert region_test(paired_summary([5.0, 5.0, 5.0]), region) is None  # a tie: no spread
+        assert region_test(paired_summary([5.0]), region) is None  # one pair: no interval
+        assert region_test(paired_summary([]), region) is None
+        assert inside_p(paired_summary([5.0, 5.0]), region) is None and inside_p(paired_summary([1.0]), region) is None
+    assert region_test(paired_summary([1.0, 2.0, 4.0]), (-math.inf, math.inf)) is None  # nothing claimed

@@ -110,8 +110,9 @@ def leaderboard_command(args, console) -> int:
     """``leaderboard``: the table, then the paired differences vs --baseline (an algorithm, or a split); with
     ``--fit``, the compute-scaling fits instead (``scaling_table.py``)."""
     from gspo_bench.config import ConfigError
-    from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE
+    from gspo_bench.reporting.claim_specs import region_lookup
     from gspo_bench.reporting.grouping import check_by
+    from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE
     from gspo_bench.reporting.leaderboard import load_runs, no_runs_message, read_uri, rich_table, summarise
     from gspo_bench.reporting.paired_table import (check_baseline, paired_groups, paired_rich, render_paired,
                                                    render_with_paired)
@@ -159,7 +160,7 @@ def leaderboard_command(args, console) -> int:
         return 0
     if split_base := parse_split_baseline(args.baseline, by):  # --baseline TAG=VALUE: splits vs a split
         check_split_value(runs, *split_base)
-        sgroups = split_pair_groups(runs, *split_base, by)
+        sgroups = split_pair_groups(runs, *split_base, by, regions=region_lookup(args.experiment))
         fmt = args.format or ("table" if console.is_terminal else "md")
         if fmt == "table":
             board = [] if args.paired else [rich_table(rows, f"leaderboard: {args.experiment}")]
@@ -176,7 +177,7 @@ def leaderboard_command(args, console) -> int:
         raise ConfigError(f"--target-mde {target:g}: a difference to detect must be > 0 (points of pass@1, or steps)")
     # an explicit --baseline (or --paired or --target-mde, which ask for nothing else) must have a FINISHED run
     note = check_baseline(runs, baseline, strict=args.baseline is not None or args.paired or target is not None)
-    groups = paired_groups(runs, baseline, by=by)
+    groups = paired_groups(runs, baseline, by=by, regions=region_lookup(args.experiment))
     if target is not None:  # the seed planner instead of the tables
         from gspo_bench.reporting.planner import plan_rows, render_plan
 
@@ -300,10 +301,13 @@ def claims_command(args, console) -> int:
             "set_aside": set_aside([r for rs in runs.values() for r in rs]),
             "predates": predates_dev_split([r for rs in runs.values() for r in rs])}
     out.write_text(cl.markdown(results, meta, figures))
-    if frame is not None and (table is None or len(args.runs) > 1):  # the page's raw data: claims --runs reads it back
-        from gspo_bench.reporting.frame import RUNS_FILE, write_frame
+    from gspo_bench.reporting.frame import RUNS_FILE, write_frame
 
-        write_frame(frame, fig_dir / RUNS_FILE)
+    # the page's raw data beside it (claims --runs reads it back), unless it was read from there: the runs of
+    # the experiments the page read, from stores, several tables, or one table kept elsewhere
+    own = fig_dir / RUNS_FILE
+    if frame is not None and (table is None or len(args.runs) > 1 or Path(args.runs[0]).resolve() != own.resolve()):
+        write_frame(frame, own)
     for i, r in enumerate(results, 1):
         console.print(f"{i}. {r.claim.text} -> {r.verdict}{cl.seeds_and_mde(r)}", soft_wrap=True, markup=False)
     console.print(f"wrote {out} and {len(figures)} figures in {fig_dir}", soft_wrap=True, markup=False)

@@ -30,77 +30,83 @@ INF = math.inf
 ENTROPY_FLOOR = 0.1  # nats: the `entropy` preset's collapse.entropy_floor (tests/test_claims.py checks they agree)
 DEFAULT_MARGIN = 3.0  # points of greedy pass@1; RL lifts it by 16-36 points on the default task
 
-# the suite's cells the claims read, per scenario: the algorithms the claims compare there and no more (the full
-# suite, every scenario x algorithm, is ``suite --algos all``)
-SUITE_ALGOS = {"hot": "grpo,gspo,sapo", "stale": "grpo,gspo,vespo,dppo_tv,dppo_kl",
-               "offpolicy": "grpo,gspo,vespo,dppo_tv,dppo_kl", "long": "grpo,gspo,dr_grpo",
-               "entropy": "grpo,clip_cov,kl_cov"}
-SUITE_SEEDS = {"entropy": 8}  # seeds of a scenario's cells where not the suite's default 3
-EIGHT = "0,1,2,3,4,5,6,7"
-LONG_SEEDS = "0,1,2,3"  # the truncation experiment's seeds: a `long` run takes about 5 minutes here
+LOG_SESOI = 0.05  # log10 of a ratio: the smallest ratio of interest, 10^0.05 = 1.12x
+ENTROPY_SESOI = 0.02  # nats of token entropy: the smallest gap of interest between two runs' lowest entropy
+
+# the claims' own runs: every experiment named claims-* starts from the warm starts accepted on the dev split
+# (never on the eval split pass@1 is read on), seed by seed as ``CAMPAIGN`` lists them
+SEEDS = "0,1,2,3,4,5,6,7"  # the seeds of the claims' default-task experiments
+STRESS_SEEDS = "0,1,2,3,4,5"  # the seeds of their stressed scenarios and of the default's stale/off-policy algorithms
+OLD_SEEDS = "0,1,2"  # the experiments kept from before the dev split (tiny-moe and `long`)
 
 
-def suite_command(scenario: str, algos: str) -> str:
-    """The suite invocation that makes ``algos``' cells of ``scenario`` (3 seeds unless ``SUITE_SEEDS``)."""
-    return f"python -m gspo_bench suite --scenarios {scenario} --algos {algos} --seeds {SUITE_SEEDS.get(scenario, 3)}"
+def _run(args: str, seeds: str = SEEDS) -> str:
+    return f"python -m gspo_bench run {args} --seed {seeds}"
 
 
 # experiment -> (what it is, the commands that made its runs, in order)
 EXPERIMENTS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "arith-default": (
-        "the default preset: tiny-dense (Qwen3, 4 layers) on arith, warm start to 40-43 %, 64 prompts x 8 "
-        "samples, 40 RL steps, 4 minibatches, lr 2e-4; every algorithm from the same warm start per seed",
-        ("python -m gspo_bench run --algos all --seed 0,1,2,3,4,5,6,7 --experiment arith-default",)),
+    "claims-default": (
+        "the default preset: tiny-dense (Qwen3, 4 layers) on arith, warm start accepted on the dev split at "
+        "40-43 %, 64 prompts x 8 samples, 40 RL steps, 4 minibatches, lr 2e-4; every algorithm from the same "
+        "warm start per seed",
+        (_run("--algos grpo,gspo,gspo_token,cispo,dapo,sapo --experiment claims-default"),
+         _run("--algos vespo,dppo_tv,dppo_kl --experiment claims-default", STRESS_SEEDS))),
+    "claims-dapo-ablation": (
+        "DAPO on the default preset with one of its parts switched off, from the same warm starts as "
+        "claims-default: dynamic sampling off (`rollout.dynamic_sampling=false`, tuning tag no-dynamic-sampling) "
+        "or clip-higher off (eps_high 0.2 = eps_low, tuning tag no-clip-higher)",
+        (_run("--algos dapo --experiment claims-dapo-ablation --set rollout.dynamic_sampling=false "
+              "--set tuning=no-dynamic-sampling"),
+         _run("--algos dapo --experiment claims-dapo-ablation --eps-high 0.2 --set tuning=no-clip-higher"))),
+    "claims-entropy": (
+        "the `entropy` scenario (sampling temperature 0.3, lr 6e-4, 80 steps), where grpo's token entropy falls "
+        "steadily; clip_cov and kl_cov with a covariance ratio of 2 % of the tokens (tuning tag cov-ratio-2pct; "
+        "verl's 2e-4 selects about one token of a minibatch here), and grpo, from the same warm starts as "
+        "claims-default",
+        (_run("--preset entropy --algos grpo,clip_cov,kl_cov --experiment claims-entropy --set "
+              "loss.clip_cov_ratio=0.02 --set loss.kl_cov_ratio=0.02 --set tuning=cov-ratio-2pct"),)),
+    "claims-entropy-target": (
+        "the `entropy` scenario with grpo and TRL's adaptive entropy bonus: target 0.2 nats, the coefficient "
+        "stepping by 0.01 per optimiser step within [0, 1] (tuning tag entropy-target); same warm starts",
+        (_run("--preset entropy --algos grpo --experiment claims-entropy-target --set loss.entropy_target=0.2 "
+              "--set loss.entropy_coef_delta=0.01 --set tuning=entropy-target"),)),
+    "claims-stale": (
+        "the `stale` scenario: rollouts from the policy of 2 steps ago, ratios against the sampler's log-probs; "
+        "same warm starts",
+        (_run("--preset stale --algos grpo,gspo,vespo,dppo_tv,dppo_kl --experiment claims-stale", STRESS_SEEDS),)),
+    "claims-offpolicy": (
+        "the `offpolicy` scenario: the default with 16 minibatches (16 optimiser steps per rollout); same warm "
+        "starts",
+        (_run("--preset offpolicy --algos grpo,gspo,vespo,dppo_tv,dppo_kl --experiment claims-offpolicy",
+              STRESS_SEEDS),)),
+    "claims-hot": (
+        "the `hot` scenario: learning rate 1.5e-3, 7.5x the default; same warm starts",
+        (_run("--preset hot --algos grpo,gspo,sapo --experiment claims-hot", STRESS_SEEDS),)),
     "moe-stabilisers": (
         "tiny-moe (Qwen3-MoE, 8 experts, top-2) on arith, default preset, sampler in bfloat16 and training in "
-        "float32, under Routing Replay none / r3 / r2 and TIS (cap 2)",
-        ("python -m gspo_bench run --algos grpo,gspo,cispo --model tiny-moe --seed 0,1,2 --experiment "
-         "moe-stabilisers --set rollout.dtype=bfloat16 --set moe.routing_replay=R --set rollout.correction=C  "
-         "# (R, C) = (none, none), (r3, none), (r2, none), (none, tis)",)),
-    "dapo-ablation": (
-        "DAPO on the default preset with one of its parts switched off, from the same warm starts as "
-        "arith-default: dynamic sampling off (`rollout.dynamic_sampling=false`, tuning tag no-dynamic-sampling) "
-        "or clip-higher off (eps_high 0.2 = eps_low, tuning tag no-clip-higher)",
-        ("python -m gspo_bench run --algos dapo --seed 0,1,2,3,4,5,6,7 --experiment dapo-ablation "
-         "--set rollout.dynamic_sampling=false --set tuning=no-dynamic-sampling",
-         "python -m gspo_bench run --algos dapo --seed 0,1,2,3,4,5,6,7 --experiment dapo-ablation --eps-high 0.2 "
-         "--set tuning=no-clip-higher")),
-    "suite-offpolicy": (
-        "the `offpolicy` scenario: the default with 16 minibatches (16 optimiser steps per rollout)",
-        (suite_command("offpolicy", SUITE_ALGOS["offpolicy"]),)),
+        "float32, under Routing Replay none / r3 / r2 and TIS (cap 2); warm starts from before the dev split",
+        (_run("--algos grpo,gspo,cispo --model tiny-moe --experiment moe-stabilisers --set rollout.dtype=bfloat16 "
+              "--set moe.routing_replay=R --set rollout.correction=C", OLD_SEEDS)
+         + "  # (R, C) = (none, none), (r3, none), (r2, none), (none, tis)",)),
     "suite-long": (
-        "the `long` scenario: arith_scratchpad, responses of 37-54 tokens (column-by-column working)",
-        (suite_command("long", SUITE_ALGOS["long"]),)),
-    "suite-stale": (
-        "the `stale` scenario: rollouts from the policy of 2 steps ago, ratios against the sampler's log-probs",
-        (suite_command("stale", SUITE_ALGOS["stale"]),)),
-    "suite-hot": (
-        "the `hot` scenario: learning rate 1.5e-3, 7.5x the default",
-        (suite_command("hot", SUITE_ALGOS["hot"]),)),
+        "the `long` scenario: arith_scratchpad, responses of 37-54 tokens (column-by-column working); warm "
+        "starts from before the dev split",
+        ("python -m gspo_bench suite --scenarios long --algos grpo,gspo,dr_grpo --seeds 3",)),
     "controls-default": (
-        "the default preset (as arith-default, same warm starts), grpo with every token in the policy loss and "
-        "with only the top 20 % of each minibatch's tokens by entropy (`loss.top_entropy_quantile=0.2`, tuning "
-        "tag top-entropy-20)",
-        (f"python -m gspo_bench run --algos grpo --seed {EIGHT} --experiment controls-default",
-         f"python -m gspo_bench run --algos grpo --seed {EIGHT} --experiment controls-default "
-         "--set loss.top_entropy_quantile=0.2 --set tuning=top-entropy-20")),
-    "suite-entropy": (
-        "the `entropy` scenario: sampling temperature 0.3 and learning rate 6e-4 (3x the default), where grpo's "
-        "token entropy falls steadily; its collapse detector's entropy floor is 0.1 nats",
-        (suite_command("entropy", SUITE_ALGOS["entropy"]),)),
-    "entropy-target": (
-        "the `entropy` scenario with grpo and TRL's adaptive entropy bonus: target 0.2 nats, the coefficient "
-        "stepping by 0.01 per optimiser step within [0, 1] (tuning tag entropy-target); same warm starts as "
-        "suite-entropy",
-        (f"python -m gspo_bench run --preset entropy --algos grpo --seed {EIGHT} --experiment entropy-target "
-         "--set loss.entropy_target=0.2 --set loss.entropy_coef_delta=0.01 --set tuning=entropy-target",)),
-    "truncation-long": (
-        "the `long` scenario (arith_scratchpad, 37-54-token responses, at most 56 new tokens), grpo with and "
-        "without truncated responses masked out of the loss (`rollout.mask_truncated=true`, tuning tag "
-        "mask-truncated)",
-        (f"python -m gspo_bench run --preset long --algos grpo --seed {LONG_SEEDS} --experiment truncation-long",
-         f"python -m gspo_bench run --preset long --algos grpo --seed {LONG_SEEDS} --experiment truncation-long "
-         "--set rollout.mask_truncated=true --set tuning=mask-truncated")),
+        "the default preset, grpo with every token in the policy loss and with only the top 20 % of each "
+        "minibatch's tokens by entropy (`loss.top_entropy_quantile=0.2`, tuning tag top-entropy-20); warm starts "
+        "from before the dev split",
+        (_run("--algos grpo --experiment controls-default"),
+         _run("--algos grpo --experiment controls-default --set loss.top_entropy_quantile=0.2 "
+              "--set tuning=top-entropy-20"))),
+    "claims-truncation": (
+        "the default preset with responses capped at 3 tokens (`rollout.max_new_tokens=3`, about 45 % of "
+        "responses truncated), grpo with and without truncated responses masked out of the loss "
+        "(`rollout.mask_truncated=true`; tuning tags cap-3 and cap-3-masked); same warm starts as claims-default",
+        (_run("--algos grpo --experiment claims-truncation --set rollout.max_new_tokens=3 --set tuning=cap-3"),
+         _run("--algos grpo --experiment claims-truncation --set rollout.max_new_tokens=3 "
+              "--set rollout.mask_truncated=true --set tuning=cap-3-masked"))),
 }
 
 
@@ -142,6 +148,7 @@ class Claim:
     parts: tuple[Part, ...]
     curves: tuple[Curve, ...]
     curve_metric: str = "eval/pass1"
+    retired: str = ""  # why no miniature here can show the claim's mechanism: its parts are shown, none decides
 
 
 def _w(algo: str, **tags: str) -> tuple[tuple[str, str], ...]:
@@ -160,207 +167,214 @@ def _did(exp: str, base: str, a: tuple, b: tuple, base_a: tuple, base_b: tuple) 
 
 
 def claims(delta: float = DEFAULT_MARGIN) -> tuple[Claim, ...]:
-    """Every claim, with its parts' regions drawn with margin ``delta`` (points)."""
-    greater, at_least, equal, at_most = (0.0, INF), (-delta, INF), (-delta, delta), (-INF, delta)
-    d, m = "arith-default", "moe-stabilisers"
+    """Every claim, with its parts' regions drawn with margin ``delta`` (points): the smallest effect of
+    interest, registered before the runs. "Better" is ahead by more than ``delta``, "at least as well" no worse
+    than ``-delta``, "equal" within ``+-delta``, "at most" no more than ``+delta``; a ratio "above" or "below"
+    is beyond 10^``LOG_SESOI``. No region is bounded at 0, so a null effect can refute a directional claim."""
+    # regions (lo, hi) with their edges at the smallest effect of interest
+    greater, at_least, equal, at_most = (delta, INF), (-delta, INF), (-delta, delta), (-INF, delta)
+    log_above, log_below = (LOG_SESOI, INF), (-INF, -LOG_SESOI)
+    d, m, lg = "claims-default", "moe-stabilisers", "suite-long"
+    stale, offp, hot, ent = "claims-stale", "claims-offpolicy", "claims-hot", "claims-entropy"
     dflt = {"preset": "default", "tuning": "default"}
-    lng = {"preset": "long", "tuning": "default"}
+    cov = {"tuning": "cov-ratio-2pct"}
     moe = {"none": {"routing_replay": "none", "correction": "none"},
            "r3": {"routing_replay": "r3", "correction": "none"},
            "r2": {"routing_replay": "r2", "correction": "none"},
            "tis": {"routing_replay": "none", "correction": "tis"}}
+    no_dyn = _w("dapo", tuning="no-dynamic-sampling")
     return (
         Claim("clip", "GSPO clips about 100x more tokens than GRPO, and still learns at least as well.",
               "GSPO article (Qwen team), clipping-fraction figure: ~15 % of tokens vs ~0.13 %, on long reasoning "
               "responses",
-              "the fraction of clipped tokens per step (mean over 40 steps) and the final greedy pass@1, gspo vs "
-              "grpo from the same warm start per seed, on the default task (answers of ~3 tokens) and on `long` "
-              "(37-54-token scratchpads, closer to the article's setting). 'About 100x' is read as within a "
-              "factor of 3 of 100 (log10 ratio in (1.5, 2.5)).",
-              (d, "suite-long"),
-              (Part("default: log10 clip-fraction ratio gspo / grpo",
-                    _diff(d, _w("gspo", **dflt), _w("grpo", **dflt), "log10:clip/frac"), (1.5, 2.5), "log10"),
-               Part("long: log10 clip-fraction ratio gspo / grpo",
-                    _diff("suite-long", _w("gspo"), _w("grpo"), "log10:clip/frac"), (1.5, 2.5), "log10"),
+              "the fraction of clipped tokens per step (mean over the steps, log10 ratio gspo / grpo) on `long` "
+              "(37-54-token scratchpads, the one scenario with responses long enough for the article's setting; "
+              "'about 100x' is read as within a factor of 3 of 100, log10 ratio in (1.5, 2.5)), and the final "
+              "greedy pass@1 on the default task (at least as well: no worse than the margin). The default "
+              "task's ratio (answers of ~3 tokens) is shown beside the verdict.",
+              (lg, d),
+              (Part("long: log10 clip-fraction ratio gspo / grpo",
+                    _diff(lg, _w("gspo"), _w("grpo"), "log10:clip/frac"), (1.5, 2.5), "log10"),
                Part("default: final pass@1, gspo - grpo", _diff(d, _w("gspo", **dflt), _w("grpo", **dflt)),
                     at_least),
-               Part("long: final pass@1, gspo - grpo", _diff("suite-long", _w("gspo"), _w("grpo")), at_least)),
+               Part("default: log10 clip-fraction ratio gspo / grpo",
+                    _diff(d, _w("gspo", **dflt), _w("grpo", **dflt), "log10:clip/frac"), (1.5, 2.5), "log10",
+                    decisive=False)),
               (Curve("default grpo", d, _w("grpo", **dflt)), Curve("default gspo", d, _w("gspo", **dflt)),
-               Curve("long grpo", "suite-long", _w("grpo")), Curve("long gspo", "suite-long", _w("gspo"))),
+               Curve("long grpo", lg, _w("grpo")), Curve("long gspo", lg, _w("gspo"))),
               "clip/frac"),
         Claim("stability", "GSPO is more stable than GRPO under off-policy updates and long responses.",
               "GSPO article: token-level ratios accumulate noise over long responses and off-policy updates",
-              "two stress scenarios of `suite`: `offpolicy` (16 optimiser steps per rollout) and `long` "
-              "(37-54-token scratchpad responses); final greedy pass@1, gspo - grpo per seed. Two related "
-              "stresses are shown beside them, outside the verdict: `stale` rollouts and the `hot` learning rate.",
-              ("suite-offpolicy", "suite-long", "suite-stale", "suite-hot"),
-              (Part("offpolicy: final pass@1, gspo - grpo", _diff("suite-offpolicy", _w("gspo"), _w("grpo")),
-                    greater),
-               Part("long: final pass@1, gspo - grpo", _diff("suite-long", _w("gspo"), _w("grpo")), greater),
-               Part("stale: final pass@1, gspo - grpo", _diff("suite-stale", _w("gspo"), _w("grpo")), greater,
+              "two stress scenarios: `offpolicy` (16 optimiser steps per rollout) and `long` (37-54-token "
+              "scratchpad responses); final greedy pass@1, gspo - grpo per seed ('more stable' read as: ahead by "
+              "more than the margin). Two related stresses are shown beside them, outside the verdict: `stale` "
+              "rollouts and the `hot` learning rate.",
+              (offp, lg, stale, hot),
+              (Part("offpolicy: final pass@1, gspo - grpo", _diff(offp, _w("gspo"), _w("grpo")), greater),
+               Part("long: final pass@1, gspo - grpo", _diff(lg, _w("gspo"), _w("grpo")), greater),
+               Part("stale: final pass@1, gspo - grpo", _diff(stale, _w("gspo"), _w("grpo")), greater,
                     decisive=False),
-               Part("hot: final pass@1, gspo - grpo", _diff("suite-hot", _w("gspo"), _w("grpo")), greater,
+               Part("hot: final pass@1, gspo - grpo", _diff(hot, _w("gspo"), _w("grpo")), greater,
                     decisive=False)),
-              (Curve("offpolicy grpo", "suite-offpolicy", _w("grpo")),
-               Curve("offpolicy gspo", "suite-offpolicy", _w("gspo")),
-               Curve("long grpo", "suite-long", _w("grpo")), Curve("long gspo", "suite-long", _w("gspo")),
-               Curve("hot grpo", "suite-hot", _w("grpo")), Curve("hot gspo", "suite-hot", _w("gspo")))),
+              (Curve("offpolicy grpo", offp, _w("grpo")), Curve("offpolicy gspo", offp, _w("gspo")),
+               Curve("long grpo", lg, _w("grpo")), Curve("long gspo", lg, _w("gspo")),
+               Curve("hot grpo", hot, _w("grpo")), Curve("hot gspo", hot, _w("gspo")))),
         Claim("moe-replay", "GRPO on MoE needs Routing Replay, and GSPO does not.",
               "GSPO article: GRPO on Qwen3-30B-A3B does not converge without Routing Replay; GSPO does",
               "tiny-moe with a bf16 sampler (routing noise between sampler and trainer), Routing Replay r3 vs "
               "none; final greedy pass@1. 'Needs' is read as: without replay GRPO gains no more than the "
-              "margin over its warm start, and replay lifts it.",
+              "margin over its warm start, and replay lifts it by more than the margin; 'GSPO does not' as: "
+              "replay lifts GSPO by no more than the margin.",
               (m,),
               (Part("grpo without replay: final - warm start", _diff(m, _w("grpo", **moe["none"]),
                                                                      _w("grpo", **moe["none"]), "final", "warm"),
                     at_most),
                Part("grpo: r3 - none", _diff(m, _w("grpo", **moe["r3"]), _w("grpo", **moe["none"])), greater),
-               Part("gspo: none - r3", _diff(m, _w("gspo", **moe["none"]), _w("gspo", **moe["r3"])), at_least)),
+               Part("gspo: r3 - none", _diff(m, _w("gspo", **moe["r3"]), _w("gspo", **moe["none"])), at_most)),
               (Curve("grpo none", m, _w("grpo", **moe["none"])), Curve("grpo r3", m, _w("grpo", **moe["r3"])),
                Curve("gspo none", m, _w("gspo", **moe["none"])), Curve("gspo r3", m, _w("gspo", **moe["r3"])))),
         Claim("r3", "R3 beats R2 and TIS for MoE under a bf16 sampler.",
               "Rollout Routing Replay (R3), arXiv 2510.11370: replaying "
               "the sampler's experts removes the routing part of the mismatch that R2 and TIS leave",
               "tiny-moe, bf16 sampler: r3 vs r2 and r3 vs TIS per algorithm (grpo, gspo, cispo); final greedy "
-              "pass@1, plus the mean sampler/trainer KL (`mismatch/kl`, log10 ratio) as a mechanism reading.",
+              "pass@1 ('beats': ahead by more than the margin), plus the mean sampler/trainer KL "
+              "(`mismatch/kl`, log10 ratio) as a mechanism reading.",
               (m,),
               tuple(Part(f"{a}: r3 - {o}", _diff(m, _w(a, **moe["r3"]), _w(a, **moe[o])), greater)
                     for a in ("grpo", "gspo", "cispo") for o in ("r2", "tis"))
               + tuple(Part(f"{a}: log10 mismatch/kl r3 / {o}", _diff(m, _w(a, **moe["r3"]), _w(a, **moe[o]),
-                                                                       "log10:mismatch/kl"), (-INF, 0.0), "log10",
+                                                                       "log10:mismatch/kl"), log_below, "log10",
                            decisive=False) for a in ("grpo", "gspo", "cispo") for o in ("r2", "tis")),
               tuple(Curve(f"grpo {o}", m, _w("grpo", **moe[o])) for o in ("r3", "r2", "tis"))),
         Claim("mismatch", "The sequence ratio tolerates sampler/trainer mismatch better than token ratios do.",
               "GSPO article and analysis: a sequence-level ratio averages per-token noise",
               "gspo's lead over grpo under a mismatched sampler minus its lead without one: `stale` (rollouts "
               "from 2 steps ago) vs the default (tiny-dense, same warm starts); and gspo - grpo under the bf16 "
-              "MoE sampler without replay (no matched fp32 MoE control, so that part is a plain difference).",
-              ("suite-stale", d, m),
+              "MoE sampler without replay (no matched fp32 MoE control, so that part is a plain difference). "
+              "'Better' is read as: by more than the margin.",
+              (stale, d, m),
               (Part("stale vs default: (gspo - grpo) - (gspo - grpo)",
-                    _did("suite-stale", d, _w("gspo"), _w("grpo"), _w("gspo", **dflt), _w("grpo", **dflt)),
-                    greater),
+                    _did(stale, d, _w("gspo"), _w("grpo"), _w("gspo", **dflt), _w("grpo", **dflt)), greater),
                Part("moe bf16, no replay: gspo - grpo", _diff(m, _w("gspo", **moe["none"]),
                                                                _w("grpo", **moe["none"])), greater)),
-              (Curve("stale grpo", "suite-stale", _w("grpo")), Curve("stale gspo", "suite-stale", _w("gspo")),
+              (Curve("stale grpo", stale, _w("grpo")), Curve("stale gspo", stale, _w("gspo")),
                Curve("default grpo", d, _w("grpo", **dflt)), Curve("default gspo", d, _w("gspo", **dflt)))),
         Claim("gspo-token", "GSPO-token equals GSPO when every token carries its sequence's advantage.",
               "GSPO article (GSPO-token section) and the TRL pull request adding it",
               "the default comparison: gspo_token (group advantages are per sequence here) vs gspo; final "
-              "greedy pass@1. The losses' values and gradients are equal by construction (tests/test_losses.py); "
-              "this checks that training outcomes agree within the margin.",
+              "greedy pass@1 within the margin. The losses' values and gradients are equal by construction "
+              "(tests/test_losses.py); this checks that training outcomes agree.",
               (d,),
               (Part("final pass@1, gspo_token - gspo", _diff(d, _w("gspo_token", **dflt), _w("gspo", **dflt)),
                     equal),),
               (Curve("gspo", d, _w("gspo", **dflt)), Curve("gspo_token", d, _w("gspo_token", **dflt)))),
         Claim("cispo-speed", "CISPO reaches DAPO's score in about half the steps.",
               "MiniMax-M1 report, as the CISPO review summarises it: DAPO's performance in 50 % of the steps",
-              "the default comparison: cispo's greedy pass@1 after 20 steps vs dapo's after 40 (the end), "
-              "per seed.",
-              (d,),
-              (Part("cispo at step 20 - dapo at step 40", _diff(d, _w("cispo", **dflt), _w("dapo", **dflt),
-                                                                 "at:20", "final"), at_least),),
-              (Curve("dapo", d, _w("dapo", **dflt)), Curve("cispo", d, _w("cispo", **dflt)))),
+              "cispo's greedy pass@1 after 20 steps against DAPO's after 40 (the end), matched on the samples "
+              "drawn per step: DAPO without dynamic sampling, which draws 64 x 8 per step as cispo does (full "
+              "DAPO draws extra batches to refill the groups it drops, so its steps cost more; it is shown beside "
+              "the verdict). 'Reaches' is read as: no worse than the margin.",
+              (d, "claims-dapo-ablation"),
+              (Part("cispo at step 20 - dapo (no dynamic sampling) at step 40",
+                    (Term(d, _w("cispo", **dflt), "at:20"), Term("claims-dapo-ablation", no_dyn, sign=-1)),
+                    at_least),
+               Part("cispo at step 20 - dapo (full) at step 40",
+                    _diff(d, _w("cispo", **dflt), _w("dapo", **dflt), "at:20", "final"), at_least,
+                    decisive=False)),
+              (Curve("dapo", d, _w("dapo", **dflt)), Curve("dapo, no dynamic sampling", "claims-dapo-ablation",
+                                                           no_dyn),
+               Curve("cispo", d, _w("cispo", **dflt)))),
         Claim("dapo-parts", "DAPO's dynamic sampling and clip-higher each help.",
               "DAPO paper (Yu et al. 2025, arXiv 2503.14476), its ablation table: each technique adds AIME points; "
               "clip-higher is introduced to keep the policy's entropy from collapsing",
-              "full DAPO (arith-default) against DAPO with one part switched off (dapo-ablation), same warm start "
-              "and prompts per seed; final greedy pass@1. 'Helps' is read as: full DAPO ahead. The mean token "
-              "entropy over the run is shown for clip-higher, as the mechanism the paper gives.",
-              (d, "dapo-ablation"),
+              "full DAPO (claims-default) against DAPO with one part switched off (claims-dapo-ablation), same "
+              "warm start and prompts per seed; final greedy pass@1. 'Helps' is read as: full DAPO ahead by more "
+              "than the margin. The mean token entropy over the run is shown for clip-higher, as the mechanism "
+              "the paper gives.",
+              (d, "claims-dapo-ablation"),
               (Part("full - no dynamic sampling: final pass@1",
-                    (Term(d, _w("dapo", **dflt)), Term("dapo-ablation", _w("dapo", tuning="no-dynamic-sampling"),
-                                                       sign=-1)), greater),
+                    (Term(d, _w("dapo", **dflt)), Term("claims-dapo-ablation", no_dyn, sign=-1)), greater),
                Part("full - no clip-higher: final pass@1",
-                    (Term(d, _w("dapo", **dflt)), Term("dapo-ablation", _w("dapo", tuning="no-clip-higher"),
+                    (Term(d, _w("dapo", **dflt)), Term("claims-dapo-ablation", _w("dapo", tuning="no-clip-higher"),
                                                        sign=-1)), greater),
                Part("full - no clip-higher: mean policy/entropy",
                     (Term(d, _w("dapo", **dflt), "mean:policy/entropy"),
-                     Term("dapo-ablation", _w("dapo", tuning="no-clip-higher"), "mean:policy/entropy", -1)),
+                     Term("claims-dapo-ablation", _w("dapo", tuning="no-clip-higher"), "mean:policy/entropy", -1)),
                     (0.0, INF), "policy/entropy", decisive=False)),
               (Curve("dapo", d, _w("dapo", **dflt)),
-               Curve("dapo, no dynamic sampling", "dapo-ablation", _w("dapo", tuning="no-dynamic-sampling")),
-               Curve("dapo, no clip-higher", "dapo-ablation", _w("dapo", tuning="no-clip-higher")))),
+               Curve("dapo, no dynamic sampling", "claims-dapo-ablation", no_dyn),
+               Curve("dapo, no clip-higher", "claims-dapo-ablation", _w("dapo", tuning="no-clip-higher")))),
         Claim("sapo", "SAPO's soft gate keeps more learning signal than hard clipping, and is at least as stable "
               "as GSPO.",
               "SAPO paper (Gao et al. 2025, Soft Adaptive Policy Optimization, Qwen team, arXiv 2511.20347): a "
               "smooth, temperature-controlled gate in place of the hard clip damps off-policy tokens instead of "
               "zeroing their gradient, and trains more stably than GSPO and GRPO",
               "sapo vs grpo on the default task (final greedy pass@1; 'more learning signal' is read as: sapo "
-              "ends ahead), and sapo vs gspo under the `hot` learning rate, where the full suite saw grpo "
-              "collapse and gspo hold ('at least as stable': no worse than the margin). The mean `clip/frac` "
-              "(log10 ratio) is the "
-              "mechanism reading: for sapo it counts the tokens whose gate damps the gradient by more than half, "
-              "for grpo the tokens clipped.",
-              (d, "suite-hot"),
+              "ends ahead by more than the margin), and sapo vs gspo under the `hot` learning rate, where the "
+              "full suite saw grpo collapse and gspo hold ('at least as stable': no worse than the margin). The "
+              "mean `clip/frac` (log10 ratio) is the mechanism reading: for sapo it counts the tokens whose gate "
+              "damps the gradient by more than half, for grpo the tokens clipped.",
+              (d, hot),
               (Part("default: final pass@1, sapo - grpo", _diff(d, _w("sapo", **dflt), _w("grpo", **dflt)),
                     greater),
-               Part("hot: final pass@1, sapo - gspo", _diff("suite-hot", _w("sapo"), _w("gspo")), at_least),
+               Part("hot: final pass@1, sapo - gspo", _diff(hot, _w("sapo"), _w("gspo")), at_least),
                Part("default: log10 clip-fraction ratio sapo / grpo",
-                    _diff(d, _w("sapo", **dflt), _w("grpo", **dflt), "log10:clip/frac"), (-INF, 0.0), "log10",
+                    _diff(d, _w("sapo", **dflt), _w("grpo", **dflt), "log10:clip/frac"), log_below, "log10",
                     decisive=False)),
               (Curve("default grpo", d, _w("grpo", **dflt)), Curve("default sapo", d, _w("sapo", **dflt)),
-               Curve("hot gspo", "suite-hot", _w("gspo")), Curve("hot sapo", "suite-hot", _w("sapo")))),
+               Curve("hot gspo", hot, _w("gspo")), Curve("hot sapo", hot, _w("sapo")))),
         Claim("vespo-stale", "VESPO holds up where off-policy staleness grows.",
               "VESPO paper (Variational Sequence-Level Soft Policy Optimization, arXiv 2602.10693): a smooth "
               "weight of the sequence's importance ratio in place of clipping keeps training stable as the "
               "rollouts go off policy",
               "vespo's lead over grpo under `stale` rollouts (from the policy of 2 steps ago) minus its lead in "
               "the default (tiny-dense, same warm starts), and vespo - grpo under `offpolicy` (16 optimiser "
-              "steps per rollout); final greedy pass@1.",
-              ("suite-stale", d, "suite-offpolicy"),
+              "steps per rollout); final greedy pass@1, 'holds up' read as: ahead by more than the margin.",
+              (stale, d, offp),
               (Part("stale vs default: (vespo - grpo) - (vespo - grpo)",
-                    _did("suite-stale", d, _w("vespo"), _w("grpo"), _w("vespo", **dflt), _w("grpo", **dflt)),
-                    greater),
-               Part("offpolicy: final pass@1, vespo - grpo", _diff("suite-offpolicy", _w("vespo"), _w("grpo")),
-                    greater)),
-              (Curve("stale grpo", "suite-stale", _w("grpo")), Curve("stale vespo", "suite-stale", _w("vespo")),
-               Curve("offpolicy grpo", "suite-offpolicy", _w("grpo")),
-               Curve("offpolicy vespo", "suite-offpolicy", _w("vespo")))),
+                    _did(stale, d, _w("vespo"), _w("grpo"), _w("vespo", **dflt), _w("grpo", **dflt)), greater),
+               Part("offpolicy: final pass@1, vespo - grpo", _diff(offp, _w("vespo"), _w("grpo")), greater)),
+              (Curve("stale grpo", stale, _w("grpo")), Curve("stale vespo", stale, _w("vespo")),
+               Curve("offpolicy grpo", offp, _w("grpo")), Curve("offpolicy vespo", offp, _w("vespo")))),
         Claim("dppo-stale", "DPPO's divergence-based trust region holds up where off-policy staleness grows.",
               "DPPO paper (Rethinking the Trust Region in LLM Reinforcement Learning, arXiv 2602.04879): a trust "
               "region on how far the token's probability moved (total variation or binary KL) in place of "
               "PPO's ratio clip keeps training stable off policy",
               "as for VESPO, for both divergences (dppo_tv, dppo_kl): each one's lead over grpo under `stale` "
               "minus its lead in the default, and each one - grpo under `offpolicy`; final greedy pass@1.",
-              ("suite-stale", d, "suite-offpolicy"),
+              (stale, d, offp),
               tuple(p for a in ("dppo_tv", "dppo_kl") for p in (
                   Part(f"stale vs default: ({a} - grpo) - ({a} - grpo)",
-                       _did("suite-stale", d, _w(a), _w("grpo"), _w(a, **dflt), _w("grpo", **dflt)), greater),
-                  Part(f"offpolicy: final pass@1, {a} - grpo", _diff("suite-offpolicy", _w(a), _w("grpo")),
-                       greater))),
-              (Curve("stale grpo", "suite-stale", _w("grpo")), Curve("stale dppo_tv", "suite-stale", _w("dppo_tv")),
-               Curve("stale dppo_kl", "suite-stale", _w("dppo_kl")))),
+                       _did(stale, d, _w(a), _w("grpo"), _w(a, **dflt), _w("grpo", **dflt)), greater),
+                  Part(f"offpolicy: final pass@1, {a} - grpo", _diff(offp, _w(a), _w("grpo")), greater))),
+              (Curve("stale grpo", stale, _w("grpo")), Curve("stale dppo_tv", stale, _w("dppo_tv")),
+               Curve("stale dppo_kl", stale, _w("dppo_kl")))),
         Claim("dr-grpo-length", "Dropping GRPO's std and length normalisation (Dr. GRPO) removes its length bias: "
               "wrong answers stop growing longer.",
               "Understanding R1-Zero-Like Training: A Critical Perspective (Liu et al. 2025, arXiv 2503.20783): "
               "GRPO's per-response length normalisation penalises long wrong answers less, so they grow; Dr. "
               "GRPO drops it and the std scaling, keeping accuracy while wrong answers stay short",
-              "dr_grpo vs grpo on `long`, the one scenario with answers longer than a few tokens (its "
-              "scratchpad format fixes them at 37-54 tokens, so a length bias has little room here): the mean over "
-              "steps of the mean length of the wrong responses (`response/length_wrong_mean`, log10 "
-              "ratio; 'stop growing longer' is read as: shorter under dr_grpo), the final greedy pass@1 (no "
-              "worse than the margin), and the mean length of all responses as a mechanism reading.",
-              ("suite-long",),
+              "dr_grpo vs grpo on `long`: the mean length of the wrong responses (log10 ratio), the final greedy "
+              "pass@1 and the mean length of all responses, shown as readings.",
+              (lg,),
               (Part("long: log10 wrong-answer length ratio dr_grpo / grpo",
-                    _diff("suite-long", _w("dr_grpo"), _w("grpo"), "log10:response/length_wrong_mean"),
-                    (-INF, 0.0), "log10"),
-               Part("long: final pass@1, dr_grpo - grpo", _diff("suite-long", _w("dr_grpo"), _w("grpo")),
-                    at_least),
+                    _diff(lg, _w("dr_grpo"), _w("grpo"), "log10:response/length_wrong_mean"), log_below, "log10"),
+               Part("long: final pass@1, dr_grpo - grpo", _diff(lg, _w("dr_grpo"), _w("grpo")), at_least),
                Part("long: log10 response-length ratio dr_grpo / grpo",
-                    _diff("suite-long", _w("dr_grpo"), _w("grpo"), "log10:response/length_mean"), (-INF, 0.0),
-                    "log10", decisive=False)),
-              (Curve("long grpo", "suite-long", _w("grpo")), Curve("long dr_grpo", "suite-long", _w("dr_grpo"))),
-              "response/length_wrong_mean"),
+                    _diff(lg, _w("dr_grpo"), _w("grpo"), "log10:response/length_mean"), log_below, "log10",
+                    decisive=False)),
+              (Curve("long grpo", lg, _w("grpo")), Curve("long dr_grpo", lg, _w("dr_grpo"))),
+              "response/length_wrong_mean",
+              retired="no built-in task lets a response's length vary freely: `long`'s scratchpad fixes every "
+                      "response at 37-54 tokens and the other tasks answer in about 3, so a length bias has no "
+                      "room to show"),
         Claim("top-entropy", "Training only on the 20 % of tokens with the highest entropy learns at least as well "
               "as training on all of them.",
               "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective Reinforcement Learning for LLM "
               "Reasoning (Wang et al. 2025, arXiv 2506.01939), as TRL's `top_entropy_quantile` implements it: the "
               "policy gradient of the top 20 % of tokens by entropy matches or beats the full gradient",
-              "grpo with `loss.top_entropy_quantile=0.2` (the mask keeps the tokens whose entropy reaches the "
-              "minibatch's 80th percentile) against grpo on every token, on the default task, same warm start and "
-              "prompts per seed; final greedy pass@1. Answers here are about 3 tokens long, so the mask leaves "
-              "most responses without a policy-gradient term; the mean token entropy (log10 ratio) is the "
-              "mechanism reading.",
+              "grpo with `loss.top_entropy_quantile=0.2` against grpo on every token, on the default task; final "
+              "greedy pass@1 and the mean token entropy (log10 ratio), shown as readings.",
               ("controls-default",),
               (Part("default: final pass@1, top-20 % tokens - all tokens",
                     _diff("controls-default", _w("grpo", tuning="top-entropy-20"), _w("grpo", **dflt)), at_least),
@@ -368,24 +382,28 @@ def claims(delta: float = DEFAULT_MARGIN) -> tuple[Claim, ...]:
                     _diff("controls-default", _w("grpo", tuning="top-entropy-20"), _w("grpo", **dflt),
                           "log10:policy/entropy"), (-INF, INF), "log10", decisive=False)),
               (Curve("grpo, all tokens", "controls-default", _w("grpo", **dflt)),
-               Curve("grpo, top-20 % tokens", "controls-default", _w("grpo", tuning="top-entropy-20")))),
+               Curve("grpo, top-20 % tokens", "controls-default", _w("grpo", tuning="top-entropy-20"))),
+              retired="the paper's mechanism is the few high-entropy 'forking' tokens of long reasoning; answers "
+                      "here are about 3 tokens, so the mask leaves most responses without any policy-gradient "
+                      "token and `long`'s scratchpads are written digit by digit, with no forks to find"),
         Claim("cov", "Clip-Cov and KL-Cov keep the policy's entropy above GRPO's, and learn no worse.",
               "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models (Cui et al. 2025, "
               "arXiv 2505.22617): entropy falls as the covariance of log-probability and advantage drives it; "
               "clipping (Clip-Cov) or penalising (KL-Cov) the few tokens of highest covariance keeps it up and "
-              "improves accuracy. Implemented with verl's defaults",
+              "improves accuracy. Implemented as verl does, at a ratio that selects tokens here",
               "the `entropy` scenario (grpo's token entropy falls to half and less): clip_cov and kl_cov "
-              "against grpo, same warm start per seed; the mean token entropy over the run (log10 ratio, "
-              "'above' read as: ratio above 1) and the final greedy pass@1 (no worse than the margin). verl's "
-              "default ratio, 2e-4 of the tokens, is 1 token of a minibatch here (a few thousand tokens).",
-              ("suite-entropy",),
+              "against grpo, same warm start per seed, each selecting 2 % of the tokens (verl's default 2e-4 "
+              "selects about one token of a minibatch of a few thousand here, too few to move anything); the "
+              "mean token entropy over the run (log10 ratio, 'above' read as: a ratio above 10^0.05 = 1.12) and "
+              "the final greedy pass@1 (no worse than the margin).",
+              (ent,),
               tuple(p for a in ("clip_cov", "kl_cov") for p in (
                   Part(f"entropy: log10 mean-entropy ratio {a} / grpo",
-                       _diff("suite-entropy", _w(a), _w("grpo"), "log10:policy/entropy"), (0.0, INF), "log10"),
-                  Part(f"entropy: final pass@1, {a} - grpo", _diff("suite-entropy", _w(a), _w("grpo")),
+                       _diff(ent, _w(a, **cov), _w("grpo", **cov), "log10:policy/entropy"), log_above, "log10"),
+                  Part(f"entropy: final pass@1, {a} - grpo", _diff(ent, _w(a, **cov), _w("grpo", **cov)),
                        at_least))),
-              (Curve("grpo", "suite-entropy", _w("grpo")), Curve("clip_cov", "suite-entropy", _w("clip_cov")),
-               Curve("kl_cov", "suite-entropy", _w("kl_cov"))),
+              (Curve("grpo", ent, _w("grpo", **cov)), Curve("clip_cov", ent, _w("clip_cov", **cov)),
+               Curve("kl_cov", ent, _w("kl_cov", **cov))),
               "policy/entropy"),
         Claim("entropy-target", "An entropy bonus with an adaptive target prevents the entropy collapse.",
               "TRL's adaptive entropy control (`entropy_coef` with a target entropy and min/max bounds, after "
@@ -394,38 +412,103 @@ def claims(delta: float = DEFAULT_MARGIN) -> tuple[Claim, ...]:
               "the `entropy` scenario: grpo with the adaptive bonus (target 0.2 nats, about the warm start's "
               "entropy at this temperature) against grpo, same warm start per seed. 'Prevents' is read as: the "
               "lowest token entropy over the run stays above the scenario's collapse floor (0.1 nats) and above "
-              "grpo's. Beside the verdict: grpo's own lowest entropy (under the floor: the collapse the "
-              "scenario is for) and what the bonus costs in final pass@1.",
-              ("entropy-target", "suite-entropy"),
+              f"grpo's by more than {ENTROPY_SESOI:g} nats. Beside the verdict: grpo's own lowest entropy (under "
+              "the floor: the collapse the scenario is for) and what the bonus costs in final pass@1.",
+              ("claims-entropy-target", ent),
               (Part("entropy: lowest token entropy, grpo + target",
-                    (Term("entropy-target", _w("grpo", tuning="entropy-target"), "min:policy/entropy"),),
+                    (Term("claims-entropy-target", _w("grpo", tuning="entropy-target"), "min:policy/entropy"),),
                     (ENTROPY_FLOOR, INF), "policy/entropy"),
                Part("entropy: lowest token entropy, grpo + target - grpo",
-                    (Term("entropy-target", _w("grpo", tuning="entropy-target"), "min:policy/entropy"),
-                     Term("suite-entropy", _w("grpo"), "min:policy/entropy", -1)), (0.0, INF), "policy/entropy"),
+                    (Term("claims-entropy-target", _w("grpo", tuning="entropy-target"), "min:policy/entropy"),
+                     Term(ent, _w("grpo", **cov), "min:policy/entropy", -1)), (ENTROPY_SESOI, INF),
+                    "policy/entropy"),
                Part("entropy: lowest token entropy, grpo",
-                    (Term("suite-entropy", _w("grpo"), "min:policy/entropy"),), (-INF, ENTROPY_FLOOR),
+                    (Term(ent, _w("grpo", **cov), "min:policy/entropy"),), (-INF, ENTROPY_FLOOR),
                     "policy/entropy", decisive=False),
                Part("entropy: final pass@1, grpo + target - grpo",
-                    (Term("entropy-target", _w("grpo", tuning="entropy-target")),
-                     Term("suite-entropy", _w("grpo"), sign=-1)), at_least, decisive=False)),
-              (Curve("grpo", "suite-entropy", _w("grpo")),
-               Curve("grpo + adaptive entropy bonus", "entropy-target", _w("grpo", tuning="entropy-target"))),
+                    (Term("claims-entropy-target", _w("grpo", tuning="entropy-target")),
+                     Term(ent, _w("grpo", **cov), sign=-1)), at_least, decisive=False)),
+              (Curve("grpo", ent, _w("grpo", **cov)),
+               Curve("grpo + adaptive entropy bonus", "claims-entropy-target", _w("grpo", tuning="entropy-target"))),
               "policy/entropy"),
-        Claim("mask-truncated", "Masking truncated responses out of the loss does not hurt learning on long "
-              "responses.",
+        Claim("mask-truncated", "Masking truncated responses out of the loss does not hurt learning.",
               "TRL's `mask_truncated_completions`, after DAPO's overlong filtering (Yu et al. 2025, arXiv "
               "2503.14476), which masks the loss of truncated samples and reports that it stabilises training",
-              "grpo with `rollout.mask_truncated=true` against grpo on `long` (scratchpad answers of 37-54 "
-              "tokens under a 56-token cap), same warm start per seed; final greedy pass@1 (no worse than the "
-              "margin). The mean fraction of truncated responses, the ones the mask takes out, is the mechanism "
-              "reading: the smaller it is, the less the two runs can differ.",
-              ("truncation-long",),
-              (Part("long: final pass@1, masked - unmasked",
-                    _diff("truncation-long", _w("grpo", tuning="mask-truncated"), _w("grpo", **lng)), at_least),
-               Part("long: mean truncated fraction, unmasked",
-                    (Term("truncation-long", _w("grpo", **lng), "mean:response/truncated_frac"),), (-INF, INF),
-                    "response/truncated_frac", decisive=False)),
-              (Curve("grpo", "truncation-long", _w("grpo", **lng)),
-               Curve("grpo, truncated masked", "truncation-long", _w("grpo", tuning="mask-truncated")))),
+              "grpo with `rollout.mask_truncated=true` against grpo on the default task with responses capped at "
+              "3 tokens (`rollout.max_new_tokens=3`), where about 45 % of responses hit the cap (a 3-digit answer "
+              "without its end token: often right, but truncated), same warm start per seed; final greedy "
+              "pass@1 (no worse than the margin). The mean fraction of truncated responses, the ones the mask "
+              "takes out, is the mechanism reading. The earlier design on `long` (truncation-long) truncated "
+              "0.5 % of responses, too few for the mask to change a run.",
+              ("claims-truncation",),
+              (Part("capped: final pass@1, masked - unmasked",
+                    _diff("claims-truncation", _w("grpo", tuning="cap-3-masked"), _w("grpo", tuning="cap-3")),
+                    at_least),
+               Part("capped: mean truncated fraction, unmasked",
+                    (Term("claims-truncation", _w("grpo", tuning="cap-3"), "mean:response/truncated_frac"),),
+                    (-INF, INF), "response/truncated_frac", decisive=False)),
+              (Curve("grpo", "claims-truncation", _w("grpo", tuning="cap-3")),
+               Curve("grpo, truncated masked", "claims-truncation", _w("grpo", tuning="cap-3-masked")))),
     )
+
+
+def table_comparison(part: Part) -> tuple[str, dict, dict] | None:
+    """``(experiment, a, b)`` when ``part`` is one comparison of the paired tables: final pass@1 of the runs
+    tagged ``a`` minus that of the runs tagged ``b``, in one experiment; None otherwise."""
+    if len(part.terms) != 2:
+        return None
+    a, b = part.terms
+    if a.experiment != b.experiment or (a.measure, b.measure) != ("final", "final") or (a.sign, b.sign) != (1, -1):
+        return None
+    return a.experiment, dict(a.where), dict(b.where)
+
+
+def registered(specs: tuple[Claim, ...]) -> dict[tuple, tuple[float, float]]:
+    """(experiment, a's tags, b's tags) -> the region the claims registered for that paired-table comparison
+    (decisive parts of claims not retired). One comparison has one region: two claims registering different
+    regions for it is a ValueError naming both (the pages would give it two verdicts)."""
+    out: dict[tuple, tuple[float, float]] = {}
+    who: dict[tuple, str] = {}
+    for c in specs:
+        for p in c.parts:
+            got = table_comparison(p) if p.decisive and not c.retired else None
+            if got is None:
+                continue
+            exp, a, b = got
+            key = (exp, tuple(sorted(a.items())), tuple(sorted(b.items())))
+            mirror = (exp, key[2], key[1])
+            if mirror in out and out[mirror] != (-p.region[1], -p.region[0]):  # b - a registered elsewhere
+                raise ValueError(f"claims {who[mirror]} and {c.key!r} register different regions for one comparison "
+                                 f"({p.label} in {exp}, once each way round): {out[mirror]} and {p.region}")
+            if key in out and out[key] != p.region:
+                raise ValueError(f"claims {who[key]} and {c.key!r} register different regions for one comparison "
+                                 f"({p.label} in {exp}): {out[key]} and {p.region}")
+            out[key] = p.region
+            who.setdefault(key, repr(c.key))
+    return out
+
+
+def region_lookup(experiment: str, delta: float = DEFAULT_MARGIN):
+    """The paired tables' ``regions`` for ``experiment`` (``pairing.Regions``): given the run tags of a compared
+    cell and of its baseline, the region a claim registered for that comparison, or None. A registration
+    matches when its two tag sets are within the cells' tags and pin every tag in which the cells differ; a
+    table that compares the two cells the other way round (none - r3 where the claim says r3 - none) gets the
+    mirrored region, so the comparison's verdict is the same whichever way a page subtracts."""
+    mine = [(dict(a), dict(b), region) for (exp, a, b), region in registered(claims(delta)).items()
+            if exp == experiment]
+
+    def matches(cell: dict, base: dict, a: dict, b: dict) -> bool:
+        differ = {k for k in cell.keys() | base.keys() if cell.get(k) != base.get(k)}
+        return (all(cell.get(k) == v for k, v in a.items()) and all(base.get(k) == v for k, v in b.items())
+                and differ <= (a.keys() & b.keys()))
+
+    def lookup(cell: dict, base: dict) -> tuple[float, float] | None:
+        for a, b, (lo, hi) in mine:
+            if matches(cell, base, a, b):
+                return lo, hi
+            if matches(cell, base, b, a):
+                # the same comparison the other way round: cell - base = -(a - b), in the mirrored region
+                return -hi, -lo
+        return None
+
+    return lookup

@@ -1,27 +1,27 @@
 """``claims``: a verdict on every claim of ``claim_specs`` from the benchmark's own MLflow runs.
 
 Per part (see ``claim_specs``): the per-seed differences ``d_s``, their mean and 95 % t interval
-(``paired.paired_summary``), and a verdict against the claimed region R = (lo, hi), under the project's one
-multiplicity rule (docs/algorithms.md, "One multiplicity rule"):
+(``paired.paired_summary``), and a claimed region R = (lo, hi) registered before the runs, its edges at the
+smallest effect of interest (the margin; never 0 for a directional claim). One symmetric standard decides:
 
-    reproduced      the 95 % interval lies inside R
-    refuted         the test that the mean lies outside R (``paired.outside_p``) rejects at the level its
-                    family's Holm adjustment allows
-    not decided     neither (or fewer than 2 seeds: no interval)
+    one test        p = the smallest level at which the two-sided (1 - p) t interval lies wholly inside R or
+                    wholly outside it (``paired.region_test``), Holm-adjusted over the part's family
+    reproduced      decided (Holm p below 0.05) with the interval inside R
+    refuted         decided with the interval outside R: a null effect refutes "better by more than the
+                    margin" as readily as a true effect reproduces it
+    not decided     neither (or fewer than 2 seeds: no interval); the MDE says what the design could detect
 
-A part that is not decisive is shown beside the verdict with its interval; with no region at all (the whole
-line) it is *a reading*, a measured quantity the claim's mechanism explains, and nothing is tested.
-
-A part's family: when the part is one of the paired tables' comparisons (``shared_comparison``: an algorithm's
-final pass@1 minus the baseline's in one experiment, its region bounded at 0), that table's family, the
-experiment's algorithms against the baseline on final pass@1, and the part takes the table's verdict (decided
-when its Holm p is below 0.05, on the side its mean falls), so the two pages agree. Every other decisive part
-of the page is one family, the page's region tests, Holm over their ``outside_p``. A tie (every seed's
-difference equal) has no spread to test: its point interval decides, outside any family.
+A part's family: when the part is one of the paired tables' comparisons (``canonical_row``: one algorithm
+against another in one experiment under the same settings, or one algorithm under two settings), that table's
+family (the experiment's comparisons on final pass@1 within its split), and the part prints the table's row,
+computed with the claims' registered regions, so every page that shows the comparison prints the same
+interval, p, Holm p, MDE and verdict. Every other decisive part belongs to its claim's own family, Holm over
+their region tests. A tie (every seed's difference equal) has no spread to test: its point interval decides.
 
 A claim is *reproduced* when every decisive part is (an intersection-union test: each part at its own level,
 no correction, since all must hold), *refuted* when any decisive part is refuted at its family's level, else
-*not decided*; with no decisive part measured it is *not run*.
+*not decided*; with no decisive part measured it is *not run*; a claim whose mechanism no miniature here can
+show is *retired*, its parts shown with the reason.
 
 ``evaluate(claims, runs_by_experiment)`` is pure; ``load`` reads MLflow; ``markdown`` and ``plot_claim``
 render.
@@ -36,14 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gspo_bench import tables
-from gspo_bench.reporting.claim_specs import EXPERIMENTS, Claim, Part, Term
+from gspo_bench.reporting.claim_specs import EXPERIMENTS, Claim, Part, Term, region_lookup, table_comparison
 from gspo_bench.reporting.frame import FINISHED, RunData
-from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE
-from gspo_bench.reporting.paired import (PairedStat, holm, holm_first_level, mde, outside_p, paired_summary,
+from gspo_bench.reporting.paired import (PairedStat, holm, holm_first_level, mde, paired_summary, region_test,
                                          signed_sum_by_seed, tost_power)
 from gspo_bench.reporting.seeds import RUNS, SEED, per_seed, run_table
 
 REPRODUCED, REFUTED, UNDECIDED, NOT_RUN = "reproduced", "refuted", "not decided", "not run"
+RETIRED = "retired"  # no miniature here can show the claim's mechanism: its parts are shown, nothing is tested
 READING = "a reading"  # a part shown beside the verdict with no region claimed (the whole line): nothing to test
 ALPHA, POWER = 0.05, 0.8  # every family's level, and the power its MDE is quoted at
 GROUP_TAGS = ("algo", "task", "model", "preset", "tuning")  # a run's algorithm and group (its config: tuning)
@@ -179,88 +179,132 @@ def combine(results: list[PartResult]) -> str:
     return UNDECIDED
 
 
-def shared_comparison(part: Part, baseline: str = DEFAULT_BASELINE) -> tuple[str, str] | None:
-    """(experiment, algorithm) when ``part`` is one of the paired tables' comparisons: in one experiment, an
-    algorithm's final pass@1 minus ``baseline``'s under the same other tags, with 0 an edge of the claimed
-    region (the tables test against 0); None otherwise."""
-    if len(part.terms) != 2 or 0.0 not in part.region:
-        return None
-    a, b = part.terms
-    if a.experiment != b.experiment or (a.measure, b.measure) != ("final", "final") or (a.sign, b.sign) != (1, -1):
-        return None
-    ta, tb = dict(a.where), dict(b.where)
-    algo = ta.pop("algo", None)
-    if tb.pop("algo", None) != baseline or algo in (None, baseline) or ta != tb:
-        return None
-    return a.experiment, algo
+def _split(where: dict) -> dict:
+    """The settings a term pins besides its algorithm and group: the paired tables' ``by`` split."""
+    return {k: v for k, v in where.items() if k not in GROUP_TAGS}
 
 
-def _table_rows(experiment: str, by: tuple[str, ...], runs: dict[str, list[RunData]], cache: dict) -> dict:
-    """(group key, algorithm) -> the paired table's final pass@1 row and its family's size, for ``experiment``'s
-    runs against the baseline, split by the run tags ``by`` as ``report --by`` splits them (computed once per
-    experiment and split). The key is the group's (task, model, preset, config) and the ``by`` values: a part
-    whose terms pin a setting (routing_replay=none) is that split's comparison, never an average over settings."""
+def canonical_row(part: Part, runs: dict[str, list[RunData]], cache: dict) -> tuple[dict, str] | None:
+    """The paired tables' row of ``part`` and its family in words, when the part is one of their comparisons
+    (``claim_specs.table_comparison``): an algorithm against another under the same settings (the table
+    against that baseline, split by the settings the terms pin, as ``report --by ... --baseline ALGO`` draws
+    it), or one algorithm under two settings differing in one tag (the split table against the baseline's
+    value, ``report --by ... --baseline TAG=VALUE``). Both are computed with the claims' registered regions
+    (``claim_specs.region_lookup``), so the row's p, Holm p, MDE and verdict are the ones every page prints
+    for the comparison. None for any other part (its family is then its claim's own)."""
     from gspo_bench.reporting.paired_table import paired_groups
+    from gspo_bench.reporting.split_pairs import split_pair_groups
 
-    if (experiment, by) not in cache:
-        cache[experiment, by] = {(g.key, r["algo"]): (r, g.mde_algos_tested)
-                                 for g in paired_groups(runs.get(experiment, []), DEFAULT_BASELINE, ALPHA, POWER,
-                                                        by=by)
-                                 for r in g.rows if r["metric"] == "final_pass1"}
-    return cache[experiment, by]
+    got = table_comparison(part)
+    if got is None or not runs.get(got[0]):
+        return None
+    experiment, a, b = got
+    sa, sb = _split(a), _split(b)
+    by = tuple(sorted(sa))
+    if set(sb) != set(sa) or any(a.get(k) != b.get(k) for k in GROUP_TAGS if k != "algo"):
+        return None
+    mine = select(runs[experiment], part.terms[0].where)
+    if not mine:
+        return None
+    group = next(iter(mine.values())).group
+    differ = [k for k in by if sa[k] != sb[k]]
+    if a["algo"] != b["algo"] and not differ:
+        key = ("algo", experiment, b["algo"], by)
+        if key not in cache:
+            cache[key] = paired_groups(runs[experiment], b["algo"], ALPHA, POWER, by, region_lookup(experiment))
+        groups = [g for g in cache[key] if g.key == (*group, *(sa[k] for k in by))]
+        within = "".join(f", {k}={sa[k]}" for k in by)
+        whom = b["algo"]
+    elif a["algo"] == b["algo"] and len(differ) == 1:
+        tag = differ[0]
+        key = ("split", experiment, tag, sb[tag], by)
+        if key not in cache:
+            cache[key] = split_pair_groups(runs[experiment], tag, sb[tag], by, ALPHA, POWER,
+                                           region_lookup(experiment))
+        groups = [g for g in cache[key] if g.key == group]
+        within, whom = "", f"{tag}={sb[tag]}"
+    else:
+        return None
+    for g in groups:
+        family = [r for r in g.rows if r.get("metric") == "final_pass1"]
+        k = sum(r["p"] is not None for r in family)
+        for row in family:
+            if row["algo"] == a["algo"] and row.get("by", {}) == ({k_: sa[k_] for k_ in by} if by else {}):
+                return row, (f"{experiment}{within}: {k} comparison{'' if k == 1 else 's'} against {whom}, "
+                            "final pass@1")
+    return None
 
 
-def _side(mean: float, region: tuple[float, float]) -> str:
-    """Reproduced or refuted, for a mean decided away from 0 whose claimed region has 0 as an edge."""
-    inside = mean > 0 if region[0] == 0.0 else mean < 0
-    return REPRODUCED if inside else REFUTED
+def _decide(r: PartResult, p: float | None, q: float | None, inside: bool | None) -> None:
+    """A decisive part's verdict from its test's Holm p ``q`` and side: reproduced when decided inside the
+    region, refuted when decided outside, else not decided."""
+    r.p, r.p_family = p, q
+    if q is not None and q < ALPHA:
+        r.verdict = REPRODUCED if inside else REFUTED
+    else:
+        r.verdict = UNDECIDED
 
 
-def apply_families(results: list[PartResult], runs: dict[str, list[RunData]]) -> None:
-    """Set each decisive part's family, p values, MDE and verdict under the one multiplicity rule (module
-    docstring). Parts not run keep their verdict; parts that are not decisive keep their interval's."""
-    tables: dict = {}
-    own: list[PartResult] = []
+def apply_families(results: list[PartResult], runs: dict[str, list[RunData]], cache: dict | None = None,
+                   own: str = "this claim's region tests") -> None:
+    """Set each decisive part's family, p values, MDE and verdict under the one standard (module docstring),
+    for one claim's ``results``. Parts not run keep their verdict; parts that are not decisive keep their
+    interval's reading. ``cache``: the paired tables already computed (shared across claims)."""
+    cache = {} if cache is None else cache
+    mine: list[PartResult] = []
     for r in results:
         if not r.part.decisive or r.verdict == NOT_RUN or r.stat.ci is None:
             continue
         if r.stat.tied:  # no spread, no test (the paired tables show n/a): the point interval decides
             r.family = "none (a tie: every seed's difference the same)"
             continue
-        shared = shared_comparison(r.part)
-        if shared is not None:
-            experiment, algo = shared
-            # the settings the terms pin besides the algorithm: the table's split of this comparison
-            split = tuple(sorted((k, v) for k, v in r.part.terms[0].where if k not in GROUP_TAGS))
-            by = tuple(k for k, _ in split)
-            group = next(iter(select(runs[experiment], r.part.terms[0].where).values())).group
-            row, k = _table_rows(experiment, by, runs, tables).get(((*group, *(v for _, v in split)), algo),
-                                                                   (None, 0))
-            if row is not None and row["n"] == r.stat.n:
-                within = "".join(f", {k_}={v}" for k_, v in split)
-                r.family = f"{experiment}{within}: {k} algorithms against {DEFAULT_BASELINE}, final pass@1"
-                r.p, r.p_family, r.mde_alpha = row["p"], row["p_holm"], row["mde_alpha"]
-                r.mde = None if row["mde"] is None else 100 * row["mde"]
-                decided = r.p_family is not None and r.p_family < ALPHA
-                r.verdict = _side(r.stat.mean, r.part.region) if decided else UNDECIDED
-                continue
-        own.append(r)
-    k = len(own)
+        got = canonical_row(r.part, runs, cache)
+        # the table's row tests the region registered at the default margin: under another margin (claims
+        # --margin) its p would test a region this part does not claim, so the part keeps its own family then
+        if (got is not None and got[0]["n"] == r.stat.n and got[0]["p"] is not None
+                and got[0].get("region") == r.part.region):
+            row, r.family = got
+            # the table's own numbers, in points: one comparison, one set of numbers on every page
+            r.stat = scaled(row["stat"], row["scale"])
+            r.mde_alpha = row["mde_alpha"]
+            r.mde = None if row["mde"] is None else row["scale"] * row["mde"]
+            _decide(r, row["p"], row["p_holm"], row.get("inside"))
+            continue
+        mine.append(r)
+    k = len(mine)
     level = holm_first_level(ALPHA, k)
-    for r, q in zip(own, holm([outside_p(r.stat, r.part.region) for r in own])):
-        r.family = f"this page's {k} region tests"
-        r.p, r.p_family, r.mde_alpha = outside_p(r.stat, r.part.region), q, level
+    tests = [region_test(r.stat, r.part.region) for r in mine]
+    for r, t, q in zip(mine, tests, holm([None if t is None else t[0] for t in tests])):
+        r.family = f"{own} ({k})"
+        r.mde_alpha = level
         r.mde = mde(r.stat.sd, r.stat.n, level, POWER)
-        inside = verdict(r.stat.ci, r.part.region) == REPRODUCED
-        r.verdict = REPRODUCED if inside else (REFUTED if q is not None and q < ALPHA else UNDECIDED)
+        _decide(r, None if t is None else t[0], q, None if t is None else t[1])
+
+
+def scaled(st: PairedStat, scale: float) -> PairedStat:
+    """A paired summary in display units (pass@1 in points: x 100)."""
+    from dataclasses import replace
+
+    return replace(st, mean=None if st.mean is None else scale * st.mean,
+                   sd=None if st.sd is None else scale * st.sd,
+                   ci=None if st.ci is None else (scale * st.ci[0], scale * st.ci[1]),
+                   mde=None if st.mde is None else scale * st.mde)
 
 
 def evaluate(claims: tuple[Claim, ...], runs: dict[str, list[RunData]]) -> list[ClaimResult]:
-    """Every claim's parts (``evaluate_part``), their verdicts under the one multiplicity rule over the whole
-    page (``apply_families``), and each claim's verdict (``combine``)."""
-    parts = [[evaluate_part(p, runs) for p in c.parts] for c in claims]
-    apply_families([r for ps in parts for r in ps], runs)
-    return [ClaimResult(c, ps, combine(ps)) for c, ps in zip(claims, parts)]
+    """Every claim's parts (``evaluate_part``), their verdicts under the one standard (``apply_families``,
+    claim by claim, the paired tables shared) and each claim's verdict (``combine``). A retired claim's parts are
+    all shown beside a verdict of ``retired``."""
+    from dataclasses import replace
+
+    cache: dict = {}
+    out = []
+    for c in claims:
+        parts = tuple(replace(p, decisive=False) for p in c.parts) if c.retired else c.parts
+        results = [evaluate_part(p, runs) for p in parts]
+        apply_families(results, runs, cache)
+        out.append(ClaimResult(c, results, RETIRED if c.retired else combine(results)))
+    return out
 
 
 def check_table(frame, experiments: set[str], source: str) -> None:
@@ -431,26 +475,33 @@ def markdown(results: list[ClaimResult], meta: dict, figures: dict[str, str]) ->
            + (f" Note: {meta['predates']}." if meta.get("predates") else ""), "",
            "How to read it: each claim is split into parts. A part is a per-seed number d_s, mostly a paired "
            "difference (runs with the same seed share their warm start and prompt order), else one run's measure, "
-           "with its mean, 95 % t interval and the region the claim predicts for it. **Reproduced**: the interval lies inside that region. **Refuted**: the "
-           "test that the mean lies outside the region (p) rejects after Holm's adjustment over the part's "
-           "family (Holm p below 0.05). A part that is also a comparison of the paired tables (an algorithm's "
-           "final pass@1 against grpo in one experiment, the region bounded at 0) belongs to that table's "
-           "family and gets its verdict, so both pages say the same; every other part belongs to this page's "
-           "family of region tests. **Not decided**: neither; the MDE is then the distance beyond the region's "
-           "edge that the deciding level (its α, Holm's first step over the family) detects with 80 % power, and "
-           "for an equivalence region (bounded on both sides) the chance that the interval lands inside it were "
-           "the true difference its centre (the power of the two one-sided tests, computed exactly). "
-           "A claim is reproduced when every decisive part is (each at its own level: all must hold, so no "
-           "correction), refuted when any decisive part is refuted at its family's level. Parts marked 'not in "
-           "the verdict' are shown beside it; one marked 'a reading' claims no region and tests nothing. "
+           "with its mean, 95 % t interval and the region the claim predicts for it, registered before the runs "
+           "with its edges at the smallest effect of interest (the margin): 'better' is ahead by more than the "
+           "margin, 'at least as well' no worse than minus the margin, 'equal' within it. **One test per part**, "
+           "symmetric in its two answers: p is the smallest level at which the two-sided t interval lies wholly "
+           "inside the region or wholly outside it, adjusted by Holm's method over the part's family. "
+           "**Reproduced**: decided (Holm p below 0.05) inside; **refuted**: decided outside, so a null effect "
+           "refutes a directional claim as readily as a true one reproduces it; **not decided**: neither, and the "
+           "MDE is the distance beyond the region's edge that the deciding level (its α, Holm's first step over "
+           "the family) detects with 80 % power (for a region bounded on both sides also the chance of landing "
+           "inside were the truth its centre). A part that is a comparison of the paired tables (one algorithm "
+           "against another in one experiment, or one algorithm under two settings) belongs to that table's "
+           "family and prints that table's row, so every page shows the comparison with the same numbers and "
+           "verdict; every other part belongs to its claim's own family. A claim is reproduced when every "
+           "decisive part is (each at its own level: all must hold, so no correction), refuted when any decisive "
+           "part is. Parts marked 'not in the verdict' are shown beside it; one marked 'a reading' claims no "
+           "region. A claim marked **retired** cannot be shown by any miniature here, for the reason given: its "
+           "parts are shown and nothing is tested. "
            "Scope: these are miniatures (models of ~1M parameters, arithmetic tasks, 40-80 RL steps); a refutation "
            "says the effect does not appear at this scale, not that the source is wrong at its own.", ""]
     out += tables.markdown(("#", "claim", "verdict"), [
-        [i, r.claim.text, f"**{r.verdict}**{seeds_and_mde(r) if r.verdict == UNDECIDED else ''}"]
+        [i, r.claim.text, f"**{r.verdict}**" + (seeds_and_mde(r) if r.verdict == UNDECIDED else
+                                                 f": {r.claim.retired}" if r.verdict == RETIRED else "")]
         for i, r in enumerate(results, 1)]).rstrip("\n").split("\n")
     for i, r in enumerate(results, 1):
         c = r.claim
-        out += ["", f"## {i}. {c.text}", "", f"**Verdict: {r.verdict}{seeds_and_mde(r)}.**", "",
+        why = f": {c.retired}" if r.verdict == RETIRED else seeds_and_mde(r)
+        out += ["", f"## {i}. {c.text}", "", f"**Verdict: {r.verdict}{why}.**", "",
                 f"Source: {c.source}.", "", f"Experiment: {c.design}", ""]
         for e in c.experiments:
             what, cmds = EXPERIMENTS[e]

@@ -226,6 +226,43 @@ def outside_p(stat: PairedStat, region: tuple[float, float]) -> float | None:
     return min(1.0, 2 * min(ps)) if ps else None
 
 
+def inside_p(stat: PairedStat, region: tuple[float, float]) -> float | None:
+    """The p value of the test that the true mean difference lies inside the open ``region`` (lo, hi): each
+    finite edge is a one-sided paired t test (H0: mean <= lo, against mean > lo; H0: mean >= hi, against
+    mean < hi), the larger p doubled (all must reject: an intersection-union test), so that p < alpha exactly
+    when the two-sided (1 - alpha) interval lies wholly inside the region. For a region bounded on both sides
+    that is the two one-sided tests of equivalence (TOST) at alpha / 2 each. None without an interval, for a
+    tie, or for the whole line (nothing claimed)."""
+    from scipy.stats import t as student
+
+    if stat.ci is None or stat.sd is None or stat.tied:
+        return None
+    lo, hi = region
+    se = stat.sd / math.sqrt(stat.n)
+    ps = []
+    if math.isfinite(lo):
+        # above lo: P(T_{n-1} >= (mean - lo) / se)
+        ps.append(float(student.sf((stat.mean - lo) / se, stat.n - 1)))
+    if math.isfinite(hi):
+        # below hi: P(T_{n-1} <= (mean - hi) / se)
+        ps.append(float(student.cdf((stat.mean - hi) / se, stat.n - 1)))
+    return min(1.0, 2 * max(ps)) if ps else None
+
+
+def region_test(stat: PairedStat, region: tuple[float, float]) -> tuple[float, bool] | None:
+    """One test of a claimed ``region``, symmetric in its two answers: ``(p, inside)``, p the smallest level at
+    which the two-sided (1 - p) t interval lies wholly inside the region (``inside`` True, ``inside_p``) or
+    wholly outside it (False, ``outside_p``), whichever comes first. A null effect can therefore show a region
+    bounded away from 0 wrong as readily as a true effect shows it right. For the region (0, inf) p is the
+    two-sided paired t test's p and ``inside`` the sign of the mean: the paired tables' test is this one with
+    the edge at 0. None without an interval, for a tie, or for the whole line."""
+    p_in, p_out = inside_p(stat, region), outside_p(stat, region)
+    if p_in is None or p_out is None:
+        return None
+    # p = min(p_in, p_out): the interval at level p touches the edge from one side
+    return (p_in, True) if p_in <= p_out else (p_out, False)
+
+
 def tost_power(sd: float | None, n: int, region: tuple[float, float], alpha: float = 0.05) -> float | None:
     """The chance that the (1 - alpha) t interval of n paired differences lands inside a bounded ``region``
     (lo, hi) when the true mean is its centre c and the true sd is ``sd``: the power of the two one-sided tests

@@ -43,9 +43,9 @@ from gspo_bench.reporting.frame import FINISHED, RunData
 from gspo_bench.reporting.grouping import with_by
 from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE, _plain
 from gspo_bench.reporting.paired import holm_first_level
-from gspo_bench.reporting.pairing import (ALPHA, POWER, Pooled, adjust_holm, cell, compare, csv_text, decided,
-                                          group_title, markdown, mde_text, p_cells, pooled_mde, rich,
-                                          seed_table, stat_cells, with_leaderboard)
+from gspo_bench.reporting.pairing import (ALPHA, POWER, Pooled, Regions, adjust_holm, cell, compare, csv_text,
+                                          decided, group_title, markdown, mde_text, no_regions, p_cells, pooled_mde,
+                                          rich, seed_table, stat_cells, with_leaderboard)
 
 
 @dataclass
@@ -90,13 +90,15 @@ def check_baseline(runs: list[RunData], baseline: str, strict: bool = True) -> s
 
 
 def paired_groups(runs: list[RunData], baseline: str = DEFAULT_BASELINE, alpha: float = ALPHA,
-                  power: float = POWER, by: tuple[str, ...] = ()) -> list[PairedGroup]:
+                  power: float = POWER, by: tuple[str, ...] = (), regions: Regions = no_regions) -> list[PairedGroup]:
     """Per group with a FINISHED run: each other algorithm's paired differences to ``baseline`` (see the
     module docstring), best mean final pass@1 difference first, plus the group's MDE for final pass@1.
 
     Only FINISHED runs with a seed tag are paired. Every non-baseline algorithm gets its three rows even with
     no pair (n = 0); a group where no pair exists gets a ``note`` saying why. ``by``: run tags splitting the
     groups further (``PairedGroup.key`` ends with their values; rows get ``row["by"] = {tag: value}``).
+    ``regions``: a claim's registered region of a comparison's final pass@1 (``pairing.compare``), looked up
+    by the two cells' run tags.
     """
     table = seed_table(runs, by)
     levels = list(range(4 + len(by)))  # the group and its ``by`` values: every level but algo and seed
@@ -108,7 +110,9 @@ def paired_groups(runs: list[RunData], baseline: str = DEFAULT_BASELINE, alpha: 
         for algo in sorted(a for a in algos if a != baseline):
             head = {"task": key[0], "model": key[1], "preset": key[2], "config": key[3], "algo": algo,
                     "baseline": baseline, **({"by": dict(zip(by, key[4:]))} if by else {})}
-            rows += [{**head, **r} for r in compare(cell(table, (*key, algo)), base, alpha, power)]
+            tags = {"task": key[0], "model": key[1], "preset": key[2], "tuning": key[3], **dict(zip(by, key[4:]))}
+            region = regions({**tags, "algo": algo}, {**tags, "algo": baseline})
+            rows += [{**head, **r} for r in compare(cell(table, (*key, algo)), base, alpha, power, region)]
         k = adjust_holm(rows, alpha, power)
         g = PairedGroup(key, baseline, rows, by=by)
         g.mde_alpha, g.mde_algos_tested = holm_first_level(alpha, k), k
@@ -164,8 +168,10 @@ def mde_line(g: PairedGroup, with_title: bool = True) -> str:
 
 def _paired_title(baseline: str) -> str:
     return (f"Paired differences vs {baseline}: per seed, algo - {baseline}; mean, 95 % t interval, "
-            "significant = interval excludes 0 (each comparison on its own); p = paired t test, Holm p = "
-            "adjusted by Holm's method over the group's algorithms per metric (below 0.05: decided for the family)")
+            "significant = interval excludes 0 (each comparison on its own); p = paired t test against 0, or, where a "
+            "claim registered a region ('claimed' in the metric), the test that the interval lies inside or outside "
+            "it (as on the claims page); Holm p = adjusted by Holm's method over the group's algorithms per metric "
+            "(below 0.05: decided for the family)")
 
 
 def render_paired(groups: list[PairedGroup], fmt: str = "md", baseline: str = DEFAULT_BASELINE,

@@ -14,6 +14,7 @@ everything else is here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ from gspo_bench.reporting.frame import RunData
 from gspo_bench.reporting.grouping import by_title, flat, split_values
 from gspo_bench.reporting.leaderboard import _plain, render, rich_table, run_summary
 from gspo_bench.reporting.paired import (holm, holm_first_level, mde, pair_by_seed, paired_summary, pooled_sd,
-                                        seed_key)
+                                        region_test, seed_key)
 from gspo_bench.reporting.seeds import RUNS, per_seed, run_table
 
 ALPHA, POWER = 0.05, 0.8  # paired tables: 95 % intervals, MDE at 80 % power
@@ -74,10 +75,25 @@ def cell(table: pd.DataFrame, key: tuple) -> dict[str, dict[str, float]]:
 
 
 # -- comparing two cells -------------------------------------------------------------------------------------------
-def compare(mine: dict[str, dict], base: dict[str, dict], alpha: float = ALPHA, power: float = POWER) -> list[dict]:
+# (run tags of the compared cell, run tags of its baseline cell) -> the region a claim registered, or None
+Regions = Callable[[dict, dict], "tuple[float, float] | None"]
+
+
+def no_regions(mine: dict, base: dict) -> None:
+    """No claim registers a region here: every comparison is the t test against 0."""
+    return None
+
+
+def compare(mine: dict[str, dict], base: dict[str, dict], alpha: float = ALPHA, power: float = POWER,
+            region: tuple[float, float] | None = None) -> list[dict]:
     """Per ``PAIRED_METRICS`` metric, the paired differences ``mine - base`` (``cell`` dicts): the row fields
     every paired table shares (``n`` pairs of the ``common`` seeds, their ``seeds``, ``mean_diff``,
-    ``sd_diff``, ``ci_low``/``ci_high``, ``significant``, ``p``, ``mde``, the ``PairedStat`` as ``stat``)."""
+    ``sd_diff``, ``ci_low``/``ci_high``, ``significant``, ``p``, ``mde``, the ``PairedStat`` as ``stat``).
+
+    ``region``: the region (points of pass@1) a claim registered for this comparison's final pass@1
+    (``claim_specs.region_lookup``). Its row's ``p`` is then that region's test (``paired.region_test``: inside
+    or outside, ``inside`` says which) instead of the t test against 0, and ``region`` and ``label`` say so, so
+    that every page showing the comparison prints one p, Holm p and verdict for it."""
     common = sorted(set(mine) & set(base), key=seed_key)
     rows = []
     for name, k, label, unit, scale in PAIRED_METRICS:
@@ -87,12 +103,26 @@ def compare(mine: dict[str, dict], base: dict[str, dict], alpha: float = ALPHA, 
         # a tie (every seed's difference equal, e.g. all at the evaluation's floor) has no spread: the table
         # shows no interval, test or MDE for it (n/a), and it is no member of a Holm family
         ci = None if st.tied else st.ci
-        rows.append({"metric": name, "label": label, "unit": unit, "scale": scale, "n": st.n, "common": len(common),
-                     "seeds": ",".join(seeds), "mean_diff": st.mean, "sd_diff": st.sd,
-                     "ci_low": ci[0] if ci else None, "ci_high": ci[1] if ci else None,
-                     "significant": st.significant and not st.tied, "p": None if st.tied else st.p, "p_holm": None,
-                     "mde": st.mde, "stat": st})
+        row = {"metric": name, "label": label, "unit": unit, "scale": scale, "n": st.n, "common": len(common),
+               "seeds": ",".join(seeds), "mean_diff": st.mean, "sd_diff": st.sd,
+               "ci_low": ci[0] if ci else None, "ci_high": ci[1] if ci else None,
+               "significant": st.significant and not st.tied, "p": None if st.tied else st.p, "p_holm": None,
+               "mde": st.mde, "stat": st}
+        if region is not None and name == "final_pass1":
+            # the claim's region in pass@1 units (the row's scale): p of its one test, inside or outside
+            test = region_test(st, tuple(x / scale for x in region))
+            row.update(region=region, label=f"{label}, claimed {region_text(region)}",
+                       p=None if test is None else test[0], inside=None if test is None else test[1])
+        rows.append(row)
     return rows
+
+
+def region_text(region: tuple[float, float]) -> str:
+    """A claimed region of points as a table states it: ``> +3``, ``< +3``, ``(-3, +3)``."""
+    lo, hi = region
+    if math.isfinite(lo) and math.isfinite(hi):
+        return f"({lo:+g}, {hi:+g})"
+    return f"> {lo:+g}" if math.isfinite(lo) else f"< {hi:+g}"
 
 
 def pooled_mde(rows: list[dict], alpha: float = ALPHA, power: float = POWER) -> tuple:

@@ -57,6 +57,7 @@ from pathlib import Path
 
 from gspo_bench import tables
 from gspo_bench.reporting import figures
+from gspo_bench.reporting.claim_specs import region_lookup
 from gspo_bench.config import ConfigError
 from gspo_bench.paths import probe_writable_dir
 from gspo_bench.tracking import stores
@@ -412,8 +413,11 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
         check_by(runs, by)
     if split_base and runs:
         check_split_value(runs, *split_base)
-    paired = {g.key: g for g in paired_groups(runs, baseline, by=by)}
-    split_pairs = {g.key: g for g in split_pair_groups(runs, *split_base, by)} if split_base else {}
+    # a comparison a claim registered is tested against its region here as on the claims page
+    regions = region_lookup(experiment)
+    paired = {g.key: g for g in paired_groups(runs, baseline, by=by, regions=regions)}
+    split_pairs = ({g.key: g for g in split_pair_groups(runs, *split_base, by, regions=regions)} if split_base
+                   else {})
     client = mlflow.MlflowClient(uri) if uri else None
     if storage is not None:  # a bad storage URL or study name stops before the folder is made
         from gspo_bench.reporting.study import open_studies, tuning_section

@@ -48,7 +48,8 @@ from gspo_bench.reporting.frame import RunData
 from gspo_bench.reporting.grouping import MISSING, split_values, with_by
 from gspo_bench.reporting.leaderboard import _plain
 from gspo_bench.reporting.paired import holm_first_level
-from gspo_bench.reporting.pairing import (ALPHA, POWER, Pooled, adjust_holm, cell, compare, csv_text, decided,
+from gspo_bench.reporting.pairing import (ALPHA, POWER, Pooled, Regions, adjust_holm, cell, compare, csv_text,
+                                          decided, no_regions,
                                           group_title, markdown, mde_text, p_cells, pooled_mde, rich, seed_table,
                                           stat_cells, with_leaderboard)
 
@@ -104,10 +105,12 @@ def _label(by: tuple[str, ...], vals: tuple[str, ...]) -> str:
 
 
 def split_pair_groups(runs: list[RunData], tag: str, value: str, by: tuple[str, ...], alpha: float = ALPHA,
-                      power: float = POWER) -> list[SplitGroup]:
+                      power: float = POWER, regions: Regions = no_regions) -> list[SplitGroup]:
     """Per group with a FINISHED run: per algorithm and split whose ``tag`` value is not ``value``, the paired
     differences to the same algorithm's baseline split (see the module docstring). Rows are ordered by
-    algorithm, then split values, then metric; they carry ``row["by"]`` = the compared split's {tag: value}."""
+    algorithm, then split values, then metric; they carry ``row["by"]`` = the compared split's {tag: value}.
+    ``regions``: a claim's registered region of a comparison's final pass@1 (``pairing.compare``), looked up
+    by the two cells' run tags."""
     i = by.index(tag)
     table = seed_table(runs, by)
     out = []
@@ -130,8 +133,10 @@ def split_pair_groups(runs: list[RunData], tag: str, value: str, by: tuple[str, 
                     continue
                 compared += 1
                 # d_s = metric(algo, S, s) - metric(algo, baseline split of S, s)
+                group = {"task": task, "model": model, "preset": preset, "tuning": config, "algo": algo}
+                region = regions({**group, **dict(zip(by, vals))}, {**group, **dict(zip(by, base_vals))})
                 rows += [{**head, **r} for r in compare(cell(table, (*key, *vals, algo)),
-                                                        cell(table, (*key, *base_vals, algo)), alpha, power)]
+                                                        cell(table, (*key, *base_vals, algo)), alpha, power, region)]
         g = SplitGroup(key, tag, value, by, rows)
         if not rows:
             g.note = f"every split has {tag}={value}, nothing to compare with it"
@@ -158,8 +163,9 @@ SPLIT_CSV_FIELDS = ("task", "model", "preset", "config", "algo", "baseline", "ba
 def split_pairs_title(tag: str, value: str) -> str:
     return (f"Paired differences vs {tag}={value} (same algorithm, same seed): per seed, metric(algo, split) - "
             f"metric(algo, the split with {tag}={value} and the other --by tags equal); mean, 95 % t interval, "
-            "significant = interval excludes 0 (each comparison on its own); p = paired t test, Holm p = adjusted "
-            "by Holm's method over the group's (algorithm, split) comparisons per metric (below 0.05: decided for "
+            "significant = interval excludes 0 (each comparison on its own); p = paired t test against 0, or, where "
+            "a claim registered a region ('claimed' in the metric), the test that the interval lies inside or outside "
+            "it (as on the claims page); Holm p = adjusted by Holm's method over the group's (algorithm, split) comparisons per metric (below 0.05: decided for "
             "the family)")
 
 

@@ -152,7 +152,10 @@ def leaderboard_md(runs: list[RunData], scenario: str, experiment: str, baseline
     if not rows:
         return "\n".join(head + ["No run.", ""])
     note = check_baseline(runs, baseline, strict=False)
-    body = render_with_paired(rows, "md", paired_groups(runs, baseline), baseline, note)
+    from gspo_bench.reporting.claim_specs import region_lookup
+
+    body = render_with_paired(rows, "md", paired_groups(runs, baseline, regions=region_lookup(experiment)), baseline,
+                              note)
     aside = set_aside(runs)
     return "\n".join(head) + "\n" + body + "\n" + (f"Note: {aside}.\n\n" if aside else "") + NOTES + "\n"
 
