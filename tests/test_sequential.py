@@ -164,3 +164,33 @@ def test_a_large_effect_stops_with_far_fewer_seeds_than_the_maximum():
     assert mean_stop <= 0.6 * MAX_SEEDS
     # every decision on this effect is "above": the sign comes from the data
     assert all(sequential_summary(rng.normal(effect, 1.0, 12).tolist(), ALPHA).side >= 0 for _ in range(50))
+
+
+def test_a_comparison_a_claim_registers_is_decided_against_its_edge():
+    from gspo_bench.reporting.claim_specs import sequence_edges
+    from gspo_bench.reporting.sequential import edge_of, sequential_summary, versus_baseline
+    from gspo_bench.reporting.suite_summary import sequential_json, sequential_markdown
+
+    # the claims register suite-long's gspo - grpo as "> +3": its sequence is decided against +3 points
+    assert sequence_edges("suite-long", ["grpo", "gspo", "dr_grpo"], "grpo") == {"gspo": 0.03}
+    assert sequence_edges("my-suite-long", ["grpo", "gspo"], "grpo") == {}  # another experiment: against 0
+    assert edge_of((3.0, math.inf)) == 0.03 and edge_of((-math.inf, -3.0)) == -0.03
+    assert edge_of((-3.0, 3.0)) is None and edge_of(None) is None
+    rng = np.random.default_rng(3)
+    base = {str(s): 0.5 for s in range(12)}
+    for lead, want in ((0.08, "above +3"), (0.0, "below +3")):
+        gspo = {str(s): 0.5 + lead + float(rng.normal(0, 0.01)) for s in range(12)}
+        got = versus_baseline({"grpo": base, "gspo": gspo}, "grpo", edges={"gspo": 0.03})["gspo"]
+        ds = [gspo[str(s)] - 0.5 for s in range(12)]
+        # by hand: the sequence of d - 0.03 against 0, shifted back by 0.03
+        by_hand = sequential_summary([d - 0.03 for d in ds], 0.05)
+        assert got.stat.p == pytest.approx(by_hand.p) and got.edge == 0.03 and got.decision == want
+        assert got.stat.mean == pytest.approx(np.mean(ds))
+        assert got.stat.ci == pytest.approx((by_hand.ci[0] + 0.03, by_hand.ci[1] + 0.03))
+        # against 0, the same data: a null lead is not "below 0"
+        plain = versus_baseline({"grpo": base, "gspo": gspo}, "grpo")["gspo"]
+        assert plain.edge == 0.0 and (plain.decision == ABOVE if lead else plain.decision != "below +3")
+    seq = sequential_json({"long": {"grpo": base, "gspo": gspo}}, "grpo", 12, 2, 1, edges={"long": {"gspo": 0.03}})
+    assert seq["scenarios"]["long"]["gspo"]["edge"] == 0.03
+    page = "\n".join(sequential_markdown(seq, {"long": list(range(12))}))
+    assert "| `long` | `gspo` (claimed edge +3) |" in page and "**below +3**" in page

@@ -512,3 +512,14 @@ def region_lookup(experiment: str, delta: float = DEFAULT_MARGIN):
         return None
 
     return lookup
+
+
+def sequence_edges(experiment: str, algos, baseline: str) -> dict[str, float]:
+    """Per algorithm of ``algos`` whose comparison with ``baseline`` in ``experiment`` a claim registers with one
+    edge, that edge in pass@1 units: what ``suite --until-decided`` decides it against (``sequential.edge_of``),
+    so that its sequential verdict and the fixed-n pages test the same region."""
+    from gspo_bench.reporting.sequential import edge_of
+
+    lookup = region_lookup(experiment)
+    edges = {a: edge_of(lookup({"algo": a}, {"algo": baseline})) for a in algos if a != baseline}
+    return {a: e for a, e in edges.items() if e is not None}

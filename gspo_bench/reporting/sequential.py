@@ -56,7 +56,7 @@ call them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -89,6 +89,7 @@ class FamilyDecision:
     stat: SequentialStat
     p_holm: float
     decision: str | None  # ABOVE, BELOW, or None (not decided)
+    edge: float = 0.0  # what the decision is above or below: 0, or the edge of a region a claim registered
 
 
 def _check(alpha: float, g: float) -> None:
@@ -201,12 +202,38 @@ def decide_family(diffs: dict[str, list[float]], alpha: float = 0.05,
 
 
 def versus_baseline(finals: dict[str, dict[str, float]], baseline: str, alpha: float = 0.05,
-                    g: float = MIXTURE_G) -> dict[str, FamilyDecision]:
+                    g: float = MIXTURE_G, edges: dict[str, float] | None = None) -> dict[str, FamilyDecision]:
     """One scenario's family: every algorithm of ``finals`` ({algo: {seed: final pass@1}}) but ``baseline``,
     paired with it seed by seed over the seeds where both have a value (``paired.pair_by_seed``, seed order),
-    decided together by ``decide_family``. Empty when ``baseline`` is not in ``finals``."""
+    decided together by ``decide_family``. Empty when ``baseline`` is not in ``finals``.
+
+    ``edges``: per algorithm, the edge of the region a claim registered for its comparison (pass@1 units,
+    ``edge_of``). That comparison is then decided against the edge instead of 0, as its fixed-n pages test it:
+    the confidence sequence of ``d_s - edge``, shifted back, and the decision above or below the edge (in points)."""
     if baseline not in finals:
         return {}
-    # d_s = final(algo, s) - final(baseline, s), in seed order
-    diffs = {a: pair_by_seed(values, finals[baseline])[1] for a, values in finals.items() if a != baseline}
-    return decide_family(diffs, alpha, g)
+    edges = edges or {}
+    # d_s = final(algo, s) - final(baseline, s), in seed order; tested against its edge: d_s - edge against 0
+    diffs = {a: [d - edges.get(a, 0.0) for d in pair_by_seed(values, finals[baseline])[1]]
+             for a, values in finals.items() if a != baseline}
+    out = decide_family(diffs, alpha, g)
+    for a, edge in edges.items():
+        if a in out and edge:
+            st = out[a].stat
+            # back in the units of d_s: the mean and the interval move by the edge
+            shifted = replace(st, mean=None if st.mean is None else st.mean + edge,
+                              ci=None if st.ci is None else (st.ci[0] + edge, st.ci[1] + edge))
+            # the side is the edge's: "above +3" (points), not "above 0"
+            side = None if out[a].decision is None else out[a].decision.replace(" 0", f" {100 * edge:+g}")
+            out[a] = replace(out[a], stat=shifted, decision=side, edge=edge)
+    return out
+
+
+def edge_of(region: tuple[float, float] | None, scale: float = 100.0) -> float | None:
+    """The one finite edge of a claimed region in points (``claim_specs.region_lookup``), in pass@1 units
+    (divided by ``scale``); None for no region, or one bounded on both sides (an equivalence: its fixed-n pages
+    test it, the sequence tests against 0)."""
+    if region is None:
+        return None
+    finite = [x for x in region if math.isfinite(x)]
+    return finite[0] / scale if len(finite) == 1 else None

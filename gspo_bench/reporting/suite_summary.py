@@ -161,15 +161,17 @@ def leaderboard_md(runs: list[RunData], scenario: str, experiment: str, baseline
 
 
 def sequential_json(per_scenario: dict[str, dict[str, dict[str, float]]], baseline: str, max_seeds: int,
-                    seed_batch: int, rounds: int, alpha: float = ALPHA) -> dict:
+                    seed_batch: int, rounds: int, alpha: float = ALPHA,
+                    edges: dict[str, dict[str, float]] | None = None) -> dict:
     """``suite --until-decided``'s decisions, per scenario and algorithm against ``baseline``
-    (``sequential.versus_baseline`` over the final pass@1 of every seed), with the method and the settings."""
+    (``sequential.versus_baseline`` over the final pass@1 of every seed), with the method and the settings.
+    ``edges``: per scenario, the edges claims registered for some of its comparisons (decided against them)."""
     scenarios = {}
     for name, finals in per_scenario.items():
-        family = versus_baseline(finals, baseline, alpha)
+        family = versus_baseline(finals, baseline, alpha, edges=(edges or {}).get(name))
         scenarios[name] = {a: {"n": d.stat.n, "mean_diff": d.stat.mean, "ci": list(d.stat.ci) if d.stat.ci else None,
                                "level": d.stat.level, "e": d.stat.e, "p": d.stat.p, "p_holm": d.p_holm,
-                               "decision": d.decision} for a, d in family.items()}
+                               "decision": d.decision, "edge": d.edge} for a, d in family.items()}
     return {"method": METHOD, "alpha": alpha, "baseline": baseline, "metric": "final eval pass@1",
             "max_seeds": max_seeds, "seed_batch": seed_batch, "rounds": rounds, "scenarios": scenarios}
 
@@ -184,7 +186,9 @@ def sequential_markdown(seq: dict, scenario_seeds: dict[str, list]) -> list[str]
           "difference at every number of seeds at once, so stopping at the first decision keeps the chance of "
           f"any false decision in a scenario's family at most {seq['alpha']:g}, which a t test repeated after "
           "each batch would not. *Decided* means the Holm-adjusted sequential p is at most "
-          f"{seq['alpha']:g}: the difference is above 0 or below 0. The interval is the confidence sequence at "
+          f"{seq['alpha']:g}: the difference is above 0 or below 0, or, for a comparison a claim registers a "
+          "region for (marked with its edge), above or below that edge, as its other pages test it. The interval "
+          "is the confidence sequence at "
           f"{seq['alpha']:g} / k for a family of k (it holds every comparison of the scenario at once); a tie "
           "(every difference equal) is no evidence. The best / worst marks above and the paired tables of "
           "`leaderboard.md` are fixed-n t tests: on seeds added until decided they are not at their nominal "
@@ -194,9 +198,12 @@ def sequential_markdown(seq: dict, scenario_seeds: dict[str, list]) -> list[str]
         for a, d in family.items():
             diff = "-" if d["mean_diff"] is None else f"{100 * d['mean_diff']:+.1f}"
             ci = "whole line" if d["ci"] is None else f"[{100 * d['ci'][0]:+.1f}, {100 * d['ci'][1]:+.1f}]"
-            rows.append([f"`{name}`", f"`{a}`", f"{d['n']}/{len(scenario_seeds.get(name, []))}", diff, ci,
-                         f"{d['level']:.2g}", f"{d['p']:.2g}", f"{d['p_holm']:.2g}",
-                         f"**{d['decision']}**" if d["decision"] else "not decided"])
+            edge = d.get("edge") or 0.0
+            # a comparison a claim registered is decided against its region's edge, not 0: the cell says so
+            against = f" (claimed edge {100 * edge:+g})" if edge else ""
+            decision = f"**{d['decision']}**" if d["decision"] else "not decided"
+            rows.append([f"`{name}`", f"`{a}`{against}", f"{d['n']}/{len(scenario_seeds.get(name, []))}", diff, ci,
+                         f"{d['level']:.2g}", f"{d['p']:.2g}", f"{d['p_holm']:.2g}", decision])
     if not rows:
         return md + ["No comparison: no FINISHED run of the baseline.", ""]
     return md + [tables.markdown(("scenario", f"algo vs `{seq['baseline']}`", "pairs / seeds", "mean diff (pts)",

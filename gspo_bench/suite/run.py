@@ -59,6 +59,7 @@ from gspo_bench.tracking.redact import redact
 from gspo_bench.suite.backends import Backend, Cell, LocalBackend, makespan
 from gspo_bench.suite.cost import ALGO_COST, WARMSTART_S, cell_seconds, warmstart_key
 from gspo_bench.suite.target import target_lines
+from gspo_bench.reporting.claim_specs import sequence_edges
 from gspo_bench.suite.until_decided import DEFAULT_SEED_BATCH, Extension, run_until_decided
 from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE
 from gspo_bench.reporting.frame import FINISHED
@@ -454,9 +455,14 @@ def run_extension(plan: Plan, req: SuiteRequest, ran: dict[str, int], log, conso
         for name, count in run_cells(batch, log, req.progress, console, backend).items():
             ran[name] = ran.get(name, 0) + count
 
+    def edges(name: str) -> dict[str, float]:
+        # a comparison a claim registers is decided against its region's edge, as its pages test it
+        return sequence_edges(by_name[name].experiment, plan.algos, DEFAULT_BASELINE)
+
     tried = {(s.name, a, seed) for s in plan.scenarios for a, seed in s.todo}
     return run_until_decided([s.name for s in plan.scenarios], plan.seeds, plan.algos, DEFAULT_BASELINE,
-                             req.max_seeds, req.seed_batch or DEFAULT_SEED_BATCH, read_finals, run_batch, tried, log)
+                             req.max_seeds, req.seed_batch or DEFAULT_SEED_BATCH, read_finals, run_batch, tried, log,
+                             edges=edges)
 
 
 def write_outputs(plan: Plan, req: SuiteRequest, ran: dict[str, int], wall_s: float, log,
@@ -511,7 +517,9 @@ def write_outputs(plan: Plan, req: SuiteRequest, ran: dict[str, int], wall_s: fl
             "cell_s": cell_s, "scenario_info": info, "backend": req.backend, "workers": workers}
     if extension is not None:
         meta["sequential"] = sequential_json(per_scenario, DEFAULT_BASELINE, req.max_seeds,
-                                             req.seed_batch or DEFAULT_SEED_BATCH, extension.rounds)
+                                             req.seed_batch or DEFAULT_SEED_BATCH, extension.rounds,
+                                             edges={s.name: sequence_edges(s.experiment, plan.algos, DEFAULT_BASELINE)
+                                                    for s in plan.scenarios})
     code = 0 if finished_cells == n_cells else 1
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.md").write_text(summary_markdown(result, meta) + "\n")

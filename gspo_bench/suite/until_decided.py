@@ -69,14 +69,15 @@ def undecided(decisions: dict[str, FamilyDecision]) -> list[str]:
 
 
 def next_cells(finals: Finals, seeds: list[int], algos: list[str], baseline: str, max_seeds: int, batch: int,
-               tried: set[Cell] = frozenset(), alpha: float = ALPHA) -> list[Cell]:
+               tried: set[Cell] = frozenset(), alpha: float = ALPHA, edges: dict[str, float] | None = None) -> list[Cell]:
     """The cells one scenario runs next (module docstring); [] when every comparison is decided, or when the
     undecided ones have every seed up to ``max_seeds`` (tried). ``finals`` holds FINISHED results only;
-    ``tried``: cells this invocation ran already (each is run at most once per invocation)."""
+    ``tried``: cells this invocation ran already (each is run at most once per invocation); ``edges``: the
+    edges claims registered for some comparisons (``sequential.versus_baseline``)."""
     if max_seeds < 1 or batch < 1:
         raise ValueError(f"max_seeds={max_seeds} and batch={batch} must be >= 1")
     family = {a: finals.get(a, {}) for a in algos}
-    open_ = undecided(versus_baseline(family, baseline, alpha))
+    open_ = undecided(versus_baseline(family, baseline, alpha, edges=edges))
     if not open_:
         return []
     active = [baseline, *open_]
@@ -94,12 +95,14 @@ def next_cells(finals: Finals, seeds: list[int], algos: list[str], baseline: str
 def run_until_decided(scenarios: list[str], configured: list[int], algos: list[str], baseline: str,
                       max_seeds: int, batch: int, read_finals: Callable[[str], Finals],
                       run_cells: Callable[[dict[str, list[Cell]]], None], tried: set[tuple[str, str, int]],
-                      log: Callable[[str], None] = print, alpha: float = ALPHA) -> Extension:
+                      log: Callable[[str], None] = print, alpha: float = ALPHA,
+                      edges: Callable[[str], dict[str, float]] = lambda scenario: {}) -> Extension:
     """Plan (``next_cells``), run, read back, until no scenario has a cell to run; returns the ``Extension``.
 
     ``read_finals(scenario)``: its FINISHED results ({algo: {seed: final pass@1}}); ``run_cells({scenario:
     cells})``: runs them (a failed cell simply leaves no result); ``tried``: (scenario, algo, seed) already run
-    by this invocation (the configured pass), updated in place."""
+    by this invocation (the configured pass), updated in place; ``edges(scenario)``: the edges claims registered
+    for its comparisons (``claim_specs.sequence_edges``), decided against instead of 0."""
     ext = Extension(cells={name: [] for name in scenarios})
     added: dict[str, list[int]] = {name: [] for name in scenarios}
     last: dict[str, Finals] = {}
@@ -109,9 +112,10 @@ def run_until_decided(scenarios: list[str], configured: list[int], algos: list[s
             finals = last[name] = {a: v for a, v in read_finals(name).items() if a in algos}
             seeds = scenario_seeds(configured, finals, added[name])
             mine = {(a, s) for n, a, s in tried if n == name}
-            cells = next_cells(finals, seeds, algos, baseline, max_seeds, batch, mine, alpha)
+            cells = next_cells(finals, seeds, algos, baseline, max_seeds, batch, mine, alpha, edges(name))
             ext.seeds[name] = seeds
-            ext.decisions[name] = versus_baseline({a: finals.get(a, {}) for a in algos}, baseline, alpha)
+            ext.decisions[name] = versus_baseline({a: finals.get(a, {}) for a in algos}, baseline, alpha,
+                                                  edges=edges(name))
             if cells:
                 todo[name] = cells
                 open_ = undecided(ext.decisions[name])
