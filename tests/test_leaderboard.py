@@ -20,6 +20,7 @@ samples, so completions/s = 4 * 2 * 20 / wall.
 from __future__ import annotations
 
 import csv
+import math
 import io
 import statistics
 import time
@@ -325,3 +326,44 @@ def test_runs_from_before_the_dev_split_are_named_in_one_line():
     assert predates_dev_split([run(0, new), run(1, new), run(2, {}, "FAILED")]) == ""
     line = predates_dev_split([run(0, new), run(1, {}), run(2, {})])
     assert line.startswith("2 of 3 FINISHED runs predate the dev split") and "\n" not in line
+
+
+@pytest.mark.parametrize("n", [3, 4, 8])
+def test_cli_paired_mde_is_the_exact_noncentral_t_value(tmp_path, capsys, n):
+    from scipy.integrate import quad
+    from scipy.optimize import brentq
+    from scipy.stats import chi2, nct, norm
+    from scipy.stats import t as student
+
+    # grpo, gspo and dapo over n seeds: two comparisons against grpo, so Holm's first step is 0.05 / 2
+    uri = f"sqlite:///{tmp_path}/m.db"
+    client = mlflow.MlflowClient(uri)
+    exp = client.create_experiment(EXP, artifact_location=str(tmp_path / "artifacts"))
+    rng = np.random.default_rng(n)
+    for s in range(n):
+        base = 0.5 + 0.01 * s
+        _run(client, exp, "grpo", s, eval_=(0.40, 0.45, base))
+        for algo, lead in (("gspo", 0.02), ("dapo", -0.01)):
+            _run(client, exp, algo, s, eval_=(0.40, 0.45, round(base + lead + float(rng.normal(0, 0.02)), 4)))
+    assert main(["leaderboard", "--tracking-uri", uri, "--experiment", EXP, "--paired", "--format", "csv"]) == 0
+    back = [r for r in csv.DictReader(io.StringIO(capsys.readouterr().out)) if r["metric"] == "final_pass1"]
+    alpha, df = 0.05 / 2, n - 1
+    crit = student.ppf(1 - alpha / 2, df)
+
+    def power(d: float) -> float:
+        # the two-sided paired t test's power at standardised effect d: P(|T'| > crit), T' the noncentral t with
+        # nc = d sqrt(n), i.e. (Z + nc) / sqrt(V / df) with V ~ chi2(df): the integral over V of
+        # P(|Z + nc| > crit sqrt(V / df)) (scipy's nct gives NaN at some of these points; where it does not, the
+        # two agree, checked below)
+        def given(v: float) -> float:
+            c = crit * math.sqrt(v / df)
+            return (norm.sf(c - d * math.sqrt(n)) + norm.cdf(-c - d * math.sqrt(n))) * chi2.pdf(v, df)
+
+        return quad(given, 0, np.inf, limit=200)[0]
+
+    d = brentq(lambda x: power(x) - 0.8, 0.1, 50.0)
+    direct = nct.sf(crit, df, d * math.sqrt(n)) + nct.cdf(-crit, df, d * math.sqrt(n))
+    assert math.isnan(direct) or direct == pytest.approx(0.8, abs=1e-6)
+    for row in back:
+        assert int(row["n"]) == n and float(row["mde_alpha"]) == pytest.approx(alpha)
+        assert float(row["mde"]) == pytest.approx(d * float(row["sd_diff"]), rel=1e-4)
