@@ -203,27 +203,36 @@ def seeds_needed(sd: float, target: float, alpha: float = 0.05, power: float = 0
     return hi
 
 
-def outside_p(stat: PairedStat, region: tuple[float, float]) -> float | None:
-    """The p value of the test that the true mean difference lies outside the open ``region`` (lo, hi): each
-    finite edge is a one-sided paired t test (H0: mean >= lo, against mean < lo; H0: mean <= hi, against
-    mean > hi), the smaller p doubled, so that p < alpha exactly when the two-sided (1 - alpha) interval lies
-    wholly outside the region on one side (the claims' "refuted"). None without an interval, or for a tie
-    (no spread to test)."""
+def _edge_tests(stat: PairedStat, region: tuple[float, float]) -> list[tuple[float, float]] | None:
+    """Per finite edge of the open ``region`` (lo, hi), the one-sided paired t tests' p values (towards the
+    inside, towards the outside); None without an interval, or for a tie (no spread to test)."""
     from scipy.stats import t as student
 
     if stat.ci is None or stat.sd is None or stat.tied:
         return None
     lo, hi = region
     se = stat.sd / math.sqrt(stat.n)
-    ps = []
+    out = []
     if math.isfinite(lo):
-        # below the region: P(T_{n-1} <= (mean - lo) / se)
-        ps.append(float(student.cdf((stat.mean - lo) / se, stat.n - 1)))
+        # above lo (H0: mean <= lo): P(T_{n-1} >= (mean - lo) / se); below it: P(T_{n-1} <= (mean - lo) / se)
+        t_lo = (stat.mean - lo) / se
+        out.append((float(student.sf(t_lo, stat.n - 1)), float(student.cdf(t_lo, stat.n - 1))))
     if math.isfinite(hi):
-        # above the region: P(T_{n-1} >= (mean - hi) / se)
-        ps.append(float(student.sf((stat.mean - hi) / se, stat.n - 1)))
+        # below hi (H0: mean >= hi): P(T_{n-1} <= (mean - hi) / se); above it: P(T_{n-1} >= (mean - hi) / se)
+        t_hi = (stat.mean - hi) / se
+        out.append((float(student.cdf(t_hi, stat.n - 1)), float(student.sf(t_hi, stat.n - 1))))
+    return out
+
+
+def outside_p(stat: PairedStat, region: tuple[float, float]) -> float | None:
+    """The p value of the test that the true mean difference lies outside the open ``region`` (lo, hi): each
+    finite edge is a one-sided paired t test (H0: mean >= lo, against mean < lo; H0: mean <= hi, against
+    mean > hi), the smaller p doubled, so that p < alpha exactly when the two-sided (1 - alpha) interval lies
+    wholly outside the region on one side (the claims' "refuted"). None without an interval, or for a tie
+    (no spread to test)."""
+    tests = _edge_tests(stat, region)
     # two one-sided tests at alpha / 2 each: the two-sided interval's rule
-    return min(1.0, 2 * min(ps)) if ps else None
+    return min(1.0, 2 * min(p for _, p in tests)) if tests else None
 
 
 def inside_p(stat: PairedStat, region: tuple[float, float]) -> float | None:
@@ -233,20 +242,8 @@ def inside_p(stat: PairedStat, region: tuple[float, float]) -> float | None:
     when the two-sided (1 - alpha) interval lies wholly inside the region. For a region bounded on both sides
     that is the two one-sided tests of equivalence (TOST) at alpha / 2 each. None without an interval, for a
     tie, or for the whole line (nothing claimed)."""
-    from scipy.stats import t as student
-
-    if stat.ci is None or stat.sd is None or stat.tied:
-        return None
-    lo, hi = region
-    se = stat.sd / math.sqrt(stat.n)
-    ps = []
-    if math.isfinite(lo):
-        # above lo: P(T_{n-1} >= (mean - lo) / se)
-        ps.append(float(student.sf((stat.mean - lo) / se, stat.n - 1)))
-    if math.isfinite(hi):
-        # below hi: P(T_{n-1} <= (mean - hi) / se)
-        ps.append(float(student.cdf((stat.mean - hi) / se, stat.n - 1)))
-    return min(1.0, 2 * max(ps)) if ps else None
+    tests = _edge_tests(stat, region)
+    return min(1.0, 2 * max(p for p, _ in tests)) if tests else None
 
 
 def region_test(stat: PairedStat, region: tuple[float, float]) -> tuple[float, bool] | None:
