@@ -197,14 +197,15 @@ def test_claims_command_writes_the_page(tmp_path_factory, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "GSPO-token equals GSPO" in printed and "-> reproduced" in printed
     row = next(line for line in page.splitlines() if line.startswith("| final pass@1, gspo_token - gspo"))
-    assert "| +0.4 | [+0.4, +0.4] |" in row and row.endswith("| reproduced |")
+    # the store's runs log no dev-split pass@1: the page marks them as warm-started before the dev split
+    assert "| +0.4 | [+0.4, +0.4] |" in row and row.endswith("| reproduced; runs from before the dev split |")
     # cispo at 20 minus dapo (no dynamic sampling) at 40: 45 - 65, 47 - 66, 46 - 67, 48 - 68 = -20, -19, -21, -20
     # points, far outside "no worse than -3": refuted, in the claim's own family (terms of two experiments)
     section = page.split("CISPO reaches")[2]
     assert "**Verdict: refuted" in section
     cispo = next(line for line in section.splitlines() if line.startswith("| cispo at step 20 - dapo (no dynamic"))
     p, _ = _p_by_hand([-20.0, -19.0, -21.0, -20.0], (-3.0, math.inf))
-    assert f"| {cl._p(p)} | {cl._p(p)} | this claim's region tests (1) | refuted |" in cispo
+    assert f"| {cl._p(p)} | {cl._p(p)} | this claim's region tests (1) | refuted; runs from before the dev split |" in cispo
     assert "not run" in page and "experiment 'suite-long' not found" in page
     assert (out.parent / "claims" / "claim-gspo-token.png").stat().st_size > 1000
     assert not (out.parent / "claims" / "claim-stability.png").exists()  # nothing measured, no figure
@@ -227,7 +228,9 @@ COV = {"tuning": "cov-ratio-2pct"}
 
 def _rd(algo: str, seed: int, final: float, hist: dict | None = None, **tags) -> RunData:
     """A FINISHED run: eval/pass1 0.40 at step 0 and ``final`` at step 40, plus the histories ``hist``."""
-    return RunData(f"{algo}{seed}{tags}", "FINISHED", {"algo": algo, "seed": str(seed), **tags}, {}, {},
+    # warm-started on the dev split, as the claims' own runs are (a run without dev_pass1 predates it)
+    return RunData(f"{algo}{seed}{tags}", "FINISHED", {"algo": algo, "seed": str(seed), **tags},
+                   {"resolved.warmstart.dev_pass1": "0.42"}, {},
                    {"eval/pass1": [(0, 0.40), (40, final)], **(hist or {})})
 
 
@@ -567,7 +570,7 @@ def test_claims_command_with_only_some_experiments(tmp_path_factory, tmp_path, c
     row = next(line for line in page.splitlines() if line.startswith("| long: log10 wrong-answer length ratio"))
     ds = [math.log10((20 + s) / 40) for s in range(3)]
     lo, hi = _t_ci(ds)
-    assert f"[{lo:+.2f}, {hi:+.2f}]" in row and row.endswith("| reproduced (shown, not in the verdict) |")
+    assert f"[{lo:+.2f}, {hi:+.2f}]" in row and row.endswith("| reproduced (shown, not in the verdict); runs from before the dev split |")
     assert "no FINISHED run of claims-default with algo=sapo" in page
     figs = out.parent / "claims"
     assert (figs / "claim-dr-grpo-length.png").stat().st_size > 1000
@@ -698,7 +701,7 @@ def test_a_registered_comparison_has_the_same_numbers_on_the_claims_page_and_in_
     # the claims page prints those numbers on the part's line
     line = next(x for x in page.read_text().splitlines() if x.startswith("| default: final pass@1, sapo - grpo"))
     assert (f"| {cl._p(row['p'])} | {cl._p(row['p_holm'])} | claims-default: 3 comparisons against grpo, final "
-            "pass@1 | reproduced |") in line
+            "pass@1 | reproduced; runs from before the dev split |") in line
     assert f"{100 * row['mde']:.1f} (α 0.017)" in line
     # the report of claims-default from the same runs table prints the row with its claimed region and that p
     capsys.readouterr()
@@ -1009,3 +1012,19 @@ def test_a_claims_figure_gives_each_unit_a_panel_and_an_axis_of_its_own(tmp_path
     assert "[points]" in points.get_xlabel() and "[nats]" in nats.get_xlabel()
     # the nats panel's axis spans a fraction of a nat, not the points' ±7: its intervals are readable
     assert nats.get_xlim()[1] - nats.get_xlim()[0] < 0.5 and points.get_xlim()[1] - points.get_xlim()[0] > 10
+
+
+def test_a_part_on_runs_from_before_the_dev_split_says_so():
+    # gspo_token vs gspo on 3 seeds; one gspo_token run logs no dev-split pass@1 (warm-started before the split)
+    runs = {"claims-default": []}
+    for s, (a, b) in enumerate(((0.60, 0.60), (0.61, 0.62), (0.62, 0.61))):
+        runs["claims-default"] += [_rd("gspo", s, a, **DFLT), _rd("gspo_token", s, b, **DFLT)]
+    res = cl.evaluate((_claim("gspo-token"),), runs)[0]
+    assert not res.parts[0].before_dev_split
+    old = runs["claims-default"][1]
+    runs["claims-default"][1] = RunData(old.run_id, old.status, old.tags, {}, {}, old.history)
+    res = cl.evaluate((_claim("gspo-token"),), runs)[0]
+    assert res.parts[0].before_dev_split
+    meta = {"command": "c", "commit": "x", "machine": "m", "margin": 3.0, "missing": {}}
+    page = cl.markdown([res], meta, {})
+    assert "; runs from before the dev split |" in page and ", on runs from before the dev split.**" in page

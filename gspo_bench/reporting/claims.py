@@ -72,6 +72,7 @@ class PartResult:
     family: str = ""  # which family, in words
     mde: float | None = None  # the effect beyond the region's edge the deciding level detects with 80 % power
     mde_alpha: float = ALPHA  # that level: Holm's first step over the family
+    before_dev_split: bool = False  # some of its runs' warm starts were accepted on the eval split
 
 
 @dataclass
@@ -162,9 +163,11 @@ def evaluate_part(part: Part, runs: dict[str, list[RunData]]) -> PartResult:
         why = "no seed has every term measured" + (f" (no run has {'; '.join(bare)})" if bare else "")
         return PartResult(part, paired_summary([]), [], NOT_RUN, why)
     stat = paired_summary(diffs)
+    # a run that logs no dev-split pass@1 was warm-started before the dev split (``leaderboard.predates_dev_split``)
+    old = any("resolved.warmstart.dev_pass1" not in chosen[seed].params for _, chosen in picks for seed in used)
     if not part.decisive and part.region == (-math.inf, math.inf):
-        return PartResult(part, stat, used, READING)
-    return PartResult(part, stat, used, verdict(stat.ci, part.region))
+        return PartResult(part, stat, used, READING, before_dev_split=old)
+    return PartResult(part, stat, used, verdict(stat.ci, part.region), before_dev_split=old)
 
 
 def combine(results: list[PartResult]) -> str:
@@ -445,6 +448,8 @@ def part_row(r: PartResult) -> list[str]:
                      else ", not in the verdict")
     if r.missing:
         v += f": {r.missing}"
+    if r.before_dev_split:
+        v += "; runs from before the dev split"
     seeds = ",".join(r.seeds) or "-"
     ps = [_p(r.p), _p(r.p_family)]
     return [r.part.label, r.part.unit, f"{len(r.seeds)} ({seeds})", mean, ci, mde_cell, _region(r.part.region, unit),
@@ -496,11 +501,15 @@ def markdown(results: list[ClaimResult], meta: dict, figures: dict[str, str]) ->
            "says the effect does not appear at this scale, not that the source is wrong at its own.", ""]
     out += tables.markdown(("#", "claim", "verdict"), [
         [i, r.claim.text, f"**{r.verdict}**" + (seeds_and_mde(r) if r.verdict == UNDECIDED else
-                                                 f": {r.claim.retired}" if r.verdict == RETIRED else "")]
+                                                 f": {r.claim.retired}" if r.verdict == RETIRED else "")
+         + (", on runs from before the dev split" if r.verdict != RETIRED and any(
+             p.before_dev_split for p in r.parts if p.part.decisive) else "")]
         for i, r in enumerate(results, 1)]).rstrip("\n").split("\n")
     for i, r in enumerate(results, 1):
         c = r.claim
         why = f": {c.retired}" if r.verdict == RETIRED else seeds_and_mde(r)
+        if any(p.before_dev_split for p in r.parts if p.part.decisive):
+            why += ", on runs from before the dev split"
         out += ["", f"## {i}. {c.text}", "", f"**Verdict: {r.verdict}{why}.**", "",
                 f"Source: {c.source}.", "", f"Experiment: {c.design}", ""]
         for e in c.experiments:
