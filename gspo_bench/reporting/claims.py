@@ -38,6 +38,7 @@ from pathlib import Path
 from gspo_bench import tables
 from gspo_bench.reporting.claim_specs import EXPERIMENTS, Claim, Part, Term, region_lookup, table_comparison
 from gspo_bench.reporting.frame import FINISHED, RunData
+from gspo_bench.reporting.leaderboard import before_dev_split
 from gspo_bench.reporting.paired import (PairedStat, holm, holm_first_level, mde, paired_summary, region_test,
                                          signed_sum_by_seed, tost_power)
 from gspo_bench.reporting.seeds import RUNS, SEED, per_seed, run_table
@@ -163,8 +164,7 @@ def evaluate_part(part: Part, runs: dict[str, list[RunData]]) -> PartResult:
         why = "no seed has every term measured" + (f" (no run has {'; '.join(bare)})" if bare else "")
         return PartResult(part, paired_summary([]), [], NOT_RUN, why)
     stat = paired_summary(diffs)
-    # a run that logs no dev-split pass@1 was warm-started before the dev split (``leaderboard.predates_dev_split``)
-    old = any("resolved.warmstart.dev_pass1" not in chosen[seed].params for _, chosen in picks for seed in used)
+    old = any(before_dev_split(chosen[seed]) for _, chosen in picks for seed in used)
     if not part.decisive and part.region == (-math.inf, math.inf):
         return PartResult(part, stat, used, READING, before_dev_split=old)
     return PartResult(part, stat, used, verdict(stat.ci, part.region), before_dev_split=old)

@@ -264,11 +264,17 @@ def summarise(runs: list[RunData], by: tuple[str, ...] = ()) -> list[dict]:
     return sorted(rows, key=order)
 
 
+def before_dev_split(run: RunData) -> bool:
+    """A run warm-started before the dev split existed: it logs no ``resolved.warmstart.dev_pass1`` (its warm
+    start was accepted on the eval split)."""
+    return "resolved.warmstart.dev_pass1" not in run.params
+
+
 def predates_dev_split(runs: list[RunData]) -> str:
-    """One sentence when FINISHED runs among ``runs`` were warm-started before the dev split existed (they log no
-    ``resolved.warmstart.dev_pass1``: their warm start was accepted on the eval split), or ''."""
+    """One sentence when FINISHED runs among ``runs`` were warm-started before the dev split existed
+    (``before_dev_split``), or ''."""
     finished = [r for r in runs if r.status == FINISHED]
-    old = sum("resolved.warmstart.dev_pass1" not in r.params for r in finished)
+    old = sum(map(before_dev_split, finished))
     if not old:
         return ""
     return (f"{old} of {len(finished)} FINISHED runs predate the dev split: their warm start was accepted on the "

@@ -49,9 +49,8 @@ from gspo_bench.reporting.grouping import MISSING, split_values, with_by
 from gspo_bench.reporting.leaderboard import _plain
 from gspo_bench.reporting.paired import holm_first_level
 from gspo_bench.reporting.pairing import (ALPHA, POWER, Pooled, Regions, adjust_holm, cell, compare, csv_text,
-                                          decided, no_regions,
-                                          group_title, markdown, mde_text, p_cells, pooled_mde, rich, seed_table,
-                                          stat_cells, with_leaderboard)
+                                          decided, group_title, markdown, mde_text, no_regions, p_cells, pooled_mde,
+                                          rich, seed_table, stat_cells, with_leaderboard)
 
 
 def parse_split_baseline(baseline: str | None, by: tuple[str, ...]) -> tuple[str, str] | None:
