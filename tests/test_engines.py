@@ -97,7 +97,7 @@ def test_a_registered_toy_engine_samples_a_rollout_and_the_checks_see_it(toy):
     assert batch.response_mask.sum(-1).tolist() == [3.0] * 6  # "4", "2", eos
     assert "time/weight_sync" not in batch.stats  # nothing pushed
     metrics = dm.evaluator.run(dm, model)
-    assert set(metrics) == {"eval/pass1"}
+    assert set(metrics) == {"eval/pass1", "eval/pass1_even", "eval/pass1_odd"}
     # the name check and ``list`` read the registry
     cfg = load_config("smoke")
     cfg.rollout.engine = "toy"

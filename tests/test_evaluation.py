@@ -149,4 +149,32 @@ def test_the_evaluator_logs_pass_at_k_from_its_samples():
     assert m["eval/mean_at_1"] == 1.0 and m["eval/mean_at_2"] == pytest.approx(0.75)
     assert m["eval/mean_at_4"] == pytest.approx(0.5) == m["eval/reward_mean"] and "eval/mean_at_8" not in m
     assert set(Evaluator(rows, RolloutConfig(max_new_tokens=4), samples=0, ks=(1, 4)).run(Data(), None)) == {
-        "eval/pass1"}
+        "eval/pass1", "eval/pass1_even", "eval/pass1_odd"}
+
+
+def test_the_evaluator_logs_greedy_pass1_on_the_two_halves_of_its_rows():
+    import torch
+
+    from gspo_bench.config import RolloutConfig
+    from gspo_bench.rollout.evaluation import Evaluator
+
+    hits = {"a": 1.0, "b": 0.0, "c": 1.0, "d": 1.0, "e": 0.0}
+
+    class Data:  # greedy only; prompts a, c, e sit at even indices (0, 2, 4), b and d at odd ones
+        def generate(self, model, prompts, **kw):
+            from gspo_bench.rollout.engine import Generation
+
+            return Generation(None, None, 0, None, None, list(prompts))
+
+        def score(self, texts, answers):
+            return torch.tensor([hits[t] for t in texts])
+
+    rows = {"prompt": list("abcde"), "answer": list("12345")}
+    for batch_size in (1, 2, 5):  # the halves do not depend on how the rows are batched
+        m = Evaluator(rows, RolloutConfig(max_new_tokens=4), batch_size=batch_size).run(Data(), None)
+        # all: 3 of 5; even (a, c, e): 2 of 3; odd (b, d): 1 of 2
+        assert m["eval/pass1"] == pytest.approx(3 / 5)
+        assert m["eval/pass1_even"] == pytest.approx(2 / 3) and m["eval/pass1_odd"] == pytest.approx(1 / 2)
+    # one row has no halves to compare
+    one = {"prompt": ["a"], "answer": ["1"]}
+    assert set(Evaluator(one, RolloutConfig(max_new_tokens=4)).run(Data(), None)) == {"eval/pass1"}

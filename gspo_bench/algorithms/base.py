@@ -84,6 +84,14 @@ def adamw(params, **kw) -> torch.optim.AdamW:
     return torch.optim.AdamW(params, fused=True, **kw)
 
 
+def step_lr(train, rl_step: int) -> float:
+    """The policy's learning rate at RL step ``rl_step`` (0-based) under ``train.lr_schedule``."""
+    if train.lr_schedule == "linear":
+        # lr_t = lr (1 - t / T): lr at the first step, lr / T at the last (T = train.steps)
+        return train.lr * (1.0 - min(rl_step, train.steps - 1) / train.steps)
+    return train.lr
+
+
 def minibatch_indices(B: int, minibatches: int, generator: torch.Generator) -> list[torch.Tensor]:
     """A random permutation of ``range(B)`` split into ``min(minibatches, B)`` near-equal parts.
 
@@ -311,6 +319,12 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         self.trace = StepTrace(old_logp=prep["old_logp"])
         g = torch.Generator().manual_seed(self.seed * 7919 + self.rl_step)
         prep["generator"] = g  # the step's random draws after the minibatches' permutation (clip_cov's tokens)
+        # this step's policy learning rate (train.lr_schedule): a function of the step alone, so a resumed run
+        # continues the schedule exactly; the policy's optimiser comes first
+        lr = step_lr(self.cfg.train, self.rl_step)
+        for group in self.optimizer_list()[0].param_groups:
+            group["lr"] = lr
+        stats.add({"train/lr": lr})
         for opt in self.optimizer_list():
             opt.zero_grad(set_to_none=True)
         # 2. minibatches: one optimiser step each, so all but the first are off policy

@@ -312,3 +312,55 @@ def claims_command(args, console) -> int:
         console.print(f"{i}. {r.claim.text} -> {r.verdict}{cl.seeds_and_mde(r)}", soft_wrap=True, markup=False)
     console.print(f"wrote {out} and {len(figures)} figures in {fig_dir}", soft_wrap=True, markup=False)
     return 0
+
+
+def add_variance_parser(sub) -> None:
+    """The ``variance`` subcommand's flags."""
+    from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE
+
+    c = sub.add_parser("variance", help="where the spread between seeds comes from: warm start, training, "
+                       "evaluation (from runs tables)",
+                       description="Reads runs tables (a report's runs.csv.gz) whose seeds were run with more than "
+                       "one RL draw (train.rl_seed) and whose final evaluations logged the two halves of the eval "
+                       "set, and writes a page: each algorithm's lift per seed, and the variance of each lift and "
+                       "of each paired difference against --baseline split into seed, training and evaluation "
+                       "parts, with the eval size that would bring the evaluation's part to a quarter.")
+    c.add_argument("--runs", metavar="FILE", action="append", required=True,
+                   help="a runs table (repeatable: the tables are joined; a run in two of them is an error)")
+    c.add_argument("--baseline", default=DEFAULT_BASELINE,
+                   help=f"the algorithm the paired differences are taken against (default {DEFAULT_BASELINE})")
+    c.add_argument("--title", default="Where the spread between seeds comes from", help="the page's title")
+    c.add_argument("--out", default="results/variance.md", help="the page to write (default results/variance.md)")
+
+
+def variance_command(args, console) -> int:
+    """``variance``: the per-seed lifts and the variance split of ``reporting/variance.py``."""
+    import shlex
+
+    from gspo_bench.config import ConfigError
+    from gspo_bench.paths import probe_writable_dir
+    from gspo_bench.reporting import variance as va
+    from gspo_bench.reporting.frame import read_frames, runs_of
+    from gspo_bench.tracking.provenance import git_commit, machine
+
+    runs = runs_of(read_frames(args.runs))
+    ds = va.draws(runs)
+    if not ds:
+        raise ConfigError("--runs: no FINISHED run with a step-0 and a final eval/pass1 in " + " ".join(args.runs))
+    if args.baseline not in {d.algo for d in ds}:
+        raise ConfigError(f"--baseline {args.baseline!r}: no FINISHED run of it in the tables (algorithms: "
+                          f"{', '.join(sorted({d.algo for d in ds}))})")
+    prompts = {r.params.get("train.eval_prompts") for r in runs if r.status == "FINISHED"}
+    if len(prompts) != 1 or not str(next(iter(prompts))).isdigit():
+        raise ConfigError(f"--runs: the runs differ in train.eval_prompts ({', '.join(map(str, prompts))}): "
+                          "give runs of one evaluation size")
+    out = Path(args.out)
+    try:
+        probe_writable_dir(out.parent, make=True)
+    except OSError as e:
+        raise ConfigError(f"--out {args.out!r}: {e.strerror or e}") from None
+    meta = {"title": args.title, "command": "python -m gspo_bench " + shlex.join(args.argv), "commit": git_commit(),
+            "machine": machine()}
+    out.write_text(va.markdown(ds, args.baseline, int(next(iter(prompts))), meta))
+    console.print(f"wrote {out} ({len(ds)} runs)", soft_wrap=True, markup=False)
+    return 0

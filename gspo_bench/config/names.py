@@ -12,6 +12,8 @@ CHAT_MODES = ("auto", True, False)
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
 """``train.accelerator``: Lightning's names for the devices the harness runs on (``gpu`` and ``cuda`` are the
 same: a CUDA GPU; ``auto`` takes one when torch sees it)."""
+LR_SCHEDULES = ("constant", "linear")
+"""``train.lr_schedule``: the policy's learning rate over the RL steps (``algorithms/base.py``, ``step_lr``)."""
 GPU_ACCELERATORS = ("gpu", "cuda")
 """The ``train.accelerator`` names that ask for a CUDA GPU."""
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true")

@@ -20,7 +20,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from gspo_bench.config.names import ACCELERATORS, CHAT_MODES, MOE_KERNELS, PRECISIONS, REPLAY_MODES, ROLLOUT_DTYPES
+from gspo_bench.config.names import (ACCELERATORS, CHAT_MODES, LR_SCHEDULES, MOE_KERNELS, PRECISIONS, REPLAY_MODES,
+                                     ROLLOUT_DTYPES)
 from gspo_bench.config.resolved import SPREAD, LossParamFields, LossSettings, Recipe, Resolved
 from gspo_bench.core.loss_params import PARAMS, LossParam, check_relations
 from gspo_bench.core.names import (ADVANTAGE_BASELINES, ADVANTAGE_SCALES, CORRECTION_LEVELS, CORRECTIONS,
@@ -303,7 +304,10 @@ class TrainConfig:
     minibatches: int = 4
     """Optimiser steps per rollout batch; later minibatches are off-policy (docs/algorithms.md)."""
     lr: float = 2e-4
-    """Policy AdamW learning rate."""
+    """Policy AdamW learning rate (the peak one under ``lr_schedule: linear``)."""
+    lr_schedule: str = "constant"
+    """The policy's learning rate over the RL steps: constant | linear (from ``lr`` at the first step down by
+    ``lr / steps`` per step, so the last step trains at ``lr / steps``: the policy settles where it is read)."""
     critic_lr: float = 1e-3
     """PPO critic learning rate."""
     weight_decay: float = 0.0
@@ -319,6 +323,11 @@ class TrainConfig:
     """Held-out prompts scored by greedy pass@1 (capped by the eval split)."""
     eval_samples: int = 4
     """n: sampled completions per eval prompt for the mean-reward score and pass@k; 0 = skip."""
+    rl_seed: int | None = None
+    """The seed of the RL phase alone: the policy's sampling, the prompt order and the minibatch permutations;
+    null = the run's seed. The run's seed still picks the task's data, the model's initial weights and the warm
+    start, so runs that differ only here start from the same warm start and are read on the same eval prompts:
+    the noise RL adds, apart from the warm start's (``results/variance.md``)."""
     eval_k: list[int] = field(default_factory=lambda: [1, 4])
     """The k of ``eval/pass_at_<k>``: the unbiased pass@k from the ``eval_samples`` n samples per prompt. A k above
     n cannot be estimated from them and is left out (with n = 2, pass@1 alone); none with n = 0."""
@@ -361,11 +370,14 @@ class TrainConfig:
         _check(isinstance(self.checkpoint_every, int) and not isinstance(self.checkpoint_every, bool)
                and self.checkpoint_every >= 0, f"train.checkpoint_every={self.checkpoint_every!r} must be an int >= 0")
         _check(self.eval_prompts > 0 and self.eval_samples >= 0, "train.eval_prompts must be > 0, eval_samples >= 0")
+        _check(self.rl_seed is None or type(self.rl_seed) is int and self.rl_seed >= 0,
+               f"train.rl_seed={self.rl_seed!r} must be an int >= 0, or null (the run's seed)")
         _check(isinstance(self.eval_k, list) and len(self.eval_k) > 0
                and all(type(k) is int and k >= 1 for k in self.eval_k),
                f"train.eval_k={self.eval_k!r} must be a non-empty list of ints >= 1")
         _check(self.max_grad_norm >= 0, f"train.max_grad_norm={self.max_grad_norm} must be >= 0")
         _choice("train.forward", self.forward, ("auto", "packed", "hf"))
+        _choice("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
         _check(type(self.logit_chunk_tokens) is int and self.logit_chunk_tokens >= 0,
                f"train.logit_chunk_tokens={self.logit_chunk_tokens!r} must be an int >= 1, or 0 (all tokens at once)")
         _choice("train.activation_checkpointing", self.activation_checkpointing, (True, False))

@@ -43,6 +43,11 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
+# The eval rows split in two by the parity of their index (random prompts, so two independent halves): their
+# greedy pass@1 differ only by the evaluation's sampling of prompts, var(half_a - half_b) = 4 var(eval/pass1)
+HALVES = ("even", "odd")
+
+
 class Evaluator:
     """The eval rows of a task (``rows``: a data set slice with ``prompt`` and ``answer``), ``samples`` sampled
     completions per prompt beside the greedy one, ``batch_size`` prompts per engine call, and the k of the
@@ -64,10 +69,11 @@ class Evaluator:
 
     def batches(self, rank: int = 0, world: int = 1) -> DataLoader:
         """This process's share of the eval rows, in batches of ``batch_size``."""
-        rows = [{"prompt": p, "answer": a} for p, a in zip(list(self.rows["prompt"]), list(self.rows["answer"]))]
+        rows = [{"prompt": p, "answer": a, "index": i}
+                for i, (p, a) in enumerate(zip(list(self.rows["prompt"]), list(self.rows["answer"])))]
         rows = rows[rank::world]  # each rank scores its share; the eval metrics average over all
         return DataLoader(rows, batch_size=self.batch_size, shuffle=False,
-                          collate_fn=lambda b: {"prompt": [r["prompt"] for r in b], "answer": [r["answer"] for r in b]})
+                          collate_fn=lambda b: {key: [r[key] for r in b] for key in ("prompt", "answer", "index")})
 
     @torch.no_grad()
     def evaluate(self, data: Sampling, policy, rows: dict) -> dict[str, torch.Tensor]:
@@ -100,15 +106,22 @@ class Evaluator:
         over every process's); None when there was nothing to evaluate."""
         # torchmetrics means over every eval prompt (pass1) and every sampled completion (reward, pass1_sampled)
         means = {"pass1": MeanMetric(), "reward": MeanMetric(), "pass1_sampled": MeanMetric(),
-                 **{f"{kind}_at_{j}": MeanMetric() for j in self.ks for kind in ("pass", "mean")}}
+                 **{f"{kind}_at_{j}": MeanMetric() for j in self.ks for kind in ("pass", "mean")},
+                 **{f"pass1_{half}": MeanMetric() for half in HALVES}}
         seen = set()
         for batch in self.batches(rank, world):
             for k, v in self.evaluate(data, policy, batch).items():
                 means[k].update(v.float().cpu())
                 seen.add(k)
+                if k == "pass1":  # the two halves of the eval rows, by the parity of their index
+                    odd = torch.tensor(batch["index"]) % 2 == 1
+                    for half, pick in zip(HALVES, (~odd, odd)):
+                        means[f"pass1_{half}"].update(v.float().cpu()[pick])
         if not ("pass1" in seen or (world > 1 and len(self.rows))):
             return None
         metrics = {"eval/pass1": float(means["pass1"].compute())}
+        if len(self.rows["prompt"]) > 1:  # split-half greedy pass@1 (reporting/variance.py: the evaluation's own noise)
+            metrics.update({f"eval/pass1_{half}": float(means[f"pass1_{half}"].compute()) for half in HALVES})
         if self.samples:
             metrics["eval/reward_mean"] = float(means["reward"].compute())
             metrics["eval/pass1_sampled"] = float(means["pass1_sampled"].compute())

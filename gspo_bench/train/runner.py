@@ -232,11 +232,14 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
     try:
         # the run's objects, each handed what it needs: the module, the trainer, then the datamodule with the
         # engine resolved for the device the trainer puts the policy on
-        L.seed_everything(seed, verbose=False)
-        module = cls(cfg, str(ws.path), seed, settings, resume_state=state, start_evals=o.start_evals,
+        # RL's own draws (sampling, prompt order, minibatches) follow train.rl_seed where it is set; the data,
+        # the initial weights and the warm start stay those of the run's seed
+        rl_seed = seed if cfg.train.rl_seed is None else cfg.train.rl_seed
+        L.seed_everything(rl_seed, verbose=False)
+        module = cls(cfg, str(ws.path), rl_seed, settings, resume_state=state, start_evals=o.start_evals,
                      checkpointer=ckpt)
         trainer, collapse = _trainer(cfg, module, logger, ckpt.log, o.callbacks)
-        dm = rollout_data(module, task, AutoTokenizer.from_pretrained(ws.path), steps=cfg.train.steps, seed=seed,
+        dm = rollout_data(module, task, AutoTokenizer.from_pretrained(ws.path), steps=cfg.train.steps, seed=rl_seed,
                           device=trainer.strategy.root_device.type, model_dir=str(ws.path),
                           eval_prompts=cfg.train.eval_prompts, eval_samples=cfg.train.eval_samples,
                           eval_k=cfg.train.eval_k, resume_state=state)
