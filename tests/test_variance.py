@@ -121,6 +121,9 @@ def _table(runs) -> pd.DataFrame:
 
 
 def test_draws_reads_rl_seed_and_halves_from_runs():
+    logged_null = _run("grpo", 5, None, 0.4, 0.6, None)
+    logged_null.params["train.rl_seed"] = "null"  # how MLflow keeps the unset value of newer runs
+    assert va.draws([logged_null])[0].rl_seed == "5"
     [own, other] = va.draws([_run("grpo", 4, None, 0.4, 0.6, (0.625, 0.575)), _run("grpo", 4, 1004, 0.4, 0.5, None)])
     assert (own.seed, own.rl_seed, own.start, own.final) == ("4", "4", 40.0, 60.0)
     assert own.halves == pytest.approx((62.5, 57.5)) and own.lift == pytest.approx(20.0)
@@ -150,3 +153,16 @@ def test_the_command_writes_the_page_and_refuses_bad_input(tmp_path, capsys):
     assert main(["variance", "--runs", str(table), "--baseline", "ppo", "--out", str(out)]) == 2
     assert "--baseline 'ppo': no FINISHED run" in capsys.readouterr().out
     assert main(["variance", "--runs", str(tmp_path / "none.csv.gz"), "--out", str(out)]) == 2
+
+
+def test_warm_start_links_rank_the_seeds_mean_lift():
+    # four seeds: more warm-start steps, less lift (rho -1); dev pass@1 rises with the lift (rho +1)
+    ds = []
+    for i, (steps, lifts) in enumerate([(100, (30, 28)), (200, (25, 21)), (300, (20, 20)), (400, (12, 10))]):
+        for algo, lift in zip(("grpo", "sapo"), lifts):
+            ds.append(va.Draw(algo, str(i), str(i), 40.0, 40.0 + lift, None, steps, 41.0 + lift / 10))
+    ds.append(va.Draw("grpo", "0", "99", 40.0, 0.0, None, 100, 44.0))  # another RL draw: not the seed's own
+    rows = {r[0]: r for r in va.warm_start_links(ds)}
+    assert rows["warm-start steps"][1:3] == ["4", "-1.00"]
+    assert rows["dev pass@1 at acceptance"][2] == "+1.00"
+    assert "eval pass@1 (the warm start's score)" not in rows  # every seed's start is 40.0: nothing to rank

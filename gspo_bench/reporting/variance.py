@@ -61,6 +61,8 @@ class Draw:
     start: float  # the warm start's score (step 0)
     final: float  # the last evaluation's
     halves: tuple[float, float] | None  # the last evaluation's two halves, where logged
+    ws_steps: float | None = None  # the warm start's supervised steps
+    ws_dev: float | None = None  # the warm start's greedy pass@1 on the dev split it was accepted on (points)
 
     @property
     def lift(self) -> float:
@@ -106,10 +108,37 @@ def draws(runs) -> list[Draw]:
         if r.status != FINISHED or 0 not in hist or final is None:
             continue
         halves = tuple(100 * r.metrics[k] for k in HALF_KEYS) if all(k in r.metrics for k in HALF_KEYS) else None
-        rl = r.params.get("train.rl_seed")
-        out.append(Draw(r.algo, r.seed, r.seed if rl in (None, "", "None") else rl, 100 * hist[0], 100 * final,
-                        halves))
+        rl = r.params.get("train.rl_seed")  # unset: absent (older runs), or null as the config logs None
+        steps, dev = (_float(r.params.get(f"resolved.warmstart.{k}")) for k in ("steps", "dev_pass1"))
+        out.append(Draw(r.algo, r.seed, rl if rl and rl.isdigit() else r.seed, 100 * hist[0], 100 * final, halves,
+                        steps, None if dev is None else 100 * dev))
     return out
+
+
+def _float(text) -> float | None:
+    try:
+        x = float(text)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def warm_start_links(ds: list[Draw]) -> list[list[str]]:
+    """Does the warm start foretell its seed's lift? Per warm-start measure (its supervised steps, its dev and
+    eval pass@1), Spearman's rank correlation with the seed's mean lift over its own-draw runs, and its p."""
+    own = [d for d in ds if d.rl_seed == d.seed]
+    seeds = sorted({d.seed for d in own})
+    lift = [float(np.mean([d.lift for d in own if d.seed == s])) for s in seeds]
+    first = {s: next(d for d in own if d.seed == s) for s in seeds}
+    rows = []
+    for label, get in (("warm-start steps", lambda d: d.ws_steps), ("dev pass@1 at acceptance", lambda d: d.ws_dev),
+                       ("eval pass@1 (the warm start's score)", lambda d: d.start)):
+        xs = [get(first[s]) for s in seeds]
+        if len(seeds) < 4 or any(x is None for x in xs) or len(set(xs)) < 2:
+            continue
+        rho, p = stats.spearmanr(xs, lift)
+        rows.append([label, str(len(seeds)), f"{rho:+.2f}", f"{p:.2f}"])
+    return rows
 
 
 def one_way(groups: list[list[float]], alpha: float = 0.05) -> OneWay | None:
@@ -247,7 +276,12 @@ def markdown(ds: list[Draw], baseline: str, prompts: int, meta: dict) -> str:
            f"## Lift per seed (final minus warm start, points of greedy pass@1; under {LIFT_FLOOR:g} in bold)", "",
            tables.markdown(cols, rows),
            (f"Under {LIFT_FLOOR:g} points: " + ", ".join(low) + ".") if low else
-           f"Every algorithm lifts by at least {LIFT_FLOOR:g} points on every seed.", "",
+           f"Every algorithm lifts by at least {LIFT_FLOOR:g} points on every seed." if rows else
+           "No seed has a run of its own RL draw (every run set `train.rl_seed` to another seed).", "",
+           *(["Does the warm start foretell how far RL lifts it? Spearman's rank correlation of each warm-start "
+              "measure with the seed's mean lift (over its algorithms):", "",
+              tables.markdown(("warm-start measure", "seeds", "Spearman rho", "p"), links), ""]
+             if (links := warm_start_links(ds)) else []),
            "## Where the variance comes from", "",
            "Variances in points^2 (share of the total in brackets): **seed** = what the seed fixes before RL "
            "(data, initial weights, warm start; for a paired difference, the seed's interaction with the "
