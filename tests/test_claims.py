@@ -841,7 +841,7 @@ def test_claims_target_mde_prints_the_seeds_each_part_needs_at_its_deciding_leve
     off = next(r for r in plan if r["part"] == "offpolicy: final pass@1, dppo_tv - grpo")
     assert off["level"] == pytest.approx(0.025)
     text = cl.render_plan(plan, 3.0)
-    assert "| dppo-stale | stale vs default: (dppo_tv - grpo) - (dppo_tv - grpo) | points | 3 |" in text
+    assert "| dppo-stale | stale vs default: (dppo_tv - grpo) on stale - (dppo_tv - grpo) on default | points | 3 |" in text
     # the command: printed, no page written; a target of 0 is one line and exit 2
     out = tmp_path / "c.md"
     assert main(["claims", "--runs", "results/claims/runs.csv.gz", "--target-mde", "5", "--out", str(out)]) == 0

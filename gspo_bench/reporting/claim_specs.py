@@ -253,7 +253,7 @@ def claims(delta: float = DEFAULT_MARGIN) -> tuple[Claim, ...]:
               "MoE sampler without replay (no matched fp32 MoE control, so that part is a plain difference). "
               "'Better' is read as: by more than the margin.",
               (stale, d, m),
-              (Part("stale vs default: (gspo - grpo) - (gspo - grpo)",
+              (Part("stale vs default: (gspo - grpo) on stale - (gspo - grpo) on default",
                     _did(stale, d, _w("gspo"), _w("grpo"), _w("gspo", **dflt), _w("grpo", **dflt)), greater),
                Part("moe bf16, no replay: gspo - grpo", _diff(m, _w("gspo", **moe["none"]),
                                                                _w("grpo", **moe["none"])), greater)),
@@ -331,7 +331,7 @@ def claims(delta: float = DEFAULT_MARGIN) -> tuple[Claim, ...]:
               "the default (tiny-dense, same warm starts), and vespo - grpo under `offpolicy` (16 optimiser "
               "steps per rollout); final greedy pass@1, 'holds up' read as: ahead by more than the margin.",
               (stale, d, offp),
-              (Part("stale vs default: (vespo - grpo) - (vespo - grpo)",
+              (Part("stale vs default: (vespo - grpo) on stale - (vespo - grpo) on default",
                     _did(stale, d, _w("vespo"), _w("grpo"), _w("vespo", **dflt), _w("grpo", **dflt)), greater),
                Part("offpolicy: final pass@1, vespo - grpo", _diff(offp, _w("vespo"), _w("grpo")), greater)),
               (Curve("stale grpo", stale, _w("grpo")), Curve("stale vespo", stale, _w("vespo")),
@@ -344,7 +344,7 @@ def claims(delta: float = DEFAULT_MARGIN) -> tuple[Claim, ...]:
               "minus its lead in the default, and each one - grpo under `offpolicy`; final greedy pass@1.",
               (stale, d, offp),
               tuple(p for a in ("dppo_tv", "dppo_kl") for p in (
-                  Part(f"stale vs default: ({a} - grpo) - ({a} - grpo)",
+                  Part(f"stale vs default: ({a} - grpo) on stale - ({a} - grpo) on default",
                        _did(stale, d, _w(a), _w("grpo"), _w(a, **dflt), _w("grpo", **dflt)), greater),
                   Part(f"offpolicy: final pass@1, {a} - grpo", _diff(offp, _w(a), _w("grpo")), greater))),
               (Curve("stale grpo", stale, _w("grpo")), Curve("stale dppo_tv", stale, _w("dppo_tv")),
