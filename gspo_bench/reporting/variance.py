@@ -276,7 +276,8 @@ def markdown(ds: list[Draw], baseline: str, prompts: int, meta: dict) -> str:
            f"## Lift per seed (final minus warm start, points of greedy pass@1; under {LIFT_FLOOR:g} in bold)", "",
            tables.markdown(cols, rows),
            (f"Under {LIFT_FLOOR:g} points: " + ", ".join(low) + ".") if low else
-           f"Every algorithm lifts by at least {LIFT_FLOOR:g} points on every seed." if rows else
+           f"No run here lifts by less than {LIFT_FLOOR:g} points ({sum(c != '-' for r in rows for c in r[2:])} "
+           f"runs: each algorithm on the seeds it has a cell for)." if rows else
            "No seed has a run of its own RL draw (every run set `train.rl_seed` to another seed).", "",
            *(["Does the warm start foretell how far RL lifts it? Spearman's rank correlation of each warm-start "
               "measure with the seed's mean lift (over its algorithms):", "",
