@@ -5,7 +5,7 @@ the last response token; the KL to the reference model is a per-token penalty
 folded into the reward (``kl_coef`` 0.05 by default), not a loss term;
 ``gamma = 1``, ``lambda = 0.95``. The critic is a separate copy of the
 warm-started trunk with a scalar head and its own optimiser, so the policy's
-gradients are exactly the clipped surrogate's, as for the other five.
+gradients are exactly the clipped surrogate's, as for every other algorithm.
 Advantages are whitened over the rollout's response tokens (the usual PPO
 practice; the group algorithms normalise per group instead).
 """

@@ -1,4 +1,5 @@
-"""Command line: ``python -m gspo_bench {run,tune,bench,list,leaderboard,report,suite}``
+"""Command line: ``python -m gspo_bench {run,suite,tune,list,leaderboard,report,claims,variance,bench,warmstart,
+collapse-check}``
 (also installed as ``gspo-bench``).
 
 Bad input prints one line naming the bad value and the allowed ones, and
