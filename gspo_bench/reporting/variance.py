@@ -44,6 +44,7 @@ from scipy import stats
 
 from gspo_bench import tables
 from gspo_bench.reporting.frame import FINISHED
+from gspo_bench.reporting.leaderboard import _param
 from gspo_bench.reporting.paired import mde
 
 LIFT_FLOOR = 10.0  # points: the lift the default must give every algorithm on every seed
@@ -100,27 +101,19 @@ class Decomposition:
 
 
 def draws(runs) -> list[Draw]:
-    """The FINISHED runs that have a step-0 and a final greedy pass@1, as ``Draw``s (points)."""
+    """The FINISHED runs that have a step-0 and a final greedy pass@1, as ``Draw``s (points): the warm start and
+    the final as the leaderboard reads them (the first and last evaluation of the history)."""
     out = []
     for r in runs:
-        hist = dict(r.history.get("eval/pass1", []))
-        final = r.metrics.get("eval/pass1")
-        if r.status != FINISHED or 0 not in hist or final is None:
+        ev = r.history.get("eval/pass1", [])
+        if r.status != FINISHED or not ev or ev[0][0] != 0:
             continue
         halves = tuple(100 * r.metrics[k] for k in HALF_KEYS) if all(k in r.metrics for k in HALF_KEYS) else None
         rl = r.params.get("train.rl_seed")  # unset: absent (older runs), or null as the config logs None
-        steps, dev = (_float(r.params.get(f"resolved.warmstart.{k}")) for k in ("steps", "dev_pass1"))
-        out.append(Draw(r.algo, r.seed, rl if rl and rl.isdigit() else r.seed, 100 * hist[0], 100 * final, halves,
-                        steps, None if dev is None else 100 * dev))
+        dev = _param(r, "resolved.warmstart.dev_pass1")
+        out.append(Draw(r.algo, r.seed, rl if rl and rl.isdigit() else r.seed, 100 * ev[0][1], 100 * ev[-1][1],
+                        halves, _param(r, "resolved.warmstart.steps"), None if dev is None else 100 * dev))
     return out
-
-
-def _float(text) -> float | None:
-    try:
-        x = float(text)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
 
 
 def warm_start_links(ds: list[Draw]) -> list[list[str]]:
