@@ -286,8 +286,11 @@ def test_a_worker_killed_mid_cell_resumes_its_cell_from_its_checkpoint(cluster, 
                          ids=["SIGTERM-at-the-step-s-end", "SIGINT-twice-at-once"])
 def test_a_driver_stopped_by_a_signal_ends_its_cells_killed_and_releases_their_claims(cluster, tmp_path, signum,
                                                                                        times):
-    # twice: RL steps long enough (1000 prompts, some 6 s here) that the second signal lands mid-step
-    slow = ("--set", "rollout.prompts_per_step=1000", "--set", "train.checkpoint_every=1") if times == 2 else ()
+    # once: cells of 40 steps, so that the signal (seen by the driver within a second) lands before a cell in
+    # flight ends by itself (8 steps take 2-4 s here); twice: RL steps long enough (1000 prompts, some 6 s here)
+    # that the second signal lands mid-step
+    slow = (("--set", "rollout.prompts_per_step=1000", "--set", "train.checkpoint_every=1") if times == 2 else
+            ("--set", "train.steps=40"))
     proc = _suite(tmp_path, "--backend", "ray", "--ray-address", cluster.address, "--set", "train.steps=8",
                   "--set", "train.checkpoint_every=2", *slow)
     _wait_for_checkpoint(proc, tmp_path)
