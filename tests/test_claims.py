@@ -10,8 +10,8 @@ from scipy.stats import ttest_1samp
 
 from gspo_bench.cli.main import main
 from gspo_bench.reporting import claims as cl
-from gspo_bench.reporting.claim_specs import (EXPERIMENTS, LOG_SESOI, SEEDS, STRESS_SEEDS, Claim, Curve, Part, Term,
-                                              claims, region_lookup, registered, table_comparison)
+from gspo_bench.reporting.claim_specs import (EXPERIMENTS, LOG_SESOI, ROUNDS, SEEDS, STRESS_SEEDS, Claim, Curve, Part,
+                                              Term, claims, region_lookup, registered, table_comparison)
 from gspo_bench.reporting.frame import RunData
 
 
@@ -300,14 +300,16 @@ def test_every_experiment_names_the_commands_that_made_its_runs():
         for cmd in cmds:
             # each run command writes to its experiment, over the claims' seeds
             assert re.search(r"--experiment (\S+)", cmd).group(1) == name, cmd
-            assert re.search(r"--seed (\S+)", cmd).group(1) in (SEEDS, STRESS_SEEDS), cmd
+            assert re.search(r"--seed (\S+)", cmd).group(1) in ROUNDS, cmd
             named |= set(re.search(r"--algos (\S+)", cmd).group(1).split(","))
         assert algos[name] == named, (name, algos[name] ^ named)  # every cell run is read, every cell read is run
         # a tuning tag the claims select by is set by one of the commands
         for tag in tunings[name] - {"default"}:
             assert any(f"--set tuning={tag}" in cmd for cmd in cmds), (name, tag)
     assert {"sapo"} <= algos["claims-hot"] and {"vespo", "dppo_tv", "dppo_kl"} <= algos["claims-stale"]
-    assert len(EXPERIMENTS["claims-dapo-ablation"][1]) == 2  # one command per part switched off
+    # one tuning tag per part switched off, each set by the commands of its rounds
+    assert {re.search(r"--set tuning=(\S+)", c).group(1) for c in EXPERIMENTS["claims-dapo-ablation"][1]} == {
+        "no-dynamic-sampling", "no-clip-higher"}
     assert all(f"--set tuning={t}" in " ".join(EXPERIMENTS["claims-entropy"][1]) for t in ("cov-ratio-2pct",))
 
 
@@ -536,9 +538,9 @@ def test_page_names_every_command_and_claims_not_run_or_retired():
     assert ("  - `python -m gspo_bench run --preset hot --algos grpo,gspo,sapo --experiment claims-hot "
             "--seed 0,1,2,3,4,5`") in sapo
     assert ("  - `python -m gspo_bench run --algos grpo,gspo,gspo_token,cispo,dapo,sapo --experiment claims-default "
-            "--seed 0,1,2,3,4,5,6,7`") in sapo
+            "--set train.lr=2e-4 --set train.lr_schedule=constant --seed 0,1,2,3,4,5,6,7`") in sapo
     assert ("  - `python -m gspo_bench run --algos vespo,dppo_tv,dppo_kl --experiment claims-default "
-            "--seed 0,1,2,3,4,5`") in sapo
+            "--set train.lr=2e-4 --set train.lr_schedule=constant --seed 0,1,2,3,4,5`") in sapo
     dr = next(s for s in sections if s.startswith("12. Dropping GRPO's std"))
     assert "arXiv 2503.20783" in dr and "**Verdict: retired: no built-in task" in dr
     assert "  - `python -m gspo_bench suite --scenarios long --algos grpo,gspo,dr_grpo --seeds 3`" in dr
