@@ -39,6 +39,7 @@ def test_matched_reads_our_grpo_settings():
     ("grpo", {"loss": {"eps_low": None}}, "eps_low"),
     ("grpo", {"rollout": {"dynamic_sampling": True}}, "dynamic sampling"),
     ("grpo", {"rollout": {"prompts_per_step": 3, "group_size": 2}}, "4 equal minibatches"),
+    ("grpo", {"train": {"lr_schedule": "linear"}}, "lr_schedule=linear: not matched"),
 ])
 def test_matched_refuses_what_trl_does_not_match(algo, over, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -38,7 +38,7 @@ def test_default_preset():
     assert cfg.algos == ["ppo", "grpo", "dapo", "gspo", "gspo_token", "cispo"]
     assert cfg.task == "arith" and cfg.seeds == [0] and cfg.model.name == "tiny-dense"
     assert (cfg.rollout.prompts_per_step, cfg.rollout.group_size) == (64, 8)
-    assert (cfg.train.steps, cfg.train.minibatches, cfg.train.lr) == (40, 4, 0.0002)
+    assert (cfg.train.steps, cfg.train.minibatches, cfg.train.lr, cfg.train.lr_schedule) == (40, 4, 0.0004, "linear")
     assert cfg.warmstart.target_pass1 == 0.4 and cfg.warmstart.tolerance == 0.03 and cfg.warmstart.lr == 0.003
     # untouched fields keep their dataclass defaults
     assert cfg.loss.eps_low == AUTO and cfg.rollout.max_new_tokens == AUTO
@@ -332,15 +332,19 @@ def test_parse_sets_type_checks_every_field():
                 assert not _type_ok(object(), tp), f"{cls.__name__}.{name}: {tp} is not type-checked by --set"
 
 
-SCENARIO_CHANGES = {  # the stress presets: the default preset plus exactly one stress
-    "long": {"task": "arith_scratchpad"},
-    "offpolicy": {"train.minibatches": 16},
-    "stale": {"rollout.staleness": 2, "rollout.old_logp_source": "rollout"},
-    "moe-bf16": {"model.name": "tiny-moe", "rollout.dtype": "bfloat16"},
-    "hot": {"train.lr": 0.0015},
+# the stress presets keep the constant learning rate they were calibrated and measured at (2e-4, or their own)
+# where the default now decays a higher one linearly
+CONSTANT = {"train.lr": 0.0002, "train.lr_schedule": "constant"}
+SCENARIO_CHANGES = {  # the stress presets: the default preset at a constant rate, plus exactly one stress
+    "long": {"task": "arith_scratchpad", **CONSTANT},
+    "offpolicy": {"train.minibatches": 16, **CONSTANT},
+    "stale": {"rollout.staleness": 2, "rollout.old_logp_source": "rollout", **CONSTANT},
+    "moe-bf16": {"model.name": "tiny-moe", "rollout.dtype": "bfloat16", **CONSTANT},
+    "hot": {**CONSTANT, "train.lr": 0.0015},
     # one stress, three settings: a cold sampler and a fast learner over twice the steps, with the floor at which
     # the detector calls the entropy's fall a collapse
-    "entropy": {"rollout.temperature": 0.3, "train.lr": 0.0006, "train.steps": 80, "collapse.entropy_floor": 0.1},
+    "entropy": {"rollout.temperature": 0.3, **CONSTANT, "train.lr": 0.0006, "train.steps": 80,
+                "collapse.entropy_floor": 0.1},
 }
 
 

@@ -70,6 +70,10 @@ def matched(cfg: RunConfig, algo: str, task_max_new_tokens: int) -> Matched:
             or r.advantage_baseline != "group_mean"):
         raise ConfigError("--vs trl: eps_low null, KL, dynamic sampling, overlong shaping, staleness, a leave-one-out "
                           "baseline: not matched")
+    if cfg.train.lr_schedule != "constant":
+        # TRL's scheduler steps once per optimiser step, ours once per RL step: the two decays differ
+        raise ConfigError(f"--vs trl: train.lr_schedule={cfg.train.lr_schedule}: not matched (TRL decays per "
+                          "optimiser step, we per RL step); add --set train.lr_schedule=constant")
     if (r.prompts_per_step * r.group_size) % cfg.train.minibatches:
         raise ConfigError(f"--vs trl: the rollout must split into {cfg.train.minibatches} equal minibatches")
     return Matched(r.prompts_per_step, r.group_size, r.max_new_tokens, r.temperature, cfg.train.minibatches,
