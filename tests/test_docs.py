@@ -265,3 +265,37 @@ def test_the_reference_check_catches_each_kind():
                  "the " + "issue's bar"):
         assert DANGLING.search(text), text
     assert not DANGLING.search("docs/algorithms.md, arXiv 2510.11370, tissue 3")
+
+
+# -- counts in prose ---------------------------------------------------------------------------------------------
+WORDS = {w: n for n, w in enumerate("eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen "
+                                    "twenty".split(), 11)}
+# "all N algorithms", or a spelled-out count of eleven or more; " of that time" marks a count that was true then
+COUNT = re.compile(r"\b(?:(?:all|the) (\d+)|(" + "|".join(WORDS) + r")) algorithms\b(?! of that time)( against)?",
+                   re.IGNORECASE)
+
+
+def _prose_counts(text: str) -> list[tuple[int, int]]:
+    """(the count a phrase states, the count it should state: the registry's, one fewer against a baseline)."""
+    from gspo_bench import algorithms
+
+    n = len(algorithms.names())
+    # a phrase may wrap: read each paragraph as one line
+    flat = re.sub(r"\s*\n\s*", " ", text)
+    return [(int(m.group(1)) if m.group(1) else WORDS[m.group(2).lower()], n - 1 if m.group(3) else n)
+            for m in COUNT.finditer(flat)]
+
+
+def test_the_algorithm_counts_in_prose_match_the_registry():
+    wrong = [(p.name, said, want) for p in [README, *sorted((ROOT / "docs").glob("*.md"))]
+             for said, want in _prose_counts(p.read_text()) if said != want]
+    assert not wrong, wrong
+
+
+def test_the_prose_count_check_reads_each_form():
+    from gspo_bench import algorithms
+
+    n = len(algorithms.names())
+    assert _prose_counts(f"runs all {n}\n  algorithms here") == [(n, n)]
+    assert _prose_counts("with Fourteen algorithms against one baseline") == [(14, n - 1)]
+    assert _prose_counts("all 13 algorithms of that time; the six algorithms it began with") == []
