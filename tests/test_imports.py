@@ -29,10 +29,22 @@ def _lint(root: Path) -> subprocess.CompletedProcess:
                           cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_the_layers_and_acyclic_contracts_are_kept():
+def test_the_layers_acyclic_and_mlflow_contracts_are_kept():
     proc = _lint(ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "2 kept, 0 broken" in proc.stdout
+    assert "3 kept, 0 broken" in proc.stdout
+
+
+def test_a_lazy_mlflow_import_outside_tracking_breaks_the_contract(tmp_path):
+    # a copy of the package whose leaderboard builds its own client inside a function
+    shutil.copytree(ROOT / "gspo_bench", tmp_path / "gspo_bench", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    with open(tmp_path / "gspo_bench" / "reporting" / "leaderboard.py", "a") as f:
+        f.write("\n\ndef _client(uri):\n    import mlflow\n\n    return mlflow.MlflowClient(uri)\n")
+    proc = _lint(tmp_path)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "mlflow is imported under tracking only BROKEN" in proc.stdout
+    assert "gspo_bench.reporting.leaderboard -> mlflow" in proc.stdout
 
 
 def test_a_lazy_upward_import_breaks_the_contract(tmp_path):

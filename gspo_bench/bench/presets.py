@@ -36,7 +36,7 @@ def measure_preset(preset: str, sets: tuple[str, ...] = (), *, timeout: float = 
                    log=print) -> dict:
     """Run ``preset`` at the cut size (``CUT_SIZE``, then ``sets``) in a child process; its status per
     algorithm, peak RSS, wall time and seconds per RL step."""
-    import mlflow
+    from gspo_bench.tracking.client import client as tracking_client
 
     with tempfile.TemporaryDirectory(prefix="gspo-bench-presets-") as store:
         uri = f"sqlite:///{store}/mlflow.db"
@@ -60,7 +60,7 @@ def measure_preset(preset: str, sets: tuple[str, ...] = (), *, timeout: float = 
             wall = time.perf_counter() - t0
             out.seek(0)
             tail = out.read()[-2000:]
-        client = mlflow.MlflowClient(uri)
+        client = tracking_client(uri)
         exp = client.get_experiment_by_name(preset)
         runs = client.search_runs([exp.experiment_id]) if exp else []
         steps = [m.value for r in runs for m in client.get_metric_history(r.info.run_id, "time/step_s")]

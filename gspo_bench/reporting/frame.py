@@ -126,15 +126,12 @@ def load_frame(uri: str, experiment: str, task: str | None = None, model: str | 
     """The experiment's benchmark runs (no report, study or trial run unless ``hidden``), ``task`` / ``model``
     filtered, as the long table (see the module docstring); ``metrics``: the histories to read for FINISHED
     runs, beside every collapse event's (``history_keys``: ``prefix*`` names every metric with that prefix)."""
-    import mlflow
-    from mlflow.utils import get_results_from_paginated_fn
+    from gspo_bench.tracking import client as tracking_client
 
     quiet_mlflow()
-    client = mlflow.MlflowClient(uri)
+    client = tracking_client.client(uri)
     exp_id = experiment_id(client, experiment)
-    # MLflow's own pager over search_runs (the pages of 1000 runs its search_runs() walks too)
-    runs = get_results_from_paginated_fn(
-        lambda n, token: client.search_runs([exp_id], max_results=n, page_token=token), 1000, 1_000_000)
+    runs = tracking_client.all_runs(client, [exp_id])
     records = []
     for r in runs:
         tags = {k: v for k, v in r.data.tags.items() if not k.startswith("mlflow.")}
@@ -243,9 +240,9 @@ def row_fault(frame: pd.DataFrame, line_of=lambda row: row + 2) -> tuple[int, st
     neither step nor value. No two rows have the same run, metric and step (a repeated row would be read
     twice: a history with every step doubled, a run counted twice); ``line_of(row)``: the line of the file data
     row ``row`` starts on, so that a repeat names the line it repeats."""
-    from mlflow.entities import RunStatus
+    from gspo_bench.tracking.client import run_statuses
 
-    statuses = sorted(RunStatus.to_string(s) for s in RunStatus.all_status())
+    statuses = run_statuses()
 
     def column(col: str) -> pd.Series:  # a tag column no run has is empty in every row
         return frame[col] if col in frame.columns else pd.Series("", index=frame.index, dtype=str)

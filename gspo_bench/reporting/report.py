@@ -60,6 +60,7 @@ from gspo_bench.reporting import figures
 from gspo_bench.reporting.claim_specs import region_lookup
 from gspo_bench.config import ConfigError
 from gspo_bench.paths import probe_writable_dir
+from gspo_bench.tracking import client as tracking_client
 from gspo_bench.tracking import stores
 from gspo_bench.tracking.redact import redact
 from gspo_bench.tracking.ui import mark_experiment
@@ -116,17 +117,8 @@ def config_table(runs: list[RunData]) -> list[str]:
 
 
 def _artifact_json(client, run: RunData, path: str):
-    """A JSON artifact of ``run`` (``mlflow.artifacts.load_dict``), None when it is absent or unreadable. The
-    artifacts a tracking server proxies (``mlflow-artifacts:``) resolve through the client's tracking URI,
-    used for this call only."""
-    import mlflow
-    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
-
-    try:
-        with _use_tracking_uri(client.tracking_uri):
-            return mlflow.artifacts.load_dict(f"{run.artifact_uri.rstrip('/')}/{path}")
-    except Exception:  # absent or unreadable: the caller falls back or skips
-        return None
+    """A JSON artifact of ``run``, None when it is absent or unreadable (``tracking.client.artifact_json``)."""
+    return tracking_client.artifact_json(client, run.artifact_uri, path)
 
 
 def collapse_events(client, run: RunData) -> list[dict]:
@@ -388,8 +380,6 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
     then (g) also gets the paired differences of each split vs its TAG=VALUE split, and (f) stays vs the
     default baseline algorithm, not strict.
     """
-    import mlflow
-
     files = [] if runs_file is None else [runs_file] if isinstance(runs_file, (str, Path)) else list(runs_file)
     if files:
         frame = select(read_frames(files), experiment, task, model)
@@ -418,7 +408,7 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
     paired = {g.key: g for g in paired_groups(runs, baseline, by=by, regions=regions)}
     split_pairs = ({g.key: g for g in split_pair_groups(runs, *split_base, by, regions=regions)} if split_base
                    else {})
-    client = mlflow.MlflowClient(uri) if uri else None
+    client = tracking_client.client(uri) if uri else None
     if storage is not None:  # a bad storage URL or study name stops before the folder is made
         from gspo_bench.reporting.study import open_studies, tuning_section
 

@@ -60,14 +60,13 @@ class CellOutcome:
 def run_cell(cell: Cell, log: Callable[[str], None], owner: dict[str, str] | None = None) -> CellOutcome:
     """Claim the cell in its store, then run it (module docstring); an error inside the run is a FAILED cell.
     ``owner``: more tags of the claim (a Ray worker's node)."""
-    import mlflow
-
     from gspo_bench.tracking import cells, stores
+    from gspo_bench.tracking.client import client as tracking_client
     from gspo_bench.train import runner
 
     t0 = time.perf_counter()
     exp_id = stores.ensure_experiment(cell.uri, cell.experiment, cell.cfg.tracking.artifact_location)
-    claim, why = cells.claim_cell(mlflow.MlflowClient(cell.uri), exp_id, cell.scenario, cell.algo, cell.seed,
+    claim, why = cells.claim_cell(tracking_client(cell.uri), exp_id, cell.scenario, cell.algo, cell.seed,
                                   tags=owner)
     if claim is None:  # another driver on this store has it, or finished it since the plan
         return CellOutcome(None, seconds=time.perf_counter() - t0, why=why)

@@ -280,11 +280,10 @@ def _in_folder(folder: str | None):
 def release_dead(cell: Cell, dead: set[str], log: Callable[[str], None]) -> None:
     """The cell's claims held on nodes Ray reports dead are released and their runs marked KILLED, so this task
     can take the cell over (their heartbeats would hold it for ``lifecycle.ORPHAN_AFTER_S``)."""
-    import mlflow
-
     from gspo_bench.tracking import cells
+    from gspo_bench.tracking.client import client as tracking_client
 
-    client = mlflow.MlflowClient(cell.uri)
+    client = tracking_client(cell.uri)
     exp = client.get_experiment_by_name(cell.experiment)
     if exp is None:
         return

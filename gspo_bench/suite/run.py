@@ -154,14 +154,13 @@ def scenario_config(name: str, req: SuiteRequest, algos: list[str]) -> RunConfig
 def cell_runs(uri: str, experiment: str) -> list:
     """The experiment's MLflow runs that can be cells (no report, study or trial run); none, without creating
     anything, when the sqlite file or the experiment does not exist."""
-    import mlflow
-
     from gspo_bench.reporting.frame import quiet_mlflow
+    from gspo_bench.tracking.client import client as tracking_client
 
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).expanduser().is_file():
         return []
     quiet_mlflow()
-    client = mlflow.MlflowClient(uri)
+    client = tracking_client(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return []

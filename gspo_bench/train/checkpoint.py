@@ -97,13 +97,10 @@ def restore(module, state: dict) -> None:
 
 # -- where it lives ----------------------------------------------------------------------------------------------
 def _local_dir(artifact_uri: str) -> Path | None:
-    from mlflow.utils.uri import is_local_uri
+    from gspo_bench.tracking.client import local_artifact_dir
 
-    if not is_local_uri(artifact_uri, is_tracking_or_registry_uri=False):
-        return None
-    from mlflow.utils.file_utils import local_file_uri_to_path
-
-    return Path(local_file_uri_to_path(artifact_uri)) / ARTIFACT_DIR
+    local = local_artifact_dir(artifact_uri)
+    return None if local is None else local / ARTIFACT_DIR
 
 
 def atomic_save(state: dict, path: Path) -> None:
@@ -136,9 +133,9 @@ def _newest_first(names) -> list[str]:
 
 
 def _remote(client, run_id: str):
-    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+    from gspo_bench.tracking.client import artifact_repository
 
-    return get_artifact_repository(client.get_run(run_id).info.artifact_uri, tracking_uri=client.tracking_uri)
+    return artifact_repository(client, run_id)
 
 
 def save(client, run_id: str, state: dict) -> str:

@@ -130,10 +130,10 @@ class StaleTrial:
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         run_id = trial.user_attrs.get(RUN_ATTR)
         if run_id:
-            import mlflow
+            from gspo_bench.tracking.client import client as tracking_client
 
             with contextlib.suppress(Exception):  # a run we cannot reach must not block the retry
-                client = mlflow.MlflowClient(self.uri)
+                client = tracking_client(self.uri)
                 client.set_tag(run_id, "stale", "true")
                 client.set_terminated(run_id, "KILLED")
         self.retry(study, trial)

@@ -91,14 +91,13 @@ class RLStepPruning(PyTorchLightningPruningCallback):
 
 def prepare(req: TuneRequest, cfg: RunConfig, uri: str, storage, log) -> Shared:
     """The MLflow experiment (made once, under the SQLite lock) and the warm start, done once for every trial."""
-    import mlflow
-
+    from gspo_bench.tracking.client import client as tracking_client
     from gspo_bench.tracking.stores import ensure_experiment
     from gspo_bench.tasks import load_task
     from gspo_bench.train.warmstart import warm_start
 
     exp_id = ensure_experiment(uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
-    client = mlflow.MlflowClient(uri)
+    client = tracking_client(uri)
     mark_experiment(client, exp_id)  # the UI opens it on runs and charts
     seed = cfg.seeds[0]
     task = load_task(cfg.task, seed, cfg.model, cfg.rollout.response_cap(), log, cfg.task_options)
