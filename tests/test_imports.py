@@ -35,25 +35,28 @@ def test_the_layers_acyclic_and_mlflow_contracts_are_kept():
     assert "3 kept, 0 broken" in proc.stdout
 
 
-def test_a_lazy_mlflow_import_outside_tracking_breaks_the_contract(tmp_path):
-    # a copy of the package whose leaderboard builds its own client inside a function
+def _lint_with(tmp_path: Path, module: str, code: str) -> subprocess.CompletedProcess:
+    """``lint-imports`` over a copy of the package with ``code`` appended to ``module`` (a path under it)."""
     shutil.copytree(ROOT / "gspo_bench", tmp_path / "gspo_bench", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    with open(tmp_path / "gspo_bench" / "reporting" / "leaderboard.py", "a") as f:
-        f.write("\n\ndef _client(uri):\n    import mlflow\n\n    return mlflow.MlflowClient(uri)\n")
-    proc = _lint(tmp_path)
+    with open(tmp_path / "gspo_bench" / module, "a") as f:
+        f.write(code)
+    return _lint(tmp_path)
+
+
+def test_a_lazy_mlflow_import_outside_tracking_breaks_the_contract(tmp_path):
+    # the leaderboard builds its own client inside a function
+    proc = _lint_with(tmp_path, "reporting/leaderboard.py",
+                      "\n\ndef _client(uri):\n    import mlflow\n\n    return mlflow.MlflowClient(uri)\n")
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "mlflow is imported under tracking only BROKEN" in proc.stdout
     assert "gspo_bench.reporting.leaderboard -> mlflow" in proc.stdout
 
 
 def test_a_lazy_upward_import_breaks_the_contract(tmp_path):
-    # a copy of the package whose config imports the rollout package inside a function
-    shutil.copytree(ROOT / "gspo_bench", tmp_path / "gspo_bench", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    with open(tmp_path / "gspo_bench" / "config" / "sections.py", "a") as f:
-        f.write("\n\ndef _engines():\n    from gspo_bench.rollout import engine\n\n    return engine.ENGINES\n")
-    proc = _lint(tmp_path)
+    # the config imports the rollout package inside a function
+    proc = _lint_with(tmp_path, "config/sections.py",
+                      "\n\ndef _engines():\n    from gspo_bench.rollout import engine\n\n    return engine.ENGINES\n")
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "gspo_bench.config is not allowed to import gspo_bench.rollout" in proc.stdout
     assert "gspo_bench.config.sections -> gspo_bench.rollout.engine" in proc.stdout
