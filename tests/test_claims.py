@@ -643,7 +643,7 @@ def test_the_real_claims_register_each_comparison_once():
     assert lookup({**cell, "algo": "sapo", "tuning": "x"}, {**cell, "algo": "grpo", "tuning": "x"}) is None
     assert region_lookup("claims-hot")({**cell, "algo": "sapo"}, {**cell, "algo": "grpo"}) is None
     # a split table's cells differ in a tag both registered tag sets pin
-    moe = region_lookup("moe-stabilisers")
+    moe = region_lookup("claims-moe")
     grpo = {**cell, "algo": "grpo", "correction": "none"}
     assert moe({**grpo, "routing_replay": "r3"}, {**grpo, "routing_replay": "none"}) == (3.0, math.inf)
     assert moe({**grpo, "routing_replay": "r2"}, {**grpo, "routing_replay": "none"}) is None
@@ -748,23 +748,23 @@ def test_a_suites_leaderboard_page_tests_a_registered_comparison_against_its_reg
 def test_a_table_comparison_whose_terms_pin_settings_is_that_splits_row_not_an_average_over_settings():
     from gspo_bench.reporting.paired_table import paired_groups
 
-    # moe-stabilisers holds grpo and gspo under four (routing_replay, correction) settings; the part "moe bf16, no
+    # claims-moe holds grpo and gspo under four (routing_replay, correction) settings; the part "moe bf16, no
     # replay: gspo - grpo" names none/none, so it is the none/none split's row of `report --by
     # routing_replay,correction` (its p, Holm p over that split's 2 algorithms, MDE), whatever the other settings do
     lead = {"none": (0.010, 0.030, 0.020), "r3": (-0.05, 0.08, -0.01), "r2": (0.04, -0.06, 0.0),
             "tis": (0.09, -0.02, 0.05)}
-    runs = {"moe-stabilisers": [], "claims-stale": [], "claims-default": []}
+    runs = {"claims-moe": [], "claims-stale": [], "claims-default": []}
     for setting, tags in {"none": ("none", "none"), "r3": ("r3", "none"), "r2": ("r2", "none"),
                           "tis": ("none", "tis")}.items():
         tag = {**DFLT, "routing_replay": tags[0], "correction": tags[1]}
         for s in range(3):
-            runs["moe-stabilisers"].append(_rd("grpo", s, 0.60 + s / 50, **tag))
-            runs["moe-stabilisers"].append(_rd("gspo", s, 0.60 + s / 50 + lead[setting][s], **tag))
-            runs["moe-stabilisers"].append(_rd("cispo", s, 0.61 + s / 50 + (s % 2) / 100, **tag))
+            runs["claims-moe"].append(_rd("grpo", s, 0.60 + s / 50, **tag))
+            runs["claims-moe"].append(_rd("gspo", s, 0.60 + s / 50 + lead[setting][s], **tag))
+            runs["claims-moe"].append(_rd("cispo", s, 0.61 + s / 50 + (s % 2) / 100, **tag))
     part = next(r for r in cl.evaluate((_claim("mismatch"),), runs)[0].parts if r.part.label.startswith("moe"))
     assert part.stat.ci == pytest.approx(_t_ci([1.0, 3.0, 2.0]))
-    [group] = [g for g in paired_groups(runs["moe-stabilisers"], by=("correction", "routing_replay"),
-                                        regions=region_lookup("moe-stabilisers"))
+    [group] = [g for g in paired_groups(runs["claims-moe"], by=("correction", "routing_replay"),
+                                        regions=region_lookup("claims-moe"))
                if g.key[4:] == ("none", "none")]
     row = next(r for r in group.rows if r["algo"] == "gspo" and r["metric"] == "final_pass1")
     # 1, 3, 2 points against "> +3": the test against +3, outside side; cispo (1, 2, 1: no claim) the t test vs 0
@@ -774,7 +774,7 @@ def test_a_table_comparison_whose_terms_pin_settings_is_that_splits_row_not_an_a
     assert part.p == pytest.approx(row["p"]) and part.p_family == pytest.approx(row["p_holm"])
     assert part.p_family == pytest.approx(_holm_by_hand([p, p_cispo])[0]) and part.verdict == cl.UNDECIDED
     assert part.mde == pytest.approx(100 * row["mde"]) and part.mde_alpha == pytest.approx(0.05 / 2)
-    assert part.family == ("moe-stabilisers, correction=none, routing_replay=none: 2 comparisons against grpo, "
+    assert part.family == ("claims-moe, correction=none, routing_replay=none: 2 comparisons against grpo, "
                            "final pass@1")
 
 
@@ -789,15 +789,15 @@ def test_one_algorithm_under_two_settings_is_the_split_tables_row():
         "gspo": ((0.50, 0.52, 0.51), (0.50, 0.53, 0.50), (0.49, 0.52, 0.52)),
         "cispo": ((0.45, 0.46, 0.47), (0.46, 0.46, 0.49), (0.44, 0.47, 0.47)),
     }
-    runs = {"moe-stabilisers": []}
+    runs = {"claims-moe": []}
     for algo, by_setting in finals.items():
         for replay, vals in zip(("none", "r3", "r2"), by_setting):
             for s, v in enumerate(vals):
-                runs["moe-stabilisers"].append(_rd(algo, s, v, routing_replay=replay, correction="none", **DFLT))
+                runs["claims-moe"].append(_rd(algo, s, v, routing_replay=replay, correction="none", **DFLT))
     res = cl.evaluate((_claim("moe-replay"),), runs)[0]
     warm, r3, gspo = res.parts
-    (group,) = split_pair_groups(runs["moe-stabilisers"], "routing_replay", "none", ("correction", "routing_replay"),
-                                 regions=region_lookup("moe-stabilisers"))
+    (group,) = split_pair_groups(runs["claims-moe"], "routing_replay", "none", ("correction", "routing_replay"),
+                                 regions=region_lookup("claims-moe"))
     fam = [r for r in group.rows if r["metric"] == "final_pass1"]
     row = next(r for r in fam if r["algo"] == "grpo" and r["by"]["routing_replay"] == "r3")
     # grpo r3 - none: 10, 11, 10 points (claimed "> +3"); gspo r3 - none: 0, 1, -1 (claimed "< +3"); the other
@@ -814,10 +814,10 @@ def test_one_algorithm_under_two_settings_is_the_split_tables_row():
     assert row["p_holm"] == pytest.approx(holm[("grpo", "r3")])
     assert r3.p == pytest.approx(row["p"]) and r3.p_family == pytest.approx(row["p_holm"])
     assert r3.mde == pytest.approx(100 * row["mde"]) and r3.mde_alpha == pytest.approx(0.05 / 6)
-    assert r3.family == "moe-stabilisers: 6 comparisons against routing_replay=none, final pass@1"
+    assert r3.family == "claims-moe: 6 comparisons against routing_replay=none, final pass@1"
     assert r3.verdict == (cl.REPRODUCED if holm[("grpo", "r3")] < 0.05 else cl.UNDECIDED) == cl.REPRODUCED
     # gspo r3 - none (claimed "< +3") is the same table's row
-    assert gspo.family == "moe-stabilisers: 6 comparisons against routing_replay=none, final pass@1"
+    assert gspo.family == "claims-moe: 6 comparisons against routing_replay=none, final pass@1"
     assert gspo.p == pytest.approx(ps[("gspo", "r3")]) and gspo.p_family == pytest.approx(holm[("gspo", "r3")])
     # the warm-start part (final - warm of one run) is no table comparison: its claim's own family, of one
     assert warm.family == "this claim's region tests (1)"

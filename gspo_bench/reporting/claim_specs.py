@@ -37,7 +37,7 @@ ENTROPY_SESOI = 0.02  # nats of token entropy: the smallest gap of interest betw
 # (never on the eval split pass@1 is read on), seed by seed as ``CAMPAIGN`` lists them
 SEEDS = "0,1,2,3,4,5,6,7"  # the seeds of the claims' default-task experiments
 STRESS_SEEDS = "0,1,2,3,4,5"  # the seeds of their stressed scenarios and of the default's stale/off-policy algorithms
-OLD_SEEDS = "0,1,2"  # the experiments kept from before the dev split (tiny-moe and `long`)
+OLD_SEEDS = "0,1,2"  # the experiments kept from before the dev split (`long`)
 # The second round: three parts the first round left undecided were grown to a number of seeds fixed from the
 # first round's sd (``claims --target-mde 3``), written here before any of the added runs: claim 1's default part
 # (planner: 11 seeds) and claim 2's off-policy part (13) to 16, claim 7 (20) to 20. Each is then tested once, at
@@ -47,7 +47,13 @@ OLD_SEEDS = "0,1,2"  # the experiments kept from before the dev split (tiny-moe 
 ROUND2_DEFAULT = "8,9,10,11,12,13,14,15"  # grpo and gspo on the default task: 16 seeds in all
 ROUND2_SPEED = "8,9,10,11,12,13,14,15,16,17,18,19"  # cispo and dapo without dynamic sampling: 20 in all
 ROUND2_OFFPOLICY = "6,7,8,9,10,11,12,13,14,15"  # grpo and gspo under `offpolicy`: 16 in all
-ROUNDS = (SEEDS, STRESS_SEEDS, ROUND2_DEFAULT, ROUND2_SPEED, ROUND2_OFFPOLICY)
+# The third round: the MoE claims (3, 4 and 5's MoE part) left the experiment kept from before the dev split
+# for their own, claims-moe: the same grid (grpo, gspo and cispo under no replay, r3, r2 and TIS) from tiny-moe
+# warm starts accepted on the dev split, at 10 seeds fixed here before any of its runs. The planner put the
+# cheapest of claim 4's parts (gspo: r3 - tis) at 6 seeds from the kept runs' sd; 10 leaves room for the new
+# warm starts' spread. Each part is tested once, at the 10 seeds.
+ROUND3_MOE = "0,1,2,3,4,5,6,7,8,9"
+ROUNDS = (SEEDS, STRESS_SEEDS, ROUND2_DEFAULT, ROUND2_SPEED, ROUND2_OFFPOLICY, ROUND3_MOE)
 # the default preset's own settings when the claims ran, pinned: the default since moved to a linear decay
 PINNED = "--set train.lr=2e-4 --set train.lr_schedule=constant"
 
@@ -101,12 +107,13 @@ EXPERIMENTS: dict[str, tuple[str, tuple[str, ...]]] = {
         "the `hot` scenario: learning rate 1.5e-3, 7.5x the constant 2e-4 the claims ran the default at; same "
         "warm starts",
         (_run("--preset hot --algos grpo,gspo,sapo --experiment claims-hot", STRESS_SEEDS),)),
-    "moe-stabilisers": (
-        "tiny-moe (Qwen3-MoE, 8 experts, top-2) on arith, default preset, sampler in bfloat16 and training in "
-        "float32, under Routing Replay none / r3 / r2 and TIS (cap 2); warm starts from before the dev split",
-        (_run(f"--algos grpo,gspo,cispo --model tiny-moe --experiment moe-stabilisers {PINNED} "
+    "claims-moe": (
+        "tiny-moe (Qwen3-MoE, 8 experts, top-2) on arith, the default preset with its warm start accepted on "
+        "the dev split, sampler in bfloat16 and training in float32, under Routing Replay none / r3 / r2 and "
+        "TIS (cap 2)",
+        (_run(f"--algos grpo,gspo,cispo --model tiny-moe --experiment claims-moe {PINNED} "
               "--set rollout.dtype=bfloat16 "
-              "--set moe.routing_replay=R --set rollout.correction=C", OLD_SEEDS)
+              "--set moe.routing_replay=R --set rollout.correction=C", ROUND3_MOE)
          + "  # (R, C) = (none, none), (r3, none), (r2, none), (none, tis)",)),
     "suite-long": (
         "the `long` scenario: arith_scratchpad, responses of 37-54 tokens (column-by-column working); warm "
@@ -194,7 +201,7 @@ def claims(delta: float = DEFAULT_MARGIN) -> tuple[Claim, ...]:
     # regions (lo, hi) with their edges at the smallest effect of interest
     greater, at_least, equal, at_most = (delta, INF), (-delta, INF), (-delta, delta), (-INF, delta)
     log_above, log_below = (LOG_SESOI, INF), (-INF, -LOG_SESOI)
-    d, m, lg = "claims-default", "moe-stabilisers", "suite-long"
+    d, m, lg = "claims-default", "claims-moe", "suite-long"
     stale, offp, hot, ent = "claims-stale", "claims-offpolicy", "claims-hot", "claims-entropy"
     dflt = {"preset": "default", "tuning": "default"}
     cov = {"tuning": "cov-ratio-2pct"}
