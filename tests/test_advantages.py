@@ -1,19 +1,27 @@
-"""Hand-computed checks of gspo_bench.core.advantages against docs/algorithms.md."""
+"""Hand-computed checks of gspo_bench.core.advantages against docs/algorithms.md, and its estimator registry
+through the config to a real rollout."""
 
 import math
 
 import pytest
 import torch
 
+from gspo_bench.config import ConfigError, RolloutConfig, load_config
 from gspo_bench.core.advantages import (
+    ADVANTAGE_ESTIMATORS,
     explained_variance,
     gae,
     group_is_degenerate,
     group_zscore,
     overlong_penalty,
+    register_advantage,
     token_rewards,
     whiten,
 )
+from gspo_bench.core.names import ADVANTAGE_ESTIMATOR_NAMES
+from gspo_bench.models import build_builtin
+from gspo_bench.rollout.datamodule import RolloutDataModule
+from gspo_bench.tasks import Task, TaskSpec, generate_arith
 
 
 def close_list(got, want, tol=1e-6):
@@ -218,3 +226,92 @@ def test_explained_variance_by_hand():
     # constant returns: undefined, reported as 0 (never NaN)
     ev = explained_variance(torch.tensor([[0.0, 1.0, 2.0, 0.0]]), torch.ones(1, 4), mask)
     assert ev.dim() == 0 and ev.item() == 0.0
+
+
+# ----------------------------------------------------------------------------- the estimator registry
+
+
+def test_group_is_registered_and_the_config_knows_every_registered_name():
+    assert ADVANTAGE_ESTIMATORS["group"] is group_zscore
+    # the config checks names torch-free, against the list the registry extends
+    assert ADVANTAGE_ESTIMATOR_NAMES == list(ADVANTAGE_ESTIMATORS)
+    assert RolloutConfig().advantage_estimator == "group"
+
+
+def test_a_name_is_registered_once():
+    with pytest.raises(ValueError, match="'group' is registered already"):
+        register_advantage("group")(lambda rewards_B, group_size, **kw: rewards_B)
+
+
+@pytest.fixture
+def leave_one_out():
+    """A toy estimator ``toy_loo``: ``A_i = R_i - mean_{j != i} R_j``, one loop per response, no scaling; it
+    records the keywords it was called with. Unregistered afterwards."""
+    calls = []
+
+    @register_advantage("toy_loo")
+    def toy_loo(rewards_B, group_size, *, scale, baseline, all_sum):
+        calls.append({"scale": scale, "baseline": baseline, "all_sum": all_sum})
+        r = rewards_B.tolist()
+        out = []
+        for i, x in enumerate(r):
+            start = i - i % group_size
+            others = [y for j, y in enumerate(r[start:start + group_size], start) if j != i]
+            # A_i = R_i - mean of the other G - 1 rewards of its group
+            out.append(x - sum(others) / len(others))
+        return torch.tensor(out)
+
+    try:
+        yield calls
+    finally:
+        ADVANTAGE_ESTIMATORS.pop("toy_loo", None)
+        if "toy_loo" in ADVANTAGE_ESTIMATOR_NAMES:
+            ADVANTAGE_ESTIMATOR_NAMES.remove("toy_loo")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The smoke preset's model (tiny-dense) and a small arith task."""
+    model, tok = build_builtin("tiny-dense", 0)
+    train, eval_ = generate_arith(0, min_digits=1, max_digits=2, n_train=40, n_eval=8)
+    return model.eval(), tok, Task(TaskSpec(name="arith-small", kind="arith"), train, eval_)
+
+
+def rollout_with(tiny, rewards, **settings):
+    """One real rollout of 2 prompts x 3 samples on transformers' generate, the verifier replaced by
+    ``rewards``."""
+    model, tok, task = tiny
+    s = RolloutConfig(prompts_per_step=2, group_size=3, max_new_tokens=4, engine="hf", dynamic_sampling=False,
+                      overlong_buffer=None, advantage_scale="group", **settings)
+    dm = RolloutDataModule(task, tok, s, steps=1, seed=0, policy=model, eval_prompts=4)
+    dm.score = lambda texts, answers: torch.tensor(rewards, dtype=torch.float32)
+    torch.manual_seed(0)
+    return dm.rollout(0)
+
+
+def test_a_registered_estimator_chosen_by_config_reaches_the_rollout(tiny, leave_one_out):
+    cfg = load_config("smoke", overrides={"rollout": {"advantage_estimator": "toy_loo"}})
+    assert cfg.rollout.advantage_estimator == "toy_loo"
+    batch = rollout_with(tiny, [1.0, 0.0, 0.0, 0.5, 2.0, 3.5], advantage_estimator="toy_loo")
+    # [1, 0, 0]: 1 - 0, 0 - 1/2, 0 - 1/2; [0.5, 2, 3.5]: 0.5 - 2.75, 2 - 2, 3.5 - 1.25
+    assert torch.equal(batch.advantages, torch.tensor([1.0, -0.5, -0.5, -2.25, 0.0, 2.25]))
+    # it gets the config's baseline and scale, and no cross-process sum on one process
+    assert leave_one_out == [{"scale": "group", "baseline": "group_mean", "all_sum": None}]
+
+
+def test_the_default_estimator_is_the_group_zscore_bit_for_bit(tiny):
+    rewards = [1.0, 0.0, 0.0, 0.5, 2.0, 3.5]
+    batch = rollout_with(tiny, rewards)
+    assert torch.equal(batch.advantages, group_zscore(torch.tensor(rewards), 3))
+    loo = rollout_with(tiny, rewards, advantage_baseline="leave_one_out")
+    assert torch.equal(loo.advantages, group_zscore(torch.tensor(rewards), 3, baseline="leave_one_out"))
+
+
+def test_an_unknown_estimator_is_a_config_error_naming_the_registered_ones(leave_one_out):
+    with pytest.raises(ConfigError) as e:
+        load_config("smoke", overrides={"rollout": {"advantage_estimator": "median"}})
+    assert str(e.value) == "rollout.advantage_estimator='median' is not allowed (allowed: group, toy_loo)"
+    ADVANTAGE_ESTIMATORS.pop("toy_loo")
+    ADVANTAGE_ESTIMATOR_NAMES.remove("toy_loo")
+    with pytest.raises(ConfigError, match="allowed: group"):
+        RolloutConfig(advantage_estimator="toy_loo")  # unregistered: unknown again

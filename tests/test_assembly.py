@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import importlib.util
 
+import lightning as L
 import pytest
 import torch
 from transformers import AutoTokenizer
 
 from gspo_bench import algorithms
+from gspo_bench.algorithms.base import step_lr
 from gspo_bench.config import load_config
 from gspo_bench.rollout.engines import resolve_engine
 from gspo_bench.tasks import Task, TaskSpec, generate_arith
 from gspo_bench.train import checkpoint
-from gspo_bench.train.assembly import rollout_data
+from gspo_bench.train.assembly import assemble, rollout_data
 from tests.conftest import saved_builtin
 
 
@@ -68,3 +70,29 @@ def test_a_resumed_run_hands_the_datamodule_its_part_of_the_checkpoint(built):
     dm = rollout_data(module, task, tok, steps=3, seed=0, device="cpu", resume_state=state)
     assert set(dm.resume) == set(checkpoint.ROLLOUT_KEYS)  # not the weights or the optimisers
     assert dm.resume["rl_step"] == 2 and dm.resume["verify_timeouts"] == 1
+
+
+def test_one_assembly_builds_a_benchmark_s_run_without_patching_it(built):
+    # what a benchmark measures is said through assemble's arguments: no held-out evaluation, every step's
+    # metrics recorded; the trainer is the caller's, and the datamodule samples for its device
+    folder, tok, task = built
+    cfg = load_config("smoke", overrides={"model": {"name": "tiny-moe"}, "train": {"steps": 2}})
+    made, steps_seen = [], []
+
+    def trainer(module):
+        made.append(module)
+        return L.Trainer(max_epochs=1, logger=False, accelerator="cpu", devices=1, num_sanity_val_steps=0,
+                         enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False)
+
+    run = assemble(cfg, "grpo", task, folder, 7, trainer, evaluate=False, on_metrics=steps_seen.append,
+                   eval_samples=0)
+    assert made == [run.module] and run.datamodule.policy is run.module.policy
+    assert run.module.seed == 7 and run.datamodule.seed == 7 and run.datamodule.steps == 2
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    assert [m["train/lr"] for m in steps_seen] == pytest.approx([step_lr(cfg.train, s) for s in (0, 1)])  # as logged
+    assert run.module.eval_history == [] and run.datamodule.evaluator.completions == 0  # never evaluated
+    assert run.module.rl_step == 2 and run.module.last_metrics == steps_seen[-1]
+    # the runner's own runs evaluate (the default): the same assembly, its default arguments
+    default = assemble(cfg, "grpo", task, folder, 7, trainer)
+    assert default.module.evaluate and default.module.on_metrics is None
+    assert default.datamodule.evaluator.samples == cfg.train.eval_samples

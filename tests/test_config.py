@@ -153,6 +153,7 @@ def test_flatten_and_to_dict():
     ({"loss": {"trunc_c": 0}}, ["loss.trunc_c", "0"]),
     ({"rollout": {"advantage_scale": "std"}}, ["rollout.advantage_scale", "std"]),
     ({"rollout": {"advantage_baseline": "median"}}, ["rollout.advantage_baseline", "median"]),
+    ({"rollout": {"advantage_estimator": "median"}}, ["rollout.advantage_estimator", "median", "allowed: group"]),
     ({"rollout": {"correction_level": "batch"}}, ["rollout.correction_level", "batch"]),
     ({"rollout": {"correction_min": 2.5}}, ["rollout.correction_min", "2.5"]),
     ({"rollout": {"correction_min": -0.1}}, ["rollout.correction_min", "-0.1"]),

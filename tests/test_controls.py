@@ -17,11 +17,12 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from gspo_bench.algorithms.base import PolicyModule
+from gspo_bench.algorithms.base import loss_mask
 from gspo_bench.cli.main import main
 from gspo_bench.config import ConfigError, Recipe, load_config, parse_sets
 from gspo_bench.core.lm_head import token_logp_entropy
-from gspo_bench.core.losses import LOSSES, agg_loss, policy_loss, top_entropy_mask
+from gspo_bench.core.entropy_control import EntropyControl
+from gspo_bench.core.losses import LOSSES, Controls, agg_loss, loss_keywords, policy_loss, top_entropy_mask
 from gspo_bench.core.metrics import StepStats
 from gspo_bench.core.names import rejection_bounds
 from gspo_bench.core.ratios import mismatch_stats, rejection_mask
@@ -98,43 +99,6 @@ def test_sequence_unit_losses_refuse_the_top_entropy_mask_and_bnpo():
         run("grpo", entropy_coef=0.1)
     with pytest.raises(ValueError, match="whole minibatch"):
         run("grpo", entropy=H, top_entropy_quantile=0.5, units=2.0)
-
-
-def _module(**loss):
-    """The entropy control's state and methods on a stand-in module (one process)."""
-    cfg = load_config("smoke", overrides={"loss": loss})
-    settings = cfg.resolve("grpo", Recipe(loss_defaults=LOSSES["grpo"].param_defaults()), 8)
-    m = SimpleNamespace(settings=settings, world=1, entropy_coef=settings.loss.entropy_coef, last_entropy=math.inf)
-    m.applied = lambda: PolicyModule.applied_entropy_coef(m)
-    m.adapt = lambda ent, mask: PolicyModule.adapt_entropy(m, ent, mask)
-    return m
-
-
-def test_adaptive_entropy_coefficient_by_hand():
-    m = _module(entropy_coef=0.02, entropy_target=1.0, entropy_coef_delta=0.01, entropy_coef_max=0.035)
-    mask = t(MASK)
-    # before any step nothing was measured: no bonus
-    assert m.applied() == 0.0
-    # step 1: Hbar = .9 <= 1: c .02 -> .03, and the bonus applies from the next step on
-    m.adapt(t(H), mask)
-    assert (m.entropy_coef, m.last_entropy) == (pytest.approx(0.03), pytest.approx(0.9))
-    assert m.applied() == pytest.approx(0.03)
-    # step 2: Hbar .9 again: .03 -> min(.04, .035)
-    m.adapt(t(H), mask)
-    assert m.entropy_coef == pytest.approx(0.035)
-    # step 3: Hbar = (2 + 2 + 2 + 2 + 2) / 5 = 2 > 1: c -> .025 and no bonus next step
-    m.adapt(torch.full((2, 3), 2.0, dtype=F64), mask)
-    assert m.entropy_coef == pytest.approx(0.025) and m.applied() == 0.0
-    # down to the floor and no further
-    for _ in range(5):
-        m.adapt(torch.full((2, 3), 2.0, dtype=F64), mask)
-    assert m.entropy_coef == 0.0
-    # with the top-entropy mask, Hbar is over the kept tokens: (1 + 2) / 2 = 1.5
-    m = _module(entropy_target=1.0, top_entropy_quantile=0.4)
-    m.adapt(t(H), mask)
-    assert m.last_entropy == pytest.approx(1.5)
-    # a fixed coefficient is applied from the first step
-    assert _module(entropy_coef=0.01).applied() == 0.01
 
 
 def test_entropy_gradient_through_the_chunked_head_is_autograds():
@@ -303,10 +267,9 @@ def test_controls_off_match_the_six_as_they_were(name):
 def test_the_module_passes_no_control_while_they_are_off():
     settings = load_config("smoke").resolve("grpo", Recipe(
         loss_defaults=LOSSES["grpo"].param_defaults()), 8)
-    m = SimpleNamespace(name="grpo", settings=settings)
-    assert PolicyModule.hp.fget(m) == {"eps_low": 0.2, "eps_high": 0.2, "dual_clip_c": None, "delta_clip": None,
-                                       "kl_estimator": "k3"}
-    assert not PolicyModule.entropy_in_loss.fget(m)
+    assert loss_keywords(LOSSES["grpo"], settings.loss.hparams(), 8) == {
+        "eps_low": 0.2, "eps_high": 0.2, "dual_clip_c": None, "delta_clip": None, "kl_estimator": "k3"}
+    assert not EntropyControl.of(settings.loss).in_loss
     r = settings.rollout
     assert (r.mask_truncated, r.rejection, settings.loss.aggregation) == (False, None, None)
 
@@ -347,9 +310,8 @@ def test_rejection_options_by_hand():
 
 def _loss_mask(batch, old, **rollout):
     cfg = load_config("smoke", overrides={"rollout": rollout})
-    m = SimpleNamespace(settings=SimpleNamespace(rollout=cfg.rollout))
     stats = StepStats()
-    return PolicyModule.loss_mask(m, batch, old, stats), stats.reduce()
+    return loss_mask(cfg.rollout, batch, old, stats), stats.reduce()
 
 
 def test_the_loss_mask_leaves_out_truncated_and_rejected_tokens():
@@ -454,3 +416,53 @@ def test_bad_values_stop_the_run_with_one_line(sets, algo, text, tmp_path, capsy
     out = capsys.readouterr().out.strip()
     assert text in out and len(out.splitlines()) == 1, out
     assert not (tmp_path / "mlflow.db").exists()  # stopped before any work
+
+
+# ----------------------------------------------------------------------------- the controls as one object
+
+
+def _settings(**sets):
+    cfg = load_config("smoke", overrides=parse_sets([f"{k}={v}" for k, v in sets.items()]))
+    return cfg.resolve("grpo", Recipe(loss_defaults=LOSSES["grpo"].param_defaults()), 8)
+
+
+def test_the_controls_pass_nothing_while_they_are_off():
+    s = _settings()
+    off = Controls.of(s.loss, s.rollout)
+    assert off == Controls() and off.keywords(t(LOGP), t(H)) == {} and not off.needs_entropy
+    # so the loss with them is the loss without them, bit for bit
+    x = t(LOGP).requires_grad_(True)
+    plain, _ = policy_loss("grpo", logp=x, old_logp=x.detach() - t(DELTA), advantages=t(ADV), mask=t(MASK))
+    with_off, _ = policy_loss("grpo", logp=x, old_logp=x.detach() - t(DELTA), advantages=t(ADV), mask=t(MASK),
+                              **off.keywords(t(LOGP), t(H)))
+    assert torch.equal(plain, with_off)
+
+
+def test_the_controls_are_built_from_the_settings_and_pass_only_what_is_on():
+    s = _settings(**{"loss.entropy_coef": 0.01, "loss.top_entropy_quantile": 0.5, "loss.aggregation": "bnpo",
+                     "rollout.correction": "tis", "rollout.correction_cap": 3.0, "rollout.opsm_threshold": 0.1})
+    c = Controls.of(s.loss, s.rollout, entropy_coef=0.02)  # this optimiser step's coefficient wins
+    roll, ent = t(LOGP), t(H)
+    kw = c.keywords(roll, ent)
+    assert kw == {"rollout_logp": roll, "correction": "tis", "correction_cap": 3.0, "correction_min": None,
+                  "correction_level": "unit", "opsm_threshold": 0.1, "entropy_coef": 0.02,
+                  "top_entropy_quantile": 0.5, "entropy": ent, "aggregation": "bnpo"}
+    # no sampler log-probs: no correction, and sequence masking compares with the old log-probs
+    assert set(c.keywords(None, ent)) == {"opsm_threshold", "entropy_coef", "top_entropy_quantile", "entropy",
+                                          "aggregation"}
+    # with the sampler's own old log-probs the correction's weight is 1: it is not passed
+    s = _settings(**{"rollout.correction": "tis", "rollout.old_logp_source": "rollout"})
+    assert Controls.of(s.loss, s.rollout).keywords(roll) == {}
+    # the divisor of a part of a minibatch follows the aggregation in force
+    assert (c.units_key(LOSSES["grpo"]), Controls().units_key(LOSSES["grpo"]), Controls().units_key(LOSSES["dapo"]),
+            Controls().units_key(LOSSES["gspo"])) == ("local_token", "sequence", "token", "sequence")
+
+
+def test_the_controls_check_what_a_loss_cannot_take():
+    with pytest.raises(ValueError, match="aggregation=bnpo needs a token-unit loss"):
+        Controls(aggregation="bnpo").check(LOSSES["gspo"])
+    with pytest.raises(ValueError, match="top_entropy_quantile=0.5 needs a token-unit loss"):
+        Controls(top_entropy_quantile=0.5).check(LOSSES["gmpo"])
+    with pytest.raises(ValueError, match="delta_clip=1.1 must be above 1 \\+ eps_high"):
+        Controls().check(LOSSES["grpo"], delta_clip=1.1, eps_high=0.2)
+    Controls(aggregation="bnpo", top_entropy_quantile=0.5).check(LOSSES["grpo"])

@@ -155,7 +155,7 @@ def test_top_entropy_mask_and_bonus_match_trl(name, loss_type, q, seed):
 
 
 def test_adaptive_entropy_matches_trl_step_by_step():
-    from gspo_bench.algorithms.base import PolicyModule
+    from gspo_bench.core.entropy_control import EntropyControl
     from gspo_bench.config import Recipe, load_config
     from gspo_bench.core.losses import LOSSES
 
@@ -165,22 +165,22 @@ def test_adaptive_entropy_matches_trl_step_by_step():
                                                    "entropy_coef_delta": step, "entropy_coef_min": lo,
                                                    "entropy_coef_max": hi}})
     settings = cfg.resolve("grpo", Recipe(loss_defaults=LOSSES["grpo"].param_defaults()), T)
-    module = SimpleNamespace(settings=settings, world=1, entropy_coef=0.005, last_entropy=math.inf)
+    control = EntropyControl.of(settings.loss)
     coefs, applied = [], []
     for seed in range(8):  # eight optimiser steps; the entropies' means straddle the target
         logp, old, _, adv, ent, mask = tensors(seed)
         ent = ent * (0.7 if seed % 3 else 1.2)
         x = logp.clone().requires_grad_(True)
         theirs = trl_loss(trainer, x, ent, old, adv, mask)
-        c = PolicyModule.applied_entropy_coef(module)
+        c = control.applied()
         applied.append(c)
         ours, _ = policy_loss("grpo", logp=logp, old_logp=old, advantages=adv, mask=mask, entropy=ent,
                               **({"entropy_coef": c} if c > 0 else {}))
         assert_close(ours, theirs.detach(), rtol=1e-12, atol=1e-12)
-        PolicyModule.adapt_entropy(module, ent, mask)
-        assert module.entropy_coef == pytest.approx(trainer.entropy_coef, abs=1e-15)
-        assert module.last_entropy == pytest.approx(trainer._last_world_entropy, rel=1e-12)
-        coefs.append(module.entropy_coef)
+        control.adapt(ent, mask)
+        assert control.coef == pytest.approx(trainer.entropy_coef, abs=1e-15)
+        assert control.last_entropy == pytest.approx(trainer._last_world_entropy, rel=1e-12)
+        coefs.append(control.coef)
     # the control moved both ways and the gate closed at least once
     assert len(set(coefs)) > 2 and 0.0 in applied and any(a > 0 for a in applied)
 

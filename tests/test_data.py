@@ -13,7 +13,7 @@ from gspo_bench.rollout.datamodule import RolloutDataModule, merge_generations, 
 from gspo_bench.rollout.engine import Generation, forward_response
 from gspo_bench.rollout.engines import Capabilities, InProcessEngine
 from gspo_bench.models import build_builtin
-from gspo_bench.tasks import Task, TaskSpec, generate_arith
+from gspo_bench.tasks import SingleTurn, Task, TaskSpec, generate_arith
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +178,20 @@ def test_score_uses_the_task_verifier(task, policy):
     got = dm.score(["5", " 7 \n", "x", ""], ["5", "7", "8", "0"])
     assert got.dtype == torch.float32
     assert got.tolist() == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_score_goes_through_the_tasks_single_turn_environment(task, policy, monkeypatch):
+    dm = make_dm(task, policy)
+    assert isinstance(dm.environment, SingleTurn) and dm.environment.task is task
+    asked = []
+
+    def score(completions, answers, timeout):
+        asked.append(timeout)
+        return [0.0, 0.75], 1  # one completion past its time limit
+
+    monkeypatch.setattr(dm.environment, "score", score)
+    assert dm.score(["a", "b"], ["1", "2"]).tolist() == [0.0, 0.75]
+    assert asked == [dm.s.verify_timeout] and dm.timeouts == 1  # counted for verify/timeouts
 
 
 # ----------------------------------------------------------------------------- rollout

@@ -299,3 +299,38 @@ def test_the_prose_count_check_reads_each_form():
     assert _prose_counts(f"runs all {n}\n  algorithms here") == [(n, n)]
     assert _prose_counts("with Fourteen algorithms against one baseline") == [(14, n - 1)]
     assert _prose_counts("all 13 algorithms of that time; the six algorithms it began with") == []
+
+
+def _layout_example(heading: str) -> str:
+    """The python block under ``heading`` in docs/layout.md."""
+    text = (ROOT / "docs" / "layout.md").read_text()
+    section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_layout_doc_s_one_file_estimator_and_environment_run_as_written():
+    import torch
+
+    from gspo_bench.core import advantages, names
+    from gspo_bench.tasks import environments
+
+    space: dict = {}
+    exec(_layout_example("Adding an advantage estimator"), space)
+    exec(_layout_example("Adding an environment"), space)
+    try:
+        fn = advantages.ADVANTAGE_ESTIMATORS["max_baseline"]
+        assert "max_baseline" in names.ADVANTAGE_ESTIMATOR_NAMES
+        got = fn(torch.tensor([1.0, 0.0, 0.0, 0.0]), 2, scale="group", baseline="group_mean", all_sum=None)
+        assert got.tolist() == [0.0, -1.0, 0.0, 0.0]
+        task = type("T", (), {"verify": staticmethod(lambda text, answer: float(text == answer))})()
+        env = environments.make_environment("echo_twice", task)
+        assert env.reset({"prompt": "2+2=", "answer": "4"}) == "2+2="
+        first = env.step("5")
+        assert (first.observation, first.reward, first.done) == (" you said 5; again:", 0.0, False)
+        second = env.step("4")
+        assert (second.observation, second.reward, second.done) == (None, 1.0, True)
+    finally:
+        advantages.ADVANTAGE_ESTIMATORS.pop("max_baseline", None)
+        if "max_baseline" in names.ADVANTAGE_ESTIMATOR_NAMES:
+            names.ADVANTAGE_ESTIMATOR_NAMES.remove("max_baseline")
+        environments.ENVIRONMENTS.pop("echo_twice", None)

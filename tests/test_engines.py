@@ -15,7 +15,7 @@ from gspo_bench.rollout.datamodule import RolloutDataModule
 from gspo_bench.rollout.engine import encode_prompts, finish_generation
 from gspo_bench.rollout.engines import (ENGINES, Capabilities, InProcessEngine, RolloutEngine, build_engine,
                                         check_engine, engine_names, register_engine, resolve_engine,
-                                        unregister_engine)
+                                        route_recorders, sharded_engine, unregister_engine)
 from gspo_bench.tasks import Task, TaskSpec, generate_arith
 
 
@@ -56,6 +56,26 @@ def test_auto_reads_the_registry():
     assert resolve_engine("fast", qwen) == "fast"  # fast declares none: sampling says why it cannot
     with pytest.raises(ValueError, match="unknown engine 'sglang'"):
         resolve_engine("sglang", qwen)
+
+
+def test_the_engines_say_what_they_read_so_no_caller_names_them():
+    # FSDP shards the policy: an engine that reads whole parameters (or auto, which may pick one) gives way to
+    # the first in auto order that samples through the model's own forward; the others keep theirs
+    whole = {n for n, c in ENGINES.items() if c.capabilities.whole_parameters}
+    assert whole == {"fast", "compiled"}
+    assert [sharded_engine(n) for n in ("auto", "fast", "compiled", "hf", "vllm")] == ["hf", "hf", "hf", "hf", "vllm"]
+    # Rollout Routing Replay's error lists the engines that can record routes, from their capabilities
+    assert route_recorders() == [n for n in ENGINES if ENGINES[n].capabilities.records_routes]
+    assert {"fast", "hf"} <= set(route_recorders())
+
+
+def test_a_toy_engine_s_capabilities_reach_the_fsdp_choice(toy):
+    assert sharded_engine("toy") == "toy"  # it reads no whole parameters: FSDP keeps it
+    toy.capabilities = Capabilities(free_logp=False, records_routes=True, auto_order=-1, whole_parameters=True)
+    try:
+        assert sharded_engine("toy") == "hf" and "toy" in route_recorders()
+    finally:
+        toy.capabilities = Capabilities(free_logp=False, records_routes=False, auto_order=-1)
 
 
 # ----------------------------------------------------------------------------- a new engine, one file

@@ -11,11 +11,11 @@ import optuna
 import pytest
 import torch
 
-from gspo_bench.algorithms.base import ALGORITHMS, PolicyModule, register_algorithm
+from gspo_bench.algorithms.base import ALGORITHMS, PolicyModule, register_algorithm, search_space
 from gspo_bench.cli.main import main
 from gspo_bench.config import ConfigError, load_config, parse_sets, to_dict
 from gspo_bench.core.loss_params import EPS_LOW, K_POS, PARAMS, TAU_POS, LossParam, declare
-from gspo_bench.core.losses import LOSSES, policy_loss, register_loss
+from gspo_bench.core.losses import LOSSES, loss_keywords, policy_loss, register_loss
 from gspo_bench.tuning.study import chosen_params
 
 
@@ -87,10 +87,10 @@ def test_a_toy_parameter_reaches_config_loss_and_search_space(toy, tmp_path, cap
     assert load_config("smoke").resolve("toy", toy.cls.recipe, 8).loss.toy_temp == 0.5
     assert load_config("smoke").resolve("grpo", ALGORITHMS["grpo"].recipe, 8).loss.toy_temp is None
     grpo = cfg.resolve("grpo", ALGORITHMS["grpo"].recipe, 8)
-    assert "toy_temp" not in PolicyModule.hp.fget(SimpleNamespace(name="grpo", settings=grpo))
+    assert "toy_temp" not in loss_keywords(LOSSES["grpo"], grpo.loss.hparams(), 8)
 
     # the module's loss keywords hand it to the loss
-    hp = PolicyModule.hp.fget(SimpleNamespace(name="toy", settings=mine))
+    hp = loss_keywords(LOSSES["toy"], mine.loss.hparams(), 8)
     assert hp == {"toy_temp": 1.25, "kl_estimator": "k3"}  # the controls, off, are left out
     logp = torch.zeros(2, 3, requires_grad=True)
     loss, _ = policy_loss("toy", logp=logp, old_logp=torch.zeros(2, 3), advantages=torch.tensor([1.0, -1.0]),
@@ -107,7 +107,7 @@ def test_a_toy_parameter_reaches_config_loss_and_search_space(toy, tmp_path, cap
     assert list(LOSSES["toy"].search_ranges().items())[0] == ("toy_temp", (0.1, 1.5, True))  # then the controls
     assert chosen_params(LOSSES["toy"], None, False) == ("toy_temp",)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    sampled = toy.cls.search_space(study.ask())["loss"]["toy_temp"]
+    sampled = search_space("toy", study.ask())["loss"]["toy_temp"]
     assert 0.1 <= sampled <= 1.5
 
     # the README table's defaults column

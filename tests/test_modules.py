@@ -25,6 +25,15 @@ COMMON = [
 PPO_ONLY = ["critic/value_loss", "critic/explained_var"]
 
 
+def test_the_shared_module_keeps_to_fifteen_methods():
+    # the RL step reads in one class: what is not the module's own state (the entropy control, the minibatches'
+    # split, the loss's mask, the search space, the checkpoint's records) lives in functions and objects beside it
+    own = [name for name, v in vars(algorithms.PolicyModule).items()
+           if callable(v) or isinstance(v, (property, classmethod, staticmethod))]
+    assert len(own) <= 15, own
+    assert "training_step" in own and "minibatch_loss" in own
+
+
 def test_every_registered_loss_has_an_algorithm_class():
     # importing the package registers all six, no side-effect import needed
     assert algorithms.names() == list(LOSSES)

@@ -56,7 +56,7 @@ def test_ppo_trains_critic_and_keeps_reference_frozen(mixed_task, tracking_uri):
     [res] = run(cfg, log=lambda *a: None, keep_modules=True)
     assert res.status == "FINISHED", res.error
     m = res.module
-    assert m.kl_coef == 0.05 and m.ref is not None
+    assert m.settings.loss.kl_coef == 0.05 and m.ref is not None
     start = AutoModelForCausalLM.from_pretrained(m.trainer.datamodule.tokenizer.name_or_path)
     for p, q in zip(m.ref.parameters(), start.parameters()):
         assert torch.equal(p.cpu(), q)

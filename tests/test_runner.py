@@ -5,6 +5,7 @@ from __future__ import annotations
 import mlflow
 import pytest
 
+from gspo_bench.algorithms.base import optimizers_of
 from gspo_bench.config import ConfigError, load_config
 from gspo_bench.train.runner import run
 from tests.conftest import tiny_overrides
@@ -63,7 +64,7 @@ def test_a_linear_schedule_is_what_the_optimiser_used(mixed_task, tmp_path):
               keep_modules=True)
     assert r.status == "FINISHED"
     # the policy's optimiser took the last step at 3e-3 / 3; the critic's keeps its own rate
-    policy_opt, critic_opt = r.module.optimizer_list()
+    policy_opt, critic_opt = optimizers_of(r.module)
     assert [g["lr"] for g in policy_opt.param_groups] == pytest.approx([1e-3])
     assert [g["lr"] for g in critic_opt.param_groups] == pytest.approx([r.module.cfg.train.critic_lr])
     # steps 1..3 (a step's metrics are logged after it): 3e-3 x (1, 2/3, 1/3)

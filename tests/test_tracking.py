@@ -58,9 +58,13 @@ def test_the_description_lists_the_stabilisers_of_the_settings():
     assert "200 RL steps of 16 prompts x 8 samples, lr 3e-06, from a warm start at greedy pass@1 12.5%" in text
     assert text.endswith("Stabilisers: MIS correction (cap 2), routing replay r3 (MoE models), bfloat16 rollouts, "
                          "staleness 1.")
-    plain = {"resolved": {"rollout": {"correction": "none", "dtype": "float32", "staleness": 0}}}
+    plain = {"resolved": {"rollout": {"correction": "none", "dtype": "float32", "staleness": 0,
+                                      "advantage_estimator": "group"}}}
     assert run_description("grpo", 0, "smoke", "arith", "tiny-dense", plain).endswith(
         "Stabilisers: none (on-policy, float32 rollouts, no correction).")
+    other = {"resolved": {"rollout": {"advantage_estimator": "rloo"}}}
+    assert run_description("grpo", 0, "smoke", "arith", "tiny-dense", other).endswith(
+        "Stabilisers: advantage estimator rloo.")
     assert run_description("mine", 0, "p", "t", "m").startswith("**mine**; task `t`")  # no registered loss
 
 

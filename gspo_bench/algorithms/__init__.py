@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from gspo_bench.algorithms.base import ALGORITHMS, PolicyModule, register_algorithm
+from gspo_bench.algorithms.base import ALGORITHMS, PolicyModule, register_algorithm, search_space
 from gspo_bench.core.losses import LOSSES
 
 for _info in pkgutil.iter_modules(__path__):
@@ -36,4 +36,4 @@ def get(name: str) -> type[PolicyModule]:
     return ALGORITHMS[name]
 
 
-__all__ = ["ALGORITHMS", "PolicyModule", "get", "names", "register_algorithm"]
+__all__ = ["ALGORITHMS", "PolicyModule", "get", "names", "register_algorithm", "search_space"]

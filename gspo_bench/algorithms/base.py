@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
+import functools
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -54,13 +54,15 @@ from transformers import AutoModelForCausalLM
 from gspo_bench.core import collectives as ddp
 from gspo_bench.algorithms.evaluation import HeldOutEval
 from gspo_bench.config import Recipe, Resolved, RunConfig
-from gspo_bench.core.losses import LOSSES, policy_loss, top_entropy_mask
+from gspo_bench.core.entropy_control import EntropyControl
+from gspo_bench.core.losses import LOSSES, Controls, loss_keywords, policy_loss
 from gspo_bench.core.metrics import StepStats
 from gspo_bench.core.names import rejection_bounds
 from gspo_bench.core.ratios import masked_mean, rejection_mask
 from gspo_bench.rollout.datamodule import RolloutBatch
 from gspo_bench.models import is_moe
 from gspo_bench.rollout.engine import response_logp, uses_packed
+from gspo_bench.rollout.engines import route_recorders
 from gspo_bench.rollout.routing import GridLayout, RouterHooks, empty_grid, routing_mismatch
 
 ALGORITHMS: dict[str, type["PolicyModule"]] = {}
@@ -125,6 +127,76 @@ def minibatch_units(mask_BT: torch.Tensor) -> dict[str, float]:
     return {"token": float(len_B.sum()), "sequence": float((len_B > 0).sum())}
 
 
+def optimizers_of(module: L.LightningModule) -> list:
+    """The module's optimisers as a list, in ``configure_optimizers``' order (Lightning gives one bare)."""
+    opts = module.optimizers()
+    return opts if isinstance(opts, list) else [opts]
+
+
+def search_space(algo: str, trial, params=None) -> dict:
+    """Config overrides for one Optuna trial of ``algo``, e.g. ``{"loss": {"eps_low": 0.13, "eps_high": 0.27}}``.
+
+    The ranges are its loss's parameters' declared ``search`` ranges (``LossSpec.search_ranges``), sampled in
+    their order; ``params`` picks which (default ``LossSpec.searched_by_default``); the others keep the
+    algorithm's default.
+    """
+    spec = LOSSES[algo]
+    chosen = spec.searched_by_default() if params is None else tuple(params)
+    return {"loss": {name: trial.suggest_float(name, low, high, log=log)
+                     for name, (low, high, log) in spec.search_ranges().items() if name in chosen}}
+
+
+def minibatches(batch: RolloutBatch, count: int, g: torch.Generator, world: int = 1,
+                mask: torch.Tensor | None = None):
+    """``(rows, units)`` per optimiser step, ``count`` of them. One process: the rollout's rows, ``units`` None.
+    ``world`` processes: the global rollout (ranks' rows in rank order) is permuted and split as on one process;
+    each rank takes its rows of each minibatch, and ``units`` holds the minibatch's token and non-empty sequence
+    counts over all ranks divided by ``world``: the divisors that make the strategy's gradient average the
+    gradient of the whole minibatch's loss (``distributed``). ``mask``: the loss's response mask (default the
+    rollout's)."""
+    mask = batch.response_mask if mask is None else mask
+    if world == 1:
+        for rows in minibatch_indices(len(batch), count, g):
+            yield rows, None
+        return
+    lengths = ddp.all_gather_cat(mask.sum(-1).float())
+    parts = minibatch_indices(len(lengths), count, g)
+    rank = ddp.rank_world()[0]
+    for rows, tokens, seqs in ddp.local_minibatches(parts, lengths.cpu(), rank, world):
+        yield rows, {"token": tokens / world, "sequence": seqs / world}
+
+
+def loss_mask(r, batch: RolloutBatch, old_logp: torch.Tensor, stats: StepStats) -> torch.Tensor:
+    """``m``, the response tokens the loss trains on (B, T), under rollout settings ``r``: the rollout's response
+    mask, less the responses cut at the length cap (``rollout.mask_truncated``) and the tokens rejection by KL
+    removes (``rollout.rejection``, logged as ``mismatch/rejected_frac``). Both leave the loss's denominators;
+    the advantages were computed with every response."""
+    mask = batch.response_mask
+    if r.mask_truncated and batch.truncated is not None:
+        # a response that ended at max_new_tokens without an eos contributes no term
+        mask = mask * (~batch.truncated).to(mask.dtype)[:, None]
+    if r.rejection is not None:
+        if batch.rollout_logp is None:
+            raise RuntimeError("rollout.rejection needs the sampler's log-probs, and this engine returned none")
+        keep = rejection_mask(old_logp, batch.rollout_logp, mask, rejection_bounds(r.rejection, r.rejection_threshold))
+        # the fraction of the loss's tokens that rejection removes
+        stats.add({"mismatch/rejected_frac": masked_mean(((mask > 0) & ~keep).float(), mask.float())})
+        mask = mask * keep.to(mask.dtype)
+    return mask
+
+
+def rollout_logp(forward, batch: RolloutBatch, limit: int, replay: torch.Tensor | None = None,
+                 record: torch.Tensor | None = None) -> torch.Tensor:
+    """Response log-probs (B, T) of every row of the rollout through ``forward`` (a module's bound
+    ``response_logp`` with its model: the recompute and reference passes, no gradient), in micro-batches of at
+    most ``limit`` real tokens like the update's (``train.micro_batch_tokens``), so these passes grow no larger
+    than one micro-batch either (0: all rows at once)."""
+    rows = torch.arange(len(batch), device=batch.input_ids.device)
+    parts = micro_batches(rows, batch.attention_mask.sum(-1).tolist(), limit) if limit else [None]
+    # the parts are the rows in order, so their outputs stacked are the rollout's rows
+    return torch.cat([forward(batch, rows=part, replay=replay, record=record)[0] for part in parts])
+
+
 @dataclass
 class StepTrace:
     """This RL step's tensors, for the callbacks that measure rather than train (all detached)."""
@@ -144,19 +216,22 @@ class PolicyModule(HeldOutEval, L.LightningModule):
     """False when the KL to the reference lives elsewhere (PPO: in the reward)."""
 
     def __init__(self, cfg: RunConfig, model_path: str, seed: int, settings: Resolved, *,
-                 resume_state: dict | None = None, start_evals=None, checkpointer=None):
+                 resume_state: dict | None = None, start_evals=None, checkpointer=None, evaluate: bool = True,
+                 on_metrics=None):
         """``settings``: ``cfg.resolve(name, recipe, ...)``, the same the datamodule samples with.
         ``resume_state``: the checkpoint a resumed run continues from (``train.checkpoint``; the datamodule is
         handed its own part); ``start_evals``: the step-0 evaluations the runs of one seed share
         (``evaluation.StartEvals``); ``checkpointer``: what saves and restores its checkpoints, beats the
-        heartbeat and stops it cleanly on a signal (``train.checkpoint.Checkpointer``; None: none of that)."""
+        heartbeat and stops it cleanly on a signal (``train.checkpoint.Checkpointer``; None: none of that);
+        ``evaluate``: run the held-out evaluation (a benchmark that times the RL step alone turns it off);
+        ``on_metrics``: called with every step's metrics, as logged (a benchmark's record of its steps)."""
         super().__init__()
         self.automatic_optimization = False
         self.cfg, self.seed, self.settings = cfg, seed, settings
         self.policy = AutoModelForCausalLM.from_pretrained(
             model_path, trust_remote_code=cfg.model.trust_remote_code, dtype=torch.float32)
         self.ref = None
-        if self.kl_coef > 0:
+        if settings.loss.kl_coef > 0:
             self.ref = AutoModelForCausalLM.from_pretrained(
                 model_path, trust_remote_code=cfg.model.trust_remote_code, dtype=torch.float32)
             self.ref.requires_grad_(False).eval()
@@ -173,10 +248,8 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         if r.rejection is not None and r.old_logp_source == "rollout":
             warnings.warn(f"rollout.rejection={r.rejection} sees no mismatch with old_logp_source=rollout: the old "
                           "log-probs are the sampler's, so log rho is 0 at every token", stacklevel=2)
-        # the entropy bonus's coefficient c, which the adaptive control moves after every optimiser step, and the
-        # mean entropy that step measured (inf before the first: no bonus until one was measured at the target)
-        self.entropy_coef = settings.loss.entropy_coef
-        self.last_entropy = math.inf
+        # the entropy bonus's coefficient, which an adaptive control moves after every optimiser step
+        self.entropy = EntropyControl.of(settings.loss)
         self.rl_step = 0
         self.first_metrics: dict[str, float] = {}
         self.last_metrics: dict[str, float] = {}
@@ -187,77 +260,10 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         self.checkpointer = checkpointer
         self.resume_state = resume_state
         self.start_evals = start_evals
+        self.evaluate, self.on_metrics = evaluate, on_metrics
         self.world = 1  # processes training together (set in setup)
         # seconds spent in each phase of this run (``bench --whole``): sampling, the update, evaluation
         self.clock = {"rollout_s": 0.0, "train_s": 0.0, "eval_s": 0.0}
-
-    @property
-    def kl_coef(self) -> float:
-        return self.settings.loss.kl_coef
-
-    @property
-    def entropy_in_loss(self) -> bool:
-        """The loss has an entropy bonus (a coefficient, or the adaptive control), so the entropy carries its
-        gradient."""
-        loss = self.settings.loss
-        return loss.entropy_coef > 0 or loss.entropy_target is not None
-
-    def applied_entropy_coef(self) -> float:
-        """The bonus's coefficient this optimiser step: c, or with the adaptive control c only while the last
-        step's mean entropy was at most the target (TRL's gate), else 0."""
-        target = self.settings.loss.entropy_target
-        if target is None:
-            return self.entropy_coef
-        return self.entropy_coef if self.last_entropy <= target else 0.0
-
-    def adapt_entropy(self, entropy_BT: torch.Tensor, mask_BT: torch.Tensor) -> None:
-        """The adaptive control after one optimiser step, from that step's minibatch (every rank's rows): its mean
-        entropy over the loss's tokens ``m``; c moves by the step toward keeping it at the target, within bounds."""
-        loss = self.settings.loss
-        if loss.entropy_target is None:
-            return
-        m_BT = top_entropy_mask(entropy_BT, mask_BT, loss.top_entropy_quantile)
-        dtype = torch.promote_types(entropy_BT.dtype, torch.float32)
-        m_BT = m_BT.to(dtype)
-        sums = torch.stack([(entropy_BT.detach().to(dtype) * m_BT).sum(), m_BT.sum()])
-        if self.world > 1:
-            sums = ddp.all_sum(sums)
-        # Hbar = sum(H * m) / sum(m) over the minibatch
-        h_bar = float(sums[0] / sums[1].clamp(min=1.0))
-        if h_bar <= loss.entropy_target:
-            # c <- min(c + delta, max)
-            self.entropy_coef = min(self.entropy_coef + loss.entropy_coef_delta, loss.entropy_coef_max)
-        else:
-            # c <- max(c - delta, min)
-            self.entropy_coef = max(self.entropy_coef - loss.entropy_coef_delta, loss.entropy_coef_min)
-        self.last_entropy = h_bar
-
-    @property
-    def hp(self) -> dict:
-        """The loss keyword arguments its loss takes (clip range, dual clip, its own parameters; dr_grpo's
-        T_max, the rollout's length cap) and the KL estimator; the controls (the entropy bonus, the top-entropy
-        mask) are ``minibatch_loss``'s to add."""
-        spec = LOSSES[self.name]
-        controls = {p.name for p in spec.controls}
-        hp = {k: v for k, v in self.settings.loss.hparams().items()
-              if (k in spec.keywords and k not in controls) or k == "kl_estimator"}
-        if "max_new_tokens" in spec.keywords:
-            hp["max_new_tokens"] = self.settings.rollout.max_new_tokens
-        return hp
-
-    # -- search space (``tune``) ----------------------------------------------------------------
-    @classmethod
-    def search_space(cls, trial, params=None) -> dict:
-        """Config overrides for one Optuna trial, e.g. ``{"loss": {"eps_low": 0.13, "eps_high": 0.27}}``.
-
-        The ranges are its loss's parameters' declared ``search`` ranges (``LossSpec.search_ranges``), sampled in
-        their order; ``params`` picks which (default ``LossSpec.searched_by_default``); the others keep the
-        algorithm's default.
-        """
-        spec = LOSSES[cls.name]
-        chosen = spec.searched_by_default() if params is None else tuple(params)
-        return {"loss": {name: trial.suggest_float(name, low, high, log=log)
-                         for name, (low, high, log) in spec.search_ranges().items() if name in chosen}}
 
     # -- wiring ------------------------------------------------------------------------------------
     def configure_optimizers(self):
@@ -273,10 +279,6 @@ class PolicyModule(HeldOutEval, L.LightningModule):
             # every rank samples its own responses (a seed per rank), and continues rank 0's checkpoint
             torch.manual_seed(self.seed * 1_000_003 + rank)
             self.resume_state = ddp.broadcast_object(self.resume_state)
-
-    def optimizer_list(self) -> list:
-        opts = self.optimizers()
-        return opts if isinstance(opts, list) else [opts]
 
     def response_logp(self, model, batch: RolloutBatch, rows=None, with_entropy: bool = False,
                       replay: torch.Tensor | None = None, record: torch.Tensor | None = None,
@@ -322,13 +324,13 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         # this step's policy learning rate (train.lr_schedule): a function of the step alone, so a resumed run
         # continues the schedule exactly; the policy's optimiser comes first
         lr = step_lr(self.cfg.train, self.rl_step)
-        for group in self.optimizer_list()[0].param_groups:
+        for group in optimizers_of(self)[0].param_groups:
             group["lr"] = lr
         stats.add({"train/lr": lr})
-        for opt in self.optimizer_list():
+        for opt in optimizers_of(self):
             opt.zero_grad(set_to_none=True)
         # 2. minibatches: one optimiser step each, so all but the first are off policy
-        for rows, units in self.minibatches(batch, g, prep["mask"]):
+        for rows, units in minibatches(batch, self.cfg.train.minibatches, g, self.world, prep["mask"]):
             rows = rows.to(batch.input_ids.device)
             # 3-4. loss and backward, micro-batch by micro-batch (on W > 1 processes: this rank's share of the
             # minibatch's loss, x W), unless the loss is NaN/Inf (on any rank: all ranks skip together)
@@ -338,32 +340,14 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         # 6. logging, with the RL step as the step (metrics reduced over ranks: every rank logs the same)
         self.rl_step += 1
         metrics = {**batch.stats, **stats.reduce()}
-        if self.entropy_in_loss:
-            metrics["loss/entropy_coef"] = self.entropy_coef
+        if self.entropy.in_loss:
+            metrics["loss/entropy_coef"] = self.entropy.coef
         metrics["time/train_s"] = time.perf_counter() - t0
         metrics["time/step_s"] = metrics["time/train_s"] + batch.stats.get("time/gen_s", 0.0)
         self.clock["rollout_s"] += batch.stats.get("time/gen_s", 0.0)
         self.clock["train_s"] += metrics["time/train_s"]
         self.record(ddp.reduce_metrics(metrics))
         return None
-
-    def minibatches(self, batch: RolloutBatch, g: torch.Generator, mask: torch.Tensor | None = None):
-        """``(rows, units)`` per optimiser step. One process: the rollout's rows, ``units`` None. ``W``
-        processes: the global rollout (ranks' rows in rank order) is permuted and split as on one process;
-        each rank takes its rows of each minibatch, and ``units`` holds the minibatch's token and non-empty
-        sequence counts over all ranks divided by ``W``: the divisors that make the strategy's gradient
-        average the gradient of the whole minibatch's loss (``distributed``). ``mask``: the loss's response
-        mask (``prepare``'s; default the rollout's)."""
-        mask = batch.response_mask if mask is None else mask
-        if self.world == 1:
-            for rows in minibatch_indices(len(batch), self.cfg.train.minibatches, g):
-                yield rows, None
-            return
-        lengths = ddp.all_gather_cat(mask.sum(-1).float())
-        parts = minibatch_indices(len(lengths), self.cfg.train.minibatches, g)
-        rank = ddp.rank_world()[0]
-        for rows, tokens, seqs in ddp.local_minibatches(parts, lengths.cpu(), rank, self.world):
-            yield rows, {"token": tokens / self.world, "sequence": seqs / self.world}
 
     def prepare(self, batch: RolloutBatch, stats: StepStats) -> dict[str, torch.Tensor]:
         """Tensors every minibatch needs: old (and reference) log-probs, advantages and the loss's mask.
@@ -374,61 +358,31 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         mask = batch.response_mask
         if self.replay == "r3" and batch.routes is None:
             raise RuntimeError("moe.routing_replay=r3 needs the sampler's expert choices, and this engine did not "
-                               "record them (engines that do: fast, hf, and vllm on a GPU)")
+                               f"record them (engines that can: {', '.join(route_recorders())})")
         # the router's own choices on this rollout before any update: r2 replays them, and they are
         # what moe/routing_mismatch compares with the sampler's
         natural = None
         if self.is_moe and (self.replay == "r2" or batch.routes is not None):
             natural = empty_grid(self.policy, *batch.input_ids.shape, device=batch.input_ids.device)
+        limit = self.cfg.train.micro_batch_tokens
+        policy_pass, ref_pass = (functools.partial(self.response_logp, m) for m in (self.policy, self.ref))
         with torch.no_grad():
             if self.settings.rollout.old_logp_source == "rollout" and batch.rollout_logp is not None:
                 old = batch.rollout_logp
                 if natural is not None:  # no recompute pass: one forward just for the routes
-                    self.rollout_logp(self.policy, batch, record=natural)
+                    rollout_logp(policy_pass, batch, limit, record=natural)
             else:
                 # r3: the recompute pass already replays the sampler's experts
-                old = self.rollout_logp(self.policy, batch, replay=batch.routes if self.replay == "r3" else None,
-                                        record=natural)
+                old = rollout_logp(policy_pass, batch, limit, replay=batch.routes if self.replay == "r3" else None,
+                                   record=natural)
             out = {"old_logp": old * mask, "advantages": batch.advantages,
                    "routes": {"r2": natural, "r3": batch.routes}.get(self.replay)}
             if self.ref is not None:
-                out["ref_logp"] = self.rollout_logp(self.ref, batch)
+                out["ref_logp"] = rollout_logp(ref_pass, batch, limit)
         if natural is not None and batch.routes is not None:
             stats.add({"moe/routing_mismatch": routing_mismatch(batch.routes, natural, batch.attention_mask.bool())})
-        out["mask"] = self.loss_mask(batch, out["old_logp"], stats)
+        out["mask"] = loss_mask(self.settings.rollout, batch, out["old_logp"], stats)
         return out
-
-    def loss_mask(self, batch: RolloutBatch, old_logp: torch.Tensor, stats: StepStats) -> torch.Tensor:
-        """``m``, the response tokens the loss trains on (B, T): the rollout's response mask, less the responses
-        cut at the length cap (``rollout.mask_truncated``) and the tokens rejection by KL removes
-        (``rollout.rejection``, logged as ``mismatch/rejected_frac``). Both leave the loss's denominators; the
-        advantages were computed with every response."""
-        r = self.settings.rollout
-        mask = batch.response_mask
-        if r.mask_truncated and batch.truncated is not None:
-            # a response that ended at max_new_tokens without an eos contributes no term
-            mask = mask * (~batch.truncated).to(mask.dtype)[:, None]
-        if r.rejection is not None:
-            if batch.rollout_logp is None:
-                raise RuntimeError("rollout.rejection needs the sampler's log-probs, and this engine returned none")
-            keep = rejection_mask(old_logp, batch.rollout_logp, mask,
-                                  rejection_bounds(r.rejection, r.rejection_threshold))
-            # the fraction of the loss's tokens that rejection removes
-            stats.add({"mismatch/rejected_frac": masked_mean(((mask > 0) & ~keep).float(), mask.float())})
-            mask = mask * keep.to(mask.dtype)
-        return mask
-
-    def rollout_logp(self, model, batch: RolloutBatch, replay: torch.Tensor | None = None,
-                     record: torch.Tensor | None = None) -> torch.Tensor:
-        """Response log-probs (B, T) of every row of the rollout (the recompute and reference passes, no
-        gradient), in micro-batches of at most ``train.micro_batch_tokens`` real tokens like the update's, so
-        these passes grow no larger than one micro-batch either (off: all rows at once)."""
-        limit = self.cfg.train.micro_batch_tokens
-        rows = torch.arange(len(batch), device=batch.input_ids.device)
-        parts = micro_batches(rows, batch.attention_mask.sum(-1).tolist(), limit) if limit else [None]
-        # the parts are the rows in order, so their outputs stacked are the rollout's rows
-        return torch.cat([self.response_logp(model, batch, rows=part, replay=replay, record=record)[0]
-                          for part in parts])
 
     def minibatch_backward(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor, stats: StepStats,
                            units: dict[str, float] | None = None) -> bool:
@@ -448,7 +402,8 @@ class PolicyModule(HeldOutEval, L.LightningModule):
                 self.manual_backward(loss)
             # the adaptive entropy control sums over every rank: this one adds nothing, but takes part
             empty = prep["mask"][rows]
-            self.adapt_entropy(torch.zeros_like(empty, dtype=torch.float32), empty)
+            self.entropy.adapt(torch.zeros_like(empty, dtype=torch.float32), empty,
+                               ddp.all_sum if self.world > 1 else None)
             return finite
         limit = self.cfg.train.micro_batch_tokens
         parts = micro_batches(rows, batch.attention_mask[rows].sum(-1).tolist(), limit) if limit else [rows]
@@ -469,7 +424,10 @@ class PolicyModule(HeldOutEval, L.LightningModule):
             if last:  # one vote per minibatch on every rank, however many parts each rank's rows make
                 finite = ddp.all_true(finite, loss.device)
             if finite:
-                with self.backward_sync(last):
+                # DDP all-reduces in the backward of a minibatch's last micro-batch; the others accumulate on this
+                # rank (no_sync), so each rank all-reduces once per minibatch, whatever its number of parts
+                quiet = not last and self.world > 1
+                with self.trainer.strategy.block_backward_sync() if quiet else contextlib.nullcontext():
                     self.manual_backward(loss)
             outs.append({k: v.detach() for k, v in out.items()})
             # L = sum over parts of L_part, each part's sum over its units / the minibatch's count
@@ -485,22 +443,15 @@ class PolicyModule(HeldOutEval, L.LightningModule):
                 _, st = self.minibatch_loss(batch, prep, rows, whole, None if units is None else shares)
         stats.add({**st, "train/loss": total})
         # the adaptive entropy control, from this step's entropy (its new c applies from the next step on)
-        self.adapt_entropy(whole["entropy"], mask)
+        self.entropy.adapt(whole["entropy"], mask, ddp.all_sum if self.world > 1 else None)
         self.trace.minibatches.append((rows, torch.cat([o["logp"] for o in outs])))
         return finite
-
-    def backward_sync(self, sync: bool):
-        """Where DDP all-reduces: in the backward of a minibatch's last micro-batch. The others accumulate on
-        this rank (``no_sync``), so each rank all-reduces once per minibatch, whatever its number of parts."""
-        if sync or self.world == 1:
-            return contextlib.nullcontext()
-        return self.trainer.strategy.block_backward_sync()
 
     def minibatch_forward(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """The training forward on ``rows``, with gradient: what ``minibatch_loss`` reads, (b, T) each (the
         response log-probs and entropy)."""
         logp, ent = self.response_logp(self.policy, batch, rows, with_entropy=True, replay=prep.get("routes"),
-                                       entropy_grad=self.entropy_in_loss)
+                                       entropy_grad=self.entropy.in_loss)
         return {"logp": logp, "entropy": ent}
 
     def minibatch_loss(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor, out: dict[str, torch.Tensor],
@@ -516,38 +467,20 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         mask = prep["mask"][rows]
         extra = {}
         if self.ref is not None and self.kl_in_loss:
-            extra = {"kl_coef": self.kl_coef, "ref_logp": prep["ref_logp"][rows]}
-        r = self.settings.rollout
-        if r.correction != "none" and r.old_logp_source == "recompute" and batch.rollout_logp is not None:
-            # the sampler/trainer correction: weights exp(old_logp - rollout_logp) at correction_level
-            extra.update(rollout_logp=batch.rollout_logp[rows], correction=r.correction,
-                         correction_cap=r.correction_cap, correction_min=r.correction_min,
-                         correction_level=r.correction_level)
-        if r.opsm_threshold is not None:
-            # off-policy sequence masking against the sampler's log-probs (the old ones stand in without them)
-            extra["opsm_threshold"] = r.opsm_threshold
-            if batch.rollout_logp is not None:
-                extra["rollout_logp"] = batch.rollout_logp[rows]
-        spec, lc = LOSSES[self.name], self.settings.loss
-        # the controls, each passed only when on (off, the loss is as without them)
-        coef = self.applied_entropy_coef()
-        if coef > 0:
-            extra["entropy_coef"] = coef
-        if lc.top_entropy_quantile < 1.0:
-            extra["top_entropy_quantile"] = lc.top_entropy_quantile
-        if coef > 0 or lc.top_entropy_quantile < 1.0:
-            extra["entropy"] = ent
-        if lc.aggregation is not None:
-            extra["aggregation"] = lc.aggregation
+            extra = {"kl_coef": self.settings.loss.kl_coef, "ref_logp": prep["ref_logp"][rows]}
+        spec = LOSSES[self.name]
+        # the controls at this optimiser step's entropy coefficient, each passed only when on
+        controls = Controls.of(self.settings.loss, self.settings.rollout, self.entropy.applied())
+        extra.update(controls.keywords(None if batch.rollout_logp is None else batch.rollout_logp[rows], ent))
         if "generator" in spec.inputs and prep.get("generator") is not None:
             extra["generator"] = prep["generator"]
-        agg = lc.aggregation or spec.aggregation
-        kind = {"token-mean": "token", "bnpo": "local_token"}.get(agg, "sequence")
+        coef, kind = controls.entropy_coef, controls.units_key(spec)
         loss, st = policy_loss(self.name, logp=logp, old_logp=prep["old_logp"][rows],
                                advantages=prep["advantages"][rows], mask=mask,
                                units=None if units is None else units[kind],
                                **({} if units is None or coef == 0 else {"token_units": units["token"]}),
-                               **self.hp, **extra)
+                               **loss_keywords(spec, self.settings.loss.hparams(), self.settings.rollout.max_new_tokens),
+                               **extra)
         # H = mean over response tokens of the sampling distribution's entropy
         resp = batch.response_mask[rows]
         st["policy/entropy"] = (ent.detach() * resp).sum() / resp.sum().clamp(min=1)
@@ -557,7 +490,7 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         """Clip each optimiser's gradient by norm and step it; a NaN/Inf loss or norm skips that step."""
         max_norm = self.cfg.train.max_grad_norm or float("inf")
         skipped = not loss_finite
-        for opt, (key, params) in zip(self.optimizer_list(), self.parameter_groups()):
+        for opt, (key, params) in zip(optimizers_of(self), self.parameter_groups()):
             norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
             ok = loss_finite and bool(torch.isfinite(norm))
             if ok:
@@ -577,38 +510,25 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         bar = {"reward": metrics.get("reward/mean", 0.0), "clip": metrics.get("clip/frac", 0.0)}
         self.log_dict(bar, prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=1)
         self.log("rl_step", float(self.rl_step), logger=False, batch_size=1)
+        if self.on_metrics is not None:
+            self.on_metrics(metrics)
 
     # -- evaluation and checkpoints -----------------------------------------------------------------
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         # after every callback's hook (Lightning calls the module's last), so the collapse detector has
         # seen the step before its evaluation, and the checkpoint holds both
-        if self.rl_step % self.cfg.train.eval_every == 0:
+        if self.evaluate and self.rl_step % self.cfg.train.eval_every == 0:
             self.evaluate_now()
         if self.checkpointer is not None:
             self.checkpointer.after_step(self)
-
-    def records_state(self) -> dict:
-        """What the module has recorded so far (a checkpoint's ``records``)."""
-        return {"rl_step": self.rl_step, "first_metrics": self.first_metrics, "last_metrics": self.last_metrics,
-                "eval_history": self.eval_history, "eval_log": self.eval_log,
-                "entropy_control": {"coef": self.entropy_coef, "last_entropy": self.last_entropy}}
-
-    def load_records_state(self, state: dict) -> None:
-        self.rl_step = int(state["rl_step"])
-        self.first_metrics, self.last_metrics = dict(state["first_metrics"]), dict(state["last_metrics"])
-        self.eval_history = [(int(s), float(v)) for s, v in state["eval_history"]]
-        self.eval_log = [(int(s), dict(m)) for s, m in state["eval_log"]]
-        control = state.get("entropy_control")  # absent from a checkpoint written before the entropy control
-        if control is not None:
-            self.entropy_coef, self.last_entropy = float(control["coef"]), float(control["last_entropy"])
 
     def on_train_start(self) -> None:
         if self.resume_state is not None:  # a resumed run: its step-0 evaluation is logged already
             self.checkpointer.restore(self, self.resume_state)  # the runner's: it wrote the checkpoint too
             self.resume_state = None
-        else:  # the warm-start score, logged at step 0
+        elif self.evaluate:  # the warm-start score, logged at step 0
             self.evaluate_now()
 
     def on_train_end(self) -> None:
-        if not self.eval_history or self.eval_history[-1][0] != self.rl_step:
+        if self.evaluate and (not self.eval_history or self.eval_history[-1][0] != self.rl_step):
             self.evaluate_now()

@@ -93,7 +93,7 @@ class PPO(PolicyModule):
                 kl = kl_penalty(out["old_logp"], out["ref_logp"], lc.kl_estimator) * mask
                 stats.add({"critic/ref_kl": kl.sum() / mask.sum().clamp(min=1)})
             # r_t = R on the last token - kl_coef * kl_t
-            rewards = adv.token_rewards(batch.rewards, mask, kl, self.kl_coef if kl is not None else 0.0)
+            rewards = adv.token_rewards(batch.rewards, mask, kl, self.settings.loss.kl_coef if kl is not None else 0.0)
             advantages, returns = adv.gae(rewards, values, mask, gamma=lc.gamma, lam=lc.lam)
             stats.add({"critic/explained_var": adv.explained_variance(values, returns, mask),
                        "critic/value_mean": values.sum() / mask.sum().clamp(min=1),

@@ -140,13 +140,11 @@ class AllocateOptimiserStates(L.Callback):
 def measure_step(preset: str, overrides: dict, algo: str) -> dict:
     """One measurement (in this process): build the run's objects as ``run`` does, allocate the optimisers'
     states, take one RL step and measure it."""
-    from gspo_bench import algorithms
     from gspo_bench.config import load_config
     from gspo_bench.tasks import load_task
     from gspo_bench.tracking.runs import quiet
-    from gspo_bench.train.assembly import rollout_data
+    from gspo_bench.train.assembly import assemble
     from gspo_bench.train.warmstart import warm_start
-    from transformers import AutoTokenizer
 
     cfg = load_config(preset, (), overrides)
     quiet()
@@ -154,19 +152,14 @@ def measure_step(preset: str, overrides: dict, algo: str) -> dict:
                      cfg.task_options)
     ws = warm_start(task, cfg.model, cfg.warmstart, cfg.seeds[0], task.spec.max_new_tokens, progress=False,
                     log=lambda *_: None)
-    cls = algorithms.get(algo)
-    settings = cfg.resolve(algo, cls.recipe, task.spec.max_new_tokens)
-    L.seed_everything(0, verbose=False)
-    module = cls(cfg, ws.path, 0, settings)
-    tok = AutoTokenizer.from_pretrained(ws.path)
-    module.evaluate_now = lambda: None  # the held-out evaluation is not part of an RL step
     probe = StepMemory(index=0)
-    trainer = L.Trainer(max_epochs=1, logger=False, callbacks=[AllocateOptimiserStates(), probe], accelerator=cfg.train.accelerator, devices=1,
-                        precision=cfg.train.precision, num_sanity_val_steps=0, enable_checkpointing=False,
-                        enable_model_summary=False, enable_progress_bar=False)
-    dm = rollout_data(module, task, tok, steps=1, seed=0, device=trainer.strategy.root_device.type,
-                      model_dir=str(ws.path), eval_prompts=cfg.train.eval_prompts, eval_samples=0)
-    trainer.fit(module, datamodule=dm)
+    trainer = L.Trainer(max_epochs=1, logger=False, callbacks=[AllocateOptimiserStates(), probe],
+                        accelerator=cfg.train.accelerator, devices=1, precision=cfg.train.precision,
+                        num_sanity_val_steps=0, enable_checkpointing=False, enable_model_summary=False,
+                        enable_progress_bar=False)
+    # the held-out evaluation is not part of an RL step
+    run = assemble(cfg, algo, task, ws.path, 0, lambda module: trainer, steps=1, evaluate=False, eval_samples=0)
+    trainer.fit(run.module, datamodule=run.datamodule)
     return probe.result
 
 

@@ -40,13 +40,11 @@ def _timed(fn, reps: int) -> float:
 
 def measure(out: str, steps: int) -> None:
     import lightning as L
-    from transformers import AutoTokenizer
 
-    from gspo_bench import algorithms
     from gspo_bench.core import collectives
     from gspo_bench.config import load_config
     from gspo_bench.tracking.runs import quiet
-    from gspo_bench.train.assembly import rollout_data
+    from gspo_bench.train.assembly import assemble
     from gspo_bench.train.distributed import strategy
     from gspo_bench.tasks import load_task
     from gspo_bench.train.warmstart import warm_start
@@ -59,18 +57,14 @@ def measure(out: str, steps: int) -> None:
     silent = lambda *a, **k: None  # noqa: E731
     task = load_task(cfg.task, 0, cfg.model, cfg.rollout.response_cap(), silent, cfg.task_options)
     ws = warm_start(task, cfg.model, cfg.warmstart, 0, task.spec.max_new_tokens, progress=False, log=silent)
-    cls = algorithms.get("grpo")
-    settings = cfg.resolve("grpo", cls.recipe, task.spec.max_new_tokens)
-    L.seed_everything(0, verbose=False)
-    module = cls(cfg, str(ws.path), 0, settings)
-    steps_seen: list[dict] = []
-    module.record = lambda metrics: steps_seen.append(metrics)  # every step's metrics, reduced over ranks
-    dm = rollout_data(module, task, AutoTokenizer.from_pretrained(ws.path), steps=steps, seed=0, device="cpu",
-                      model_dir=str(ws.path), eval_prompts=2 * world, eval_samples=0)
+    steps_seen: list[dict] = []  # every step's metrics, reduced over ranks
     trainer = L.Trainer(max_epochs=1, accelerator="cpu", devices=world, strategy=strategy(cfg.train, False),
                         logger=False, enable_progress_bar=False, enable_checkpointing=False,
                         enable_model_summary=False, num_sanity_val_steps=0, use_distributed_sampler=False)
-    trainer.fit(module, datamodule=dm)
+    run = assemble(cfg, "grpo", task, ws.path, 0, lambda module: trainer, steps=steps, on_metrics=steps_seen.append,
+                   eval_prompts=2 * world, eval_samples=0)
+    module = run.module
+    trainer.fit(module, datamodule=run.datamodule)
     rank = trainer.global_rank
     n_params = sum(p.numel() for p in module.policy.parameters())
     comm = {}

@@ -48,7 +48,7 @@ from gspo_bench.rollout.engine import response_logp
 from gspo_bench.rollout.engines import check_engine, generate, resolve_engine
 from gspo_bench.rollout.precision import SamplerWeights
 from gspo_bench.tasks import load_task
-from gspo_bench.train.assembly import rollout_data
+from gspo_bench.train.assembly import assemble
 from gspo_bench.train.warmstart import warm_start
 
 
@@ -317,20 +317,15 @@ def bench_rl_step(cfg: RunConfig, algo: str, ws_path: str, task, warmup: int, st
     """The full RL step on ``bench_device(train.accelerator)`` in ``train.precision``; with ``profile`` (a list),
     the profiler's op table of the last step is appended to it."""
     device = bench_device(cfg.train.accelerator)
-    cls = algorithms.get(algo)
-    settings = cfg.resolve(algo, cls.recipe, task.spec.max_new_tokens)
-    L.seed_everything(0, verbose=False)
-    module = cls(cfg, ws_path, 0, settings)
-    tok = AutoTokenizer.from_pretrained(ws_path)
-    dm = rollout_data(module, task, tok, steps=warmup + steps, seed=0, device=device.type, model_dir=ws_path,
-                      eval_prompts=cfg.train.eval_prompts, eval_samples=0)
-    module.evaluate_now = lambda: None  # the held-out eval is not part of an RL step
     clock = _StepClock(warmup + steps - 1 if profile is not None else None, device)
     trainer = L.Trainer(max_epochs=1, logger=False, callbacks=[clock], devices=1, precision=cfg.train.precision,
                         accelerator="gpu" if device.type == "cuda" else "cpu", limit_val_batches=0,
                         num_sanity_val_steps=0, enable_checkpointing=False, enable_model_summary=False,
                         enable_progress_bar=False)
-    trainer.fit(module, datamodule=dm)
+    # the held-out eval is not part of an RL step
+    run = assemble(cfg, algo, task, ws_path, 0, lambda module: trainer, steps=warmup + steps, evaluate=False,
+                   eval_samples=0)
+    trainer.fit(run.module, datamodule=run.datamodule)
     if clock.prof is not None:
         profile.append(clock.prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
     walls = [b - a for a, b in zip(clock.ends, clock.ends[1:])][warmup:]

@@ -67,9 +67,9 @@ def matched(cfg: RunConfig, algo: str, task_max_new_tokens: int) -> Matched:
     s = cfg.resolve(algo, algorithms.get(algo).recipe, task_max_new_tokens)
     r = s.rollout
     if (s.loss.eps_low is None or s.loss.kl_coef or r.dynamic_sampling or r.overlong_buffer or r.staleness
-            or r.advantage_baseline != "group_mean"):
+            or r.advantage_baseline != "group_mean" or r.advantage_estimator != "group"):
         raise ConfigError("--vs trl: eps_low null, KL, dynamic sampling, overlong shaping, staleness, a leave-one-out "
-                          "baseline: not matched")
+                          "baseline, an advantage estimator other than group: not matched")
     if cfg.train.lr_schedule != "constant":
         # TRL's scheduler steps once per optimiser step, ours once per RL step: the two decays differ
         raise ConfigError(f"--vs trl: train.lr_schedule={cfg.train.lr_schedule}: not matched (TRL decays per "

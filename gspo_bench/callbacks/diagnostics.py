@@ -10,7 +10,7 @@ from __future__ import annotations
 import lightning as L
 import torch
 
-from gspo_bench.core.losses import LOSSES
+from gspo_bench.core.losses import LOSSES, loss_keywords
 from gspo_bench.core.ratios import mismatch_stats
 
 
@@ -78,12 +78,10 @@ class RatioSample(L.Callback):
         seq_t = torch.cat(seq) if seq else torch.zeros(0)
         if len(token_t) > self.cap:  # real models: keep the file small, a uniform subsample tells the same story
             token_t = token_t[torch.randperm(len(token_t), generator=torch.Generator().manual_seed(0))[:self.cap]]
-        hp = pl_module.hp
         # the band as offsets of the ratio r (none for a loss that bounds no ratio: SAPO's gate, DPPO's gap)
-        spec = LOSSES.get(pl_module.name)
-        eps_low, eps_high = hp.get("eps_low"), hp.get("eps_high")
-        if spec is not None:
-            eps_low, eps_high = spec.ratio_band(eps_low, eps_high)
+        spec = LOSSES[pl_module.name]
+        hp = loss_keywords(spec, pl_module.settings.loss.hparams(), pl_module.settings.rollout.max_new_tokens)
+        eps_low, eps_high = spec.ratio_band(hp.get("eps_low"), hp.get("eps_high"))
         payload = {"algo": pl_module.name, "step": step, "eps_low": eps_low, "eps_high": eps_high,
                    "token_log_ratio": [round(x, 6) for x in token_t.tolist()],
                    "seq_log_ratio": [round(x, 6) for x in seq_t.tolist()]}

@@ -1,6 +1,6 @@
 """A run whose loss has no token to train on: every token masked, step after step.
 
-The loss's mask (``PolicyModule.loss_mask``) drops responses cut at the length cap
+The loss's mask (``algorithms.base.loss_mask``) drops responses cut at the length cap
 (``rollout.mask_truncated``) and tokens rejection by KL removes (``rollout.rejection``). Where it drops every
 token of a step, the loss is 0 and the step changes nothing; the module logs that step's
 ``train/masked_all`` as 1. This callback says so once, in one line, and where it held at every RL step of

@@ -39,9 +39,10 @@ def _literal(*cells: str) -> list[Text]:
 
 
 def list_command(args, console) -> int:
-    """``list``: algorithms and rollout engines (tables), tasks, models, and presets with their one-line
-    descriptions."""
+    """``list``: algorithms and rollout engines (tables), advantage estimators, tasks, models, and presets with
+    their one-line descriptions."""
     from gspo_bench import algorithms
+    from gspo_bench.core.advantages import ADVANTAGE_ESTIMATORS
     from gspo_bench.core.losses import LOSSES
     from gspo_bench.models import BUILTIN_MODELS
     from gspo_bench.rollout.engines import ENGINES
@@ -71,6 +72,8 @@ def list_command(args, console) -> int:
         except ImportError as e:  # its verifier's optional extra is not installed: listed, with how to get it
             return f"{name} ({e})"
 
+    console.print("advantage estimators (rollout.advantage_estimator): " + ", ".join(ADVANTAGE_ESTIMATORS),
+                  soft_wrap=True, markup=False)
     console.print("tasks:   " + ", ".join(described(n) for n in builtin_tasks()), soft_wrap=True, markup=False)
     console.print("models:  " + ", ".join(f"{m.name} ({m.description})" for m in BUILTIN_MODELS.values())
                   + ", or any local path / hub id of a causal LM", markup=False)

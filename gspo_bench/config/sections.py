@@ -24,8 +24,8 @@ from gspo_bench.config.names import (ACCELERATORS, CHAT_MODES, LR_SCHEDULES, MOE
                                      ROLLOUT_DTYPES)
 from gspo_bench.config.resolved import SPREAD, LossParamFields, LossSettings, Recipe, Resolved
 from gspo_bench.core.loss_params import PARAMS, LossParam, check_relations
-from gspo_bench.core.names import (ADVANTAGE_BASELINES, ADVANTAGE_SCALES, CORRECTION_LEVELS, CORRECTIONS,
-                                   KL_ESTIMATORS, rejection_bounds)
+from gspo_bench.core.names import (ADVANTAGE_BASELINES, ADVANTAGE_ESTIMATOR_NAMES, ADVANTAGE_SCALES,
+                                   CORRECTION_LEVELS, CORRECTIONS, KL_ESTIMATORS, rejection_bounds)
 
 AUTO = "auto"
 
@@ -131,6 +131,9 @@ class RolloutConfig:
     """DAPO overlong shaping buffer L_buf in tokens; null = off; auto = max_new_tokens//4 for dapo only."""
     overlong_penalty: float = 1.0
     """Scale of the overlong shaping penalty."""
+    advantage_estimator: str = "group"
+    """How shaped rewards become advantages, by name in ``core/advantages.py``'s registry: group (the group
+    baseline and scale below)."""
     advantage_baseline: str = "group_mean"
     """What a group advantage subtracts: group_mean (GRPO) | leave_one_out (RLOO: the mean of the other G-1)."""
     advantage_scale: str = AUTO
@@ -198,6 +201,7 @@ class RolloutConfig:
         _check(self.overlong_buffer in (None, AUTO) or (isinstance(self.overlong_buffer, int)
                                                         and self.overlong_buffer > 0),
                f"rollout.overlong_buffer={self.overlong_buffer!r} must be a positive int, null or auto")
+        _choice("rollout.advantage_estimator", self.advantage_estimator, ADVANTAGE_ESTIMATOR_NAMES)
         _choice("rollout.advantage_baseline", self.advantage_baseline, ADVANTAGE_BASELINES)
         _choice("rollout.advantage_scale", self.advantage_scale, (*ADVANTAGE_SCALES, AUTO))
         _choice("rollout.old_logp_source", self.old_logp_source, ("recompute", "rollout"))

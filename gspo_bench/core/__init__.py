@@ -2,8 +2,10 @@
 
 ``losses.py`` (every registered policy loss, aggregation, KL estimators),
 ``ratios.py`` (masked reductions, ratio and clip statistics, mismatch
-corrections), ``advantages.py`` (group z-scores, GAE, shaping), ``metrics.py``
-(per-step reduction of minibatch statistics), ``lm_head.py`` (log-probs and
+corrections), ``advantages.py`` (the advantage estimators' registry, group
+z-scores, GAE, shaping),
+``entropy_control.py`` (the entropy bonus's coefficient, fixed or adaptive),
+``metrics.py`` (per-step reduction of minibatch statistics), ``lm_head.py`` (log-probs and
 entropy through the LM head in token chunks), ``collectives.py`` (sums, gathers
 and shares across the processes of a multi-process run), ``rng.py`` (every
 random generator's state), ``names.py`` (the name lists the config checks,

@@ -1,5 +1,26 @@
 """Advantages, reward shaping and value diagnostics, as pinned in docs/algorithms.md.
 
+Advantage estimators
+--------------------
+The rollout turns rewards into advantages with the estimator that
+``rollout.advantage_estimator`` names, looked up in ``ADVANTAGE_ESTIMATORS``;
+``@register_advantage(name)`` directly above a function adds one (verl's
+``register_adv_est``). Every estimator takes the same arguments::
+
+    fn(rewards_B, group_size, *, scale, baseline, all_sum) -> adv_B
+
+``rewards_B`` (B,) is the rollout's rewards after shaping, in runs of
+``group_size`` answers to one prompt; ``scale`` and ``baseline`` are
+``rollout.advantage_scale`` and ``rollout.advantage_baseline`` (an estimator
+that has no use for them ignores them); ``all_sum`` sums a tensor over the
+processes of a multi-process run, None on one. It returns one advantage per
+response, (B,), in at least float32, shared by all of the response's tokens.
+The built-in one is ``group`` (``group_zscore``). An estimator registered
+before the config is built is a valid ``rollout.advantage_estimator``: the
+config checks the name against ``names.ADVANTAGE_ESTIMATOR_NAMES``, which
+the decorator extends, without loading torch. PPO estimates its advantages
+per token with GAE over its critic, not through this registry.
+
 Conventions
 -----------
 - Group algorithms (GRPO, DAPO, GSPO, GSPO-token, CISPO): a batch of rewards
@@ -39,12 +60,42 @@ Choices the papers leave open
 
 from __future__ import annotations
 
+from typing import Callable, Protocol
+
 import torch
+
+from gspo_bench.core.names import ADVANTAGE_ESTIMATOR_NAMES
 
 Tensor = torch.Tensor
 
 BASELINES = ("group_mean", "leave_one_out")
 SCALES = ("group", "batch", "none")
+
+
+class AdvantageEstimator(Protocol):
+    """What ``ADVANTAGE_ESTIMATORS`` holds: shaped rewards (B,) in groups of ``group_size`` -> advantages (B,)."""
+
+    def __call__(self, rewards_B: Tensor, group_size: int, *, scale: str, baseline: str,
+                 all_sum: Callable[[Tensor], Tensor] | None) -> Tensor: ...
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+"""Advantage estimators by name (``rollout.advantage_estimator``), filled by ``register_advantage``."""
+
+
+def register_advantage(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
+    """Decorator: add the function below to ``ADVANTAGE_ESTIMATORS`` under ``name``, and ``name`` to the names
+    the config accepts (``names.ADVANTAGE_ESTIMATOR_NAMES``). A name is registered once."""
+
+    def add(fn: AdvantageEstimator) -> AdvantageEstimator:
+        if name in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is registered already")
+        ADVANTAGE_ESTIMATORS[name] = fn
+        if name not in ADVANTAGE_ESTIMATOR_NAMES:
+            ADVANTAGE_ESTIMATOR_NAMES.append(name)
+        return fn
+
+    return add
 
 
 def _float(x: Tensor) -> Tensor:
@@ -62,9 +113,10 @@ def _groups(rewards_B: Tensor, group_size: int) -> Tensor:
     return _float(rewards_B).view(-1, group_size)  # (num_groups, G)
 
 
+@register_advantage("group")
 def group_zscore(rewards_B: Tensor, group_size: int, scale: str = "group", eps: float = 1e-6,
                  baseline: str = "group_mean", all_sum=None) -> Tensor:
-    """Group-relative advantage of each response, shape [B]: ``(R_i - b_i) / s``.
+    """Group-relative advantage of each response, shape [B]: ``(R_i - b_i) / s`` (estimator ``group``).
 
     ``baseline``: ``group_mean`` (``b_i = mean(R)``) or ``leave_one_out``
     (``b_i = mean_{j != i} R_j``). ``scale``: ``group`` (``s = std(R) + eps``,

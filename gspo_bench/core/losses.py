@@ -707,6 +707,83 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
 # ----------------------------------------------------------------------------- entry point
 
 
+def loss_keywords(spec: LossSpec, hparams: dict, max_new_tokens: int) -> dict:
+    """The keywords of ``spec``'s loss a run passes from its loss settings ``hparams`` (``loss.*`` resolved): its
+    own parameters (clip range, dual clip, ...), the KL estimator and, for a loss that takes it, the rollout's
+    length cap ``max_new_tokens`` (dr_grpo's T_max). The controls (the entropy bonus, the top-entropy mask) are not
+    among them: the run passes each only while it is on."""
+    controls = {p.name for p in spec.controls}
+    kw = {k: v for k, v in hparams.items() if (k in spec.keywords and k not in controls) or k == "kl_estimator"}
+    if "max_new_tokens" in spec.keywords:
+        kw["max_new_tokens"] = max_new_tokens
+    return kw
+
+
+@dataclass(frozen=True)
+class Controls:
+    """The shared controls of one run, passed to ``policy_loss`` beside its loss's own parameters
+    (docs/algorithms.md, "Controls"), each off at its default, where the loss is bit-identical to one without
+    it: the entropy bonus's coefficient at this optimiser step and the top-entropy mask (``loss.*``), another
+    aggregation (bnpo), the sampler/trainer correction and off-policy sequence masking (``rollout.*``). The
+    two-sided clip (``loss.delta_clip``) is a parameter of the losses that take it, and the loss's mask
+    (truncation, rejection) is the mask the loss is given."""
+
+    entropy_coef: float = 0.0
+    top_entropy_quantile: float = 1.0
+    aggregation: str | None = None
+    correction: str = "none"
+    correction_cap: float = 2.0
+    correction_min: float | None = None
+    correction_level: str = "unit"
+    opsm_threshold: float | None = None
+
+    @classmethod
+    def of(cls, loss, rollout, entropy_coef: float | None = None) -> "Controls":
+        """From a run's resolved ``loss`` and ``rollout`` settings; ``entropy_coef``: this optimiser step's
+        coefficient (an adaptive control's, ``EntropyControl.applied``), default ``loss.entropy_coef``. The
+        correction applies only to recomputed old log-probs (with the sampler's own, its weight is 1)."""
+        return cls(loss.entropy_coef if entropy_coef is None else entropy_coef, loss.top_entropy_quantile,
+                   loss.aggregation, rollout.correction if rollout.old_logp_source == "recompute" else "none",
+                   rollout.correction_cap, rollout.correction_min, rollout.correction_level, rollout.opsm_threshold)
+
+    @property
+    def needs_entropy(self) -> bool:
+        return self.entropy_coef > 0 or self.top_entropy_quantile < 1.0
+
+    def keywords(self, rollout_logp: Tensor | None = None, entropy: Tensor | None = None) -> dict:
+        """``policy_loss``'s keywords for the controls that are on, and nothing for those that are off. Their
+        inputs: ``rollout_logp`` (the sampler's log-probs of these rows, None where the engine gave none: then no
+        correction, and sequence masking compares with the old log-probs) and ``entropy`` (with its gradient)."""
+        kw: dict = {}
+        if self.correction != "none" and rollout_logp is not None:
+            # the sampler/trainer correction: weights exp(old_logp - rollout_logp) at correction_level
+            kw.update(rollout_logp=rollout_logp, correction=self.correction, correction_cap=self.correction_cap,
+                      correction_min=self.correction_min, correction_level=self.correction_level)
+        if self.opsm_threshold is not None:
+            kw["opsm_threshold"] = self.opsm_threshold
+            if rollout_logp is not None:
+                kw["rollout_logp"] = rollout_logp
+        if self.entropy_coef > 0:
+            kw["entropy_coef"] = self.entropy_coef
+        if self.top_entropy_quantile < 1.0:
+            kw["top_entropy_quantile"] = self.top_entropy_quantile
+        if self.needs_entropy:
+            kw["entropy"] = entropy
+        if self.aggregation is not None:
+            kw["aggregation"] = self.aggregation
+        return kw
+
+    def units_key(self, spec: LossSpec) -> str:
+        """Which of a minibatch's counts its means divide by when these rows are a part of it: its tokens
+        (token-mean), this process's own tokens (bnpo) or its non-empty sequences."""
+        return {"token-mean": "token", "bnpo": "local_token"}.get(self.aggregation or spec.aggregation, "sequence")
+
+    def check(self, spec: LossSpec, *, delta_clip: float | None = None, eps_high: float | None = None) -> None:
+        """What ``spec`` cannot take (``check_controls``), with the two-sided clip's cap and clip range."""
+        check_controls(spec, aggregation=self.aggregation, top_entropy_quantile=self.top_entropy_quantile,
+                       delta_clip=delta_clip, eps_high=eps_high)
+
+
 def check_controls(spec: LossSpec, *, aggregation: str | None = None, top_entropy_quantile: float | None = None,
                    delta_clip: float | None = None, eps_high: float | None = None) -> None:
     """The controls ``spec`` cannot take, as one ValueError line that starts with the keyword (the run's check

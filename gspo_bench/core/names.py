@@ -1,5 +1,6 @@
-"""The names the core's functions accept, as plain tuples, and how ``rollout.rejection``'s thresholds read: the
-config checks its fields against them without importing torch."""
+"""The names the core's functions accept, as plain tuples (the advantage estimators', a list their registry
+extends), and how ``rollout.rejection``'s thresholds read: the config checks its fields against them without
+importing torch."""
 
 import math
 
@@ -14,6 +15,9 @@ ADVANTAGE_BASELINES = ("group_mean", "leave_one_out")
 """What a group advantage subtracts (``advantages.group_zscore``)."""
 ADVANTAGE_SCALES = ("group", "batch", "none")
 """What it divides by (``advantages.group_zscore``)."""
+ADVANTAGE_ESTIMATOR_NAMES: list[str] = ["group"]
+"""The advantage estimators' names (``advantages.ADVANTAGE_ESTIMATORS``): the built-in one, and each name
+``advantages.register_advantage`` adds."""
 REJECTION_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2",
                      "seq_max_k3")
 """Rejection by KL (``ratios.rejection_mask``): a statistic of ``l = log rho`` (k1, k2 or k3), per token, or its

@@ -7,7 +7,8 @@ held-out evaluation.
 ``engines/`` (the ``RolloutEngine`` seam, its registry and ``auto``, one file per engine);
 ``precision.py`` (the sampler's weights in ``rollout.dtype``); ``routing.py`` (MoE expert
 choices, Routing Replay); ``datamodule.py`` (prompts, the run's engine, rewards, advantages);
-``evaluation.py`` (the held-out evaluation with the run's engine and verifier).
+``evaluation.py`` (the held-out evaluation with the run's engine and verifier); ``trajectory.py``
+(a rollout as token ids in and out: the model's and an environment's segments, versions, the layout).
 
 May import: tasks, models, tracking, config, core.
 """

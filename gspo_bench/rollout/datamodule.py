@@ -1,8 +1,10 @@
 """The one rollout/verifier datamodule every algorithm shares.
 
 Each training "batch" is a whole rollout: ``prompts_per_step`` prompts, ``G``
-samples each from the *current* policy, verifier rewards, optional DAPO
-shaping/filtering, and group z-score advantages (docs/algorithms.md). Prompts for
+samples each from the *current* policy, verifier rewards (through the task's
+``single_turn`` environment), optional DAPO shaping/filtering, and advantages
+from the estimator ``rollout.advantage_estimator`` names (the group z-score by
+default; docs/algorithms.md). Prompts for
 step ``s`` are drawn from a generator seeded by ``(seed, s)``, so every
 algorithm sees the same prompts in the same order: the comparison is on equal
 terms. Modules never touch the task: sampling and scoring go through here,
@@ -31,7 +33,7 @@ from gspo_bench.rollout.engines import (ENGINES, Capabilities, EngineSetup, Roll
                                         resolve_engine)
 from gspo_bench.rollout.evaluation import Evaluator
 from gspo_bench.rollout.precision import SamplerWeights
-from gspo_bench.tasks import Task
+from gspo_bench.tasks import SingleTurn, Task
 
 
 @dataclass
@@ -43,7 +45,7 @@ class RolloutBatch:
     rollout_logp: torch.Tensor | None  # (B, T) the sampler's log-probs, when the engine returned them
     scores: torch.Tensor  # (B,) verifier reward
     rewards: torch.Tensor  # (B,) reward after shaping (what advantages see)
-    advantages: torch.Tensor | None  # (B,) group z-score; None for an algorithm with its own (PPO: GAE)
+    advantages: torch.Tensor | None  # (B,) rollout.advantage_estimator's; None for an algorithm with its own (GAE)
     texts: list[str]
     answers: list[str]
     stats: dict[str, float] = field(default_factory=dict)
@@ -142,6 +144,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.engine = engine  # the engine that samples (``engines.RolloutEngine``)
         self.engine_given = engine is not None  # handed in: never replaced by the registry's
         self.task, self.tokenizer, self.s = task, tokenizer, settings
+        self.environment = SingleTurn(task)  # what scores the completions: the task's verifier, batch by batch
         self.steps, self.seed = steps, seed
         self.evaluator = evaluator if evaluator is not None else Evaluator.for_task(
             task, settings, prompts=eval_prompts, samples=eval_samples, batch_size=eval_batch)
@@ -241,8 +244,9 @@ class RolloutDataModule(L.LightningDataModule):
 
     # -- scoring (the only place the verifier is called) ------------------------------------
     def score(self, texts: list[str], answers: list[str]) -> torch.Tensor:
-        """Verifier rewards, each under ``rollout.verify_timeout`` (0 past it; counted in ``verify/timeouts``)."""
-        rewards, late = self.task.score(texts, answers, self.s.verify_timeout)
+        """Verifier rewards through the task's ``single_turn`` environment (``Task.score``), each under
+        ``rollout.verify_timeout`` (0 past it; counted in ``verify/timeouts``)."""
+        rewards, late = self.environment.score(texts, answers, self.s.verify_timeout)
         self.timeouts += late
         return torch.tensor(rewards, dtype=torch.float32)
 
@@ -310,11 +314,13 @@ class RolloutDataModule(L.LightningDataModule):
                 break
         gen = merge_generations(kept_gens, self.tokenizer.pad_token_id)
         scores, rewards = torch.cat(kept_scores), torch.cat(kept_rewards)
-        # A_i = (R_i - mean(R_group)) / (std(R_group) + 1e-6), population std, by default (baseline, scale: config)
+        # rollout.advantage_estimator; the default, group: A_i = (R_i - mean(R_group)) / (std(R_group) + 1e-6),
+        # population std (baseline, scale: config)
         advantages = None
         if self.group_advantages:
-            advantages = adv.group_zscore(rewards, G, scale=self.s.advantage_scale, baseline=self.s.advantage_baseline,
-                                          all_sum=ddp.all_sum if self.world > 1 else None)
+            estimate = adv.ADVANTAGE_ESTIMATORS[self.s.advantage_estimator]
+            advantages = estimate(rewards, G, scale=self.s.advantage_scale, baseline=self.s.advantage_baseline,
+                                  all_sum=ddp.all_sum if self.world > 1 else None)
         gen_s = time.perf_counter() - t0
         lengths = gen.response_mask.sum(-1)
         # truncated: the response hit the cap without emitting eos (any of the ids the engine stops on)

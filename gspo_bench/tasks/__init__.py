@@ -6,14 +6,20 @@ Hugging Face data sets read offline); ``prompts.py`` renders prompts raw or
 through the tokenizer's chat template; ``verifiers.py`` holds
 the pure reward functions; ``sandbox.py`` runs them under a time limit. Both
 registries take a new kind or verifier as one decorated function.
+``environments.py`` holds the ``reset``/``step`` protocol a rollout meets a
+task through, its registry, and ``single_turn`` (one prompt, one completion,
+the verifier's reward).
 
 May import: models, tracking, config, core, paths.
 """
 
+from gspo_bench.tasks.environments import (ENVIRONMENTS, BatchEnvironment, Environment, Observation, SingleTurn,
+                                           Step, make_environment, register_environment)
 from gspo_bench.tasks.generators import GENERATORS, generate_arith, load_jsonl, register_generator
 from gspo_bench.tasks.task import Task, TaskSpec, builtin_tasks, load_task, resolve_task_spec
 from gspo_bench.tasks.verifiers import VERIFIERS, register_verifier, verify_exact, verify_last_line
 
-__all__ = ["GENERATORS", "VERIFIERS", "Task", "TaskSpec", "builtin_tasks", "generate_arith", "load_jsonl",
-           "load_task", "register_generator", "register_verifier", "resolve_task_spec", "verify_exact",
-           "verify_last_line"]
+__all__ = ["ENVIRONMENTS", "GENERATORS", "VERIFIERS", "BatchEnvironment", "Environment", "Observation", "SingleTurn",
+           "Step", "Task", "TaskSpec", "builtin_tasks", "generate_arith", "load_jsonl", "load_task",
+           "make_environment", "register_environment", "register_generator", "register_verifier",
+           "resolve_task_spec", "verify_exact", "verify_last_line"]

@@ -95,6 +95,8 @@ def stabilisers(settings: Mapping | None) -> list[str]:
         found.append("dynamic sampling")
     if isinstance(ro.get("overlong_buffer"), int):
         found.append(f"overlong shaping (buffer {ro['overlong_buffer']} tokens)")
+    if ro.get("advantage_estimator") not in (None, "group"):
+        found.append(f"advantage estimator {ro['advantage_estimator']}")
     if ro.get("advantage_scale") == "none":
         found.append("advantages without std scaling")
     elif ro.get("advantage_scale") == "batch":

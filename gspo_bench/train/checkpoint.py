@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from gspo_bench.algorithms.base import optimizers_of
 from gspo_bench.core import collectives
 from gspo_bench.core.rng import rng_state
 
@@ -52,6 +53,25 @@ LEGACY = "last.pt"  # the one checkpoint of gspo-bench versions that kept one
 
 
 # -- what a checkpoint holds --------------------------------------------------------------------------------------
+def records_of(module) -> dict:
+    """What the module has recorded so far (a checkpoint's ``records``): its RL step, first and last metrics, its
+    evaluations, and the entropy control's state."""
+    return {"rl_step": module.rl_step, "first_metrics": module.first_metrics, "last_metrics": module.last_metrics,
+            "eval_history": module.eval_history, "eval_log": module.eval_log,
+            "entropy_control": module.entropy.state_dict()}
+
+
+def restore_records(module, state: dict) -> None:
+    """Put a checkpoint's ``records`` (``records_of``) back into ``module``."""
+    module.rl_step = int(state["rl_step"])
+    module.first_metrics, module.last_metrics = dict(state["first_metrics"]), dict(state["last_metrics"])
+    module.eval_history = [(int(s), float(v)) for s, v in state["eval_history"]]
+    module.eval_log = [(int(s), dict(m)) for s, m in state["eval_log"]]
+    control = state.get("entropy_control")  # absent from a checkpoint written before the entropy control
+    if control is not None:
+        module.entropy.load_state_dict(control)
+
+
 def capture(module, elapsed_s: float, config_hash: str, settings: dict | None = None) -> dict:
     """The state of a run at the end of its RL step ``module.rl_step`` (see the module docstring);
     ``settings``: the hashed settings behind ``config_hash`` (``lifecycle.hashed_settings``)."""
@@ -60,8 +80,8 @@ def capture(module, elapsed_s: float, config_hash: str, settings: dict | None = 
         "version": VERSION, "config_hash": config_hash, "settings": dict(settings or {}),
         "rl_step": module.rl_step, "elapsed_s": float(elapsed_s),
         "weights": {k: v.detach().cpu() for k, v in module.state_dict().items() if not k.startswith("ref.")},
-        "optimizers": [opt.optimizer.state_dict() for opt in module.optimizer_list()],
-        "records": module.records_state(),
+        "optimizers": [opt.optimizer.state_dict() for opt in optimizers_of(module)],
+        "records": records_of(module),
         **dm.state_dict(),  # "sampler", "verify_timeouts"
         "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks if cb.state_dict()},
         "rng": rng_state(),
@@ -87,9 +107,9 @@ def restore(module, state: dict) -> None:
     if unexpected or [k for k in missing if not k.startswith("ref.")]:
         raise RuntimeError(f"the checkpoint does not fit this model (missing {missing[:3]}, unexpected "
                            f"{unexpected[:3]})")
-    for opt, sd in zip(module.optimizer_list(), state["optimizers"], strict=True):
+    for opt, sd in zip(optimizers_of(module), state["optimizers"], strict=True):
         opt.optimizer.load_state_dict(sd)
-    module.load_records_state(state["records"])
+    restore_records(module, state["records"])
     for cb in trainer.callbacks:
         if cb.state_key in state["callbacks"]:
             cb.load_state_dict(state["callbacks"][cb.state_key])

@@ -47,6 +47,7 @@ from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 
 from gspo_bench.config import ConfigError, RunConfig
 from gspo_bench.config.names import GPU_ACCELERATORS
+from gspo_bench.rollout.engines import sharded_engine
 
 # -- what a multi-process run asks of its config, and Lightning's strategy for it ---------------------------
 def check_processes(cfg: RunConfig) -> None:
@@ -85,12 +86,11 @@ def fsdp_fallback(cfg: RunConfig, log) -> RunConfig:
 
     if cfg.train.strategy != "fsdp":
         return cfg
-    if cfg.rollout.engine in ("auto", "fast", "compiled") or cfg.train.forward in ("auto", "packed"):
-        log("[fsdp] the fast engine and the packed forward read whole parameters, which FSDP shards: "
-            "sampling and training use transformers' own (engine hf, forward hf)")
-    own = cfg.rollout.engine in ("auto", "fast", "compiled")
-    return replace(cfg, rollout=replace(cfg.rollout, engine="hf" if own else cfg.rollout.engine),
-                   train=replace(cfg.train, forward="hf"))
+    engine = sharded_engine(cfg.rollout.engine)
+    if engine != cfg.rollout.engine or cfg.train.forward in ("auto", "packed"):
+        log("[fsdp] the packed forward and the engines that read whole parameters cannot read what FSDP shards: "
+            f"sampling and training use transformers' own (engine {engine}, forward hf)")
+    return replace(cfg, rollout=replace(cfg.rollout, engine=engine), train=replace(cfg.train, forward="hf"))
 
 
 def strategy(t, moe: bool):

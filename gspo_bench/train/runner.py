@@ -21,19 +21,18 @@ from dataclasses import dataclass, field, replace
 import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from transformers import AutoTokenizer
 
 from gspo_bench import algorithms
 from gspo_bench.tracking import runs, stores
 from gspo_bench.train import checkpoint
 from gspo_bench.train import distributed
 from gspo_bench.train import interrupts as signals
-from gspo_bench.train.assembly import rollout_data
+from gspo_bench.train.assembly import assemble
 from gspo_bench.algorithms.evaluation import StartEvals
 from gspo_bench.callbacks import (CollapseCallback, MaskedAllRun, MaskedAllWatch, MismatchProbe, MoEFlipProbe,
                                   RatioSample)
 from gspo_bench.core.collectives import launch_rank_zero
-from gspo_bench.core.losses import LOSSES, check_controls
+from gspo_bench.core.losses import LOSSES, Controls
 from gspo_bench.core.loss_params import check_relations
 from gspo_bench.config import ConfigError, Resolved, RunConfig, to_dict
 from gspo_bench.tracking.lifecycle import config_digest, hashed_settings
@@ -87,13 +86,13 @@ class ProgressBar(RichProgressBar):
 
 
 def check_loss_controls(cfg: RunConfig, algo: str) -> None:
-    """The loss controls ``algo`` cannot take (``losses.check_controls``), and the top-entropy mask where its
+    """The loss controls ``algo`` cannot take (``losses.Controls.check``), and the top-entropy mask where its
     quantile cannot see the whole minibatch, as a ConfigError before any work."""
     # the loss settings alone are read: the rollout's length cap (1 here) does not enter them
-    loss = cfg.resolve(algo, algorithms.get(algo).recipe, 1).loss
+    settings = cfg.resolve(algo, algorithms.get(algo).recipe, 1)
+    loss = settings.loss
     try:
-        check_controls(LOSSES[algo], aggregation=loss.aggregation, top_entropy_quantile=loss.top_entropy_quantile,
-                       delta_clip=loss.delta_clip, eps_high=loss.eps_high)
+        Controls.of(loss, settings.rollout).check(LOSSES[algo], delta_clip=loss.delta_clip, eps_high=loss.eps_high)
     except ValueError as e:
         raise ConfigError(f"loss.{e}") from None
     try:  # the rules between parameters, with every auto resolved to this algorithm's own default
@@ -235,14 +234,10 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
         # RL's own draws (sampling, prompt order, minibatches) follow train.rl_seed where it is set; the data,
         # the initial weights and the warm start stay those of the run's seed
         rl_seed = seed if cfg.train.rl_seed is None else cfg.train.rl_seed
-        L.seed_everything(rl_seed, verbose=False)
-        module = cls(cfg, str(ws.path), rl_seed, settings, resume_state=state, start_evals=o.start_evals,
-                     checkpointer=ckpt)
-        trainer, collapse = _trainer(cfg, module, logger, ckpt.log, o.callbacks)
-        dm = rollout_data(module, task, AutoTokenizer.from_pretrained(ws.path), steps=cfg.train.steps, seed=rl_seed,
-                          device=trainer.strategy.root_device.type, model_dir=str(ws.path),
-                          eval_prompts=cfg.train.eval_prompts, eval_samples=cfg.train.eval_samples,
-                          eval_k=cfg.train.eval_k, resume_state=state)
+        collapse = CollapseCallback(cfg.collapse, log=ckpt.log)
+        built = assemble(cfg, algo, task, ws.path, rl_seed, lambda m: _trainer(cfg, m, logger, collapse, o.callbacks),
+                         settings=settings, resume_state=state, start_evals=o.start_evals, checkpointer=ckpt)
+        module, trainer, dm = built.module, built.trainer, built.datamodule
         # the stabilisers and the engine, as tags the leaderboard can split by (--by): routing_replay is what
         # ran (none on dense), engine the one that samples (auto resolved)
         runs.tag_run(logger, {"moe": str(module.is_moe).lower(), "routing_replay": module.replay,
@@ -311,12 +306,11 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
     return result
 
 
-def _trainer(cfg: RunConfig, module, logger, log, callbacks: tuple) -> tuple[L.Trainer, CollapseCallback]:
+def _trainer(cfg: RunConfig, module, logger, collapse: CollapseCallback, callbacks: tuple) -> L.Trainer:
     moe = module.is_moe
-    collapse = CollapseCallback(cfg.collapse, log=log)
     # measurements first, so the collapse detector sees the step's full metrics
     callbacks = ([MismatchProbe(), RatioSample()] + ([MoEFlipProbe()] if moe else [])
-                 + [collapse, MaskedAllWatch(log)] + list(callbacks))
+                 + [collapse, MaskedAllWatch(collapse.echo)] + list(callbacks))
     # the bar on rank 0 only, and Lightning told the same on every rank (a bar callback with the bar
     # disabled is an error, which killed the other ranks of a --devices N run)
     progress = cfg.train.progress and launch_rank_zero()
@@ -331,7 +325,7 @@ def _trainer(cfg: RunConfig, module, logger, log, callbacks: tuple) -> tuple[L.T
         enable_progress_bar=progress, log_every_n_steps=1,
         use_distributed_sampler=False,  # the datamodule shards the prompts itself (whole groups per rank)
     )
-    return trainer, collapse
+    return trainer
 
 
 def run(cfg: RunConfig, log=print, keep_modules: bool = False, resume: bool = False,

@@ -18,6 +18,7 @@ ConfigError instead of mixing incomparable trials.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from dataclasses import dataclass
@@ -124,11 +125,12 @@ class Objective:
 
         self.s, self.algo, self.params, self.study, self.parent, self.metric = (shared, algo, params, study,
                                                                                  parent, metric)
-        self.module = algorithms.get(algo)
+        algorithms.get(algo)  # an unknown name fails here, before any trial
+        self.sample = functools.partial(algorithms.search_space, algo)
 
     def space(self, trial: optuna.Trial) -> dict:
         """The algorithm's clip search space, plus the learning rate when asked for."""
-        over = self.module.search_space(trial, [p for p in self.params if p != "lr"])
+        over = self.sample(trial, [p for p in self.params if p != "lr"])
         if "lr" in self.params:
             lr = self.s.cfg.train.lr
             over["train"] = {"lr": trial.suggest_float("lr", lr / LR_FACTOR, lr * LR_FACTOR, log=True)}

@@ -45,6 +45,8 @@ class Capabilities:
     """Where ``auto`` tries it (lowest first); None: only when named."""
     fallback: str | None = None
     """The engine a run samples with instead when this one does not support the model (None: an error)."""
+    whole_parameters: bool = False
+    """Samples the live model by reading its whole parameters, so not where FSDP shards them (``sharded_engine``)."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,27 @@ def resolve_engine(engine: str, model, held: bool = False, device: str | None = 
     if cls.capabilities.fallback is not None and cls.supports(model) is not None:
         return resolve_engine(cls.capabilities.fallback, model, held, device)
     return engine
+
+
+def sharded_engine(engine: str) -> str:
+    """The engine that samples for ``rollout.engine = engine`` when FSDP shards the policy over the processes:
+    ``engine`` itself unless it reads whole parameters (``Capabilities.whole_parameters``) or is ``auto`` (which
+    may pick one that does); else the first in ``auto`` order that samples the live model through its own
+    forward (neither reads whole parameters nor builds its own copy)."""
+    if engine != "auto" and not engine_class(engine).capabilities.whole_parameters:
+        return engine
+    ranked = sorted((c.capabilities.auto_order, n) for n, c in ENGINES.items()
+                    if c.capabilities.auto_order is not None and not c.capabilities.whole_parameters
+                    and not c.capabilities.needs_model_dir)
+    if not ranked:
+        raise ValueError("no registered engine samples a model whose parameters FSDP shards")
+    return ranked[0][1]
+
+
+def route_recorders() -> list[str]:
+    """The engines that can record the experts their MoE router chose (``Capabilities.records_routes``), in
+    registration order; each may still refuse where it runs (its ``routes_reason``)."""
+    return [n for n, c in ENGINES.items() if c.capabilities.records_routes]
 
 
 def check_engine(cfg: RunConfig) -> None:

@@ -11,7 +11,7 @@ from gspo_bench.rollout.fastgen import unsupported_reason
 class FastEngine(InProcessEngine):
     """``engine.fast_generate`` on the policy module; its MoE experts run by ``rollout.moe_kernel``."""
 
-    capabilities = Capabilities(free_logp=True, records_routes=True, auto_order=2)
+    capabilities = Capabilities(free_logp=True, records_routes=True, whole_parameters=True, auto_order=2)
     compiled = False  # decode steps through torch.compile (the ``compiled`` engine)
 
     @classmethod

@@ -1,0 +1,121 @@
+"""Environments: what a policy acts in, one ``reset``/``step`` episode at a time, behind the tasks.
+
+A task is data plus a verifier; an environment is how a rollout meets it. ``reset(row)`` starts an episode
+on one data row and returns the first observation, the prompt; ``step(action)`` takes the model's turn and
+returns a ``Step``: what the environment appends before the model's next turn (``observation``), the
+reward, whether the episode is over, and anything else it wants to record (``info``). An observation is text
+or token ids. Token ids are what the rollout records (``rollout/trajectory.py``: an environment's tokens are
+kept out of the loss); text is for an environment that thinks in words, and whoever drives the episode
+tokenises it once, on its way in, never again.
+
+The built-in environment, ``single_turn``, is today's single-turn rollout: the row's prompt, one
+completion, the task's verifier as the reward, done after one step. Rollouts score many episodes at once:
+an environment whose episodes are one turn may also offer ``score`` (``BatchEnvironment``), the whole
+batch in one call; ``single_turn``'s is ``Task.score``, the verifier in its sandbox under a time limit per
+completion, so rewards through the environment are the verifier's, value for value.
+
+``ENVIRONMENTS`` maps names to factories, ``factory(task, **params) -> Environment``; a new environment is
+one class with ``@register_environment(name)`` above it, and ``make_environment`` builds one by name. One
+object plays one episode at a time: a caller running several at once makes one per episode.
+(TRL's ``environment_factory`` and SkyRL-gym's ``step`` are the models; here an action is one completion,
+not a message list, and the conversation's tokens are the caller's.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Union, runtime_checkable
+
+from gspo_bench.tasks.task import Task
+
+Observation = Union[str, list[int]]
+"""What an environment shows the model: text, or the token ids it appends."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """The outcome of one ``Environment.step``."""
+
+    observation: Observation | None
+    """What the environment appends before the model's next turn; None: nothing (a done episode)."""
+    reward: float
+    """The reward for this step (an episode's return is the sum over its steps)."""
+    done: bool
+    """True when the episode is over: no further ``step`` until the next ``reset``."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Anything else to keep with the trajectory (an end reason under ``finish_reason``, counters)."""
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """An episode over one data row: ``reset`` it, then ``step`` with the model's turns until ``done``."""
+
+    def reset(self, row: dict) -> Observation:
+        """Start an episode on ``row`` (its ``prompt`` and ``answer``, at least); returns the first observation."""
+        ...
+
+    def step(self, action: str | list[int]) -> Step:
+        """Take the model's turn, its text or its token ids."""
+        ...
+
+
+@runtime_checkable
+class BatchEnvironment(Environment, Protocol):
+    """An environment whose episodes are one turn, which also scores a whole batch of them in one call."""
+
+    def score(self, completions: list[str], answers: list[str], timeout: float) -> tuple[list[float], int]:
+        """The reward of each completion against its row's answer, each under ``timeout`` seconds (0 past it),
+        and how many ran past it."""
+        ...
+
+
+ENVIRONMENTS: dict[str, Callable[..., Environment]] = {}
+"""Environment factories by name, ``factory(task, **params)``: filled by ``register_environment``."""
+
+
+def register_environment(name: str):
+    """Decorator: add the class (or factory) below to ``ENVIRONMENTS`` under ``name``. A name is registered
+    once."""
+
+    def add(factory):
+        if name in ENVIRONMENTS:
+            raise ValueError(f"environment {name!r} is registered already")
+        ENVIRONMENTS[name] = factory
+        return factory
+
+    return add
+
+
+def make_environment(name: str, task: Task, **params) -> Environment:
+    """The environment ``name`` over ``task``, built with ``params``; an unknown name is a one-line ValueError."""
+    if name not in ENVIRONMENTS:
+        raise ValueError(f"unknown environment {name!r} (allowed: {', '.join(ENVIRONMENTS)})")
+    return ENVIRONMENTS[name](task, **params)
+
+
+@register_environment("single_turn")
+class SingleTurn:
+    """One prompt, one completion, the task's verifier as the reward; done after the first step."""
+
+    def __init__(self, task: Task):
+        self.task = task
+        self.row: dict | None = None  # the episode's row, None between episodes
+
+    def reset(self, row: dict) -> Observation:
+        self.row = row
+        return row["prompt"]
+
+    def step(self, action: str | list[int]) -> Step:
+        """``action``: the completion's text (the verifier reads text; decode token ids first). The reward is
+        ``Task.verify``: in this process, without a time limit (a batch goes through ``score``)."""
+        if self.row is None:
+            raise RuntimeError("single_turn: step() before reset(), or after the episode ended")
+        if not isinstance(action, str):
+            raise TypeError("single_turn scores text: decode the completion's token ids before step()")
+        answer, self.row = self.row["answer"], None
+        return Step(None, self.task.verify(action, answer), True)
+
+    def score(self, completions: list[str], answers: list[str], timeout: float) -> tuple[list[float], int]:
+        """``Task.score``: the verifier in its sandbox, ``timeout`` seconds per completion (0: in this process,
+        without a limit)."""
+        return self.task.score(completions, answers, timeout)

@@ -1,0 +1,110 @@
+"""Environments behind the tasks: the reset/step protocol, its registry, single_turn (gspo_bench.tasks.environments)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gspo_bench.tasks import (ENVIRONMENTS, BatchEnvironment, Environment, SingleTurn, Step, load_task,
+                              make_environment, register_environment)
+
+
+@pytest.fixture(scope="module")
+def arith(tmp_path_factory):
+    """The built-in arith task's kind and verifier, on few rows."""
+    spec = tmp_path_factory.mktemp("task") / "add.yaml"
+    spec.write_text("name: add\nkind: arith\nparams: {min_digits: 1, max_digits: 2, n_train: 30, n_eval: 10}\n")
+    return load_task(str(spec), seed=0)
+
+
+class GuessANumber:
+    """A toy two-turn environment: guess the row's answer; a wrong first guess hears "higher" or "lower" and
+    gets one more try. 1 for a right guess, 0 otherwise."""
+
+    def __init__(self, task, tries: int = 2):
+        self.tries = tries
+        self.secret: int | None = None
+
+    def reset(self, row: dict):
+        self.secret, self.left = int(row["answer"]), self.tries
+        return row["prompt"] + " guess:"
+
+    def step(self, action):
+        guess = int(action)
+        self.left -= 1
+        if guess == self.secret:
+            return Step(None, 1.0, True, {"finish_reason": "solved"})
+        if self.left == 0:
+            return Step(None, 0.0, True, {"finish_reason": "out_of_tries"})
+        return Step(" higher" if guess < self.secret else " lower", 0.0, False)
+
+
+@pytest.fixture
+def guess():
+    register_environment("guess")(GuessANumber)
+    try:
+        yield
+    finally:
+        ENVIRONMENTS.pop("guess", None)
+
+
+def test_a_two_turn_environment_by_hand(guess):
+    env = make_environment("guess", task=None)
+    assert isinstance(env, Environment) and not isinstance(env, BatchEnvironment)
+    assert env.reset({"prompt": "3+4=", "answer": "7"}) == "3+4= guess:"
+    assert env.step("5") == Step(" higher", 0.0, False)
+    assert env.step("7") == Step(None, 1.0, True, {"finish_reason": "solved"})
+    # a new episode, too low then too high: out of tries
+    env.reset({"prompt": "9+9=", "answer": "18"})
+    assert env.step("20") == Step(" lower", 0.0, False)
+    assert env.step("17") == Step(None, 0.0, True, {"finish_reason": "out_of_tries"})
+    # params reach the factory
+    one = make_environment("guess", task=None, tries=1)
+    one.reset({"prompt": "1+1=", "answer": "2"})
+    assert one.step("3").done
+
+
+def test_single_turn_reward_is_the_task_verifier(arith):
+    env = make_environment("single_turn", arith)
+    assert isinstance(env, SingleTurn) and isinstance(env, BatchEnvironment)
+    rows = [{"prompt": p, "answer": a} for p, a in zip(arith.eval["prompt"], arith.eval["answer"])]
+    for row, completion in zip(rows, ["wrong", *arith.eval["target"][1:]]):
+        assert env.reset(row) == row["prompt"]
+        step = env.step(completion)
+        assert step == Step(None, arith.verify(completion, row["answer"]), True)
+    env.reset(rows[0])
+    assert env.step(f" {rows[0]['answer']} \n").reward == 1.0  # the exact verifier strips
+
+
+def test_single_turn_batch_scores_as_the_per_episode_steps(arith):
+    env = SingleTurn(arith)
+    answers = list(arith.eval["answer"])
+    completions = [a if i % 3 else a + "0" for i, a in enumerate(answers)]  # a third wrong
+    one_by_one = []
+    for c, a in zip(completions, answers):
+        env.reset({"prompt": "", "answer": a})
+        one_by_one.append(env.step(c).reward)
+    assert 0.0 in one_by_one and 1.0 in one_by_one
+    # the sandboxed scorer (a worker process, a time limit) and the in-process one agree
+    assert env.score(completions, answers, 1.0) == (one_by_one, 0)
+    assert env.score(completions, answers, 0) == (one_by_one, 0)
+    assert env.score(completions, answers, 1.0) == arith.score(completions, answers, 1.0)
+
+
+def test_single_turn_steps_once_per_episode_and_on_text(arith):
+    env = SingleTurn(arith)
+    with pytest.raises(RuntimeError, match="before reset"):
+        env.step("1")
+    env.reset({"prompt": "1+1=", "answer": "2"})
+    with pytest.raises(TypeError, match="decode"):
+        env.step([5, 6])
+    assert env.step("2").done
+    with pytest.raises(RuntimeError, match="after the episode ended"):
+        env.step("2")
+
+
+def test_an_unknown_environment_names_the_registered_ones(arith):
+    with pytest.raises(ValueError) as e:
+        make_environment("chess", arith)
+    assert str(e.value) == "unknown environment 'chess' (allowed: single_turn)"
+    with pytest.raises(ValueError, match="'single_turn' is registered already"):
+        register_environment("single_turn")(SingleTurn)
