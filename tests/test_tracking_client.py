@@ -59,3 +59,30 @@ def test_artifacts_on_this_machine_have_a_folder_and_a_server_has_none(store, tm
     src.write_text("x")
     tc.artifact_repository(c, run.info.run_id).log_artifact(str(src))
     assert (tmp_path / "art" / run.info.run_id / "artifacts" / "x.txt").read_text() == "x"
+
+
+def test_a_run_is_opened_and_ended_once_with_its_reason_and_report(store):
+    c, exp = store
+    run_id = tc.start_run(c, exp, "report", {"kind": "report"})
+    run = c.get_run(run_id)
+    assert (run.info.run_name, run.data.tags["kind"], run.info.status) == ("report", "report", "RUNNING")
+    tc.end_run(c, run_id, "FAILED", tags={"failed_reason": "rank 1 died"}, text=("Traceback ...", "rank1-error.txt"))
+    run = c.get_run(run_id)
+    assert (run.info.status, run.data.tags["failed_reason"]) == ("FAILED", "rank 1 died")
+    assert [a.path for a in c.list_artifacts(run_id)] == ["rank1-error.txt"]
+
+
+@pytest.mark.parametrize("raised, on_error, status", [
+    (None, "FAILED", "FINISHED"), (ValueError, "FAILED", "FAILED"), (ValueError, "KILLED", "KILLED"),
+    (KeyboardInterrupt, "FAILED", "KILLED")])
+def test_a_run_s_lifetime_ends_it_with_the_block(store, raised, on_error, status):
+    c, exp = store
+    run_id = tc.start_run(c, exp, "study")
+    if raised is None:
+        with tc.run_lifetime(c, run_id, on_error) as inside:
+            assert inside == run_id and c.get_run(run_id).info.status == "RUNNING"
+    else:
+        with pytest.raises(raised):  # what was raised goes on
+            with tc.run_lifetime(c, run_id, on_error):
+                raise raised("stopped")
+    assert c.get_run(run_id).info.status == status

@@ -62,6 +62,7 @@ from gspo_bench.config import ConfigError
 from gspo_bench.paths import probe_writable_dir
 from gspo_bench.tracking import client as tracking_client
 from gspo_bench.tracking import stores
+from gspo_bench.tracking.client import run_lifetime, start_run
 from gspo_bench.tracking.redact import redact
 from gspo_bench.tracking.ui import mark_experiment
 from gspo_bench.reporting.grouping import MISSING, by_slug, check_by, split_values
@@ -479,14 +480,10 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
 
 def log_report(client, exp_id: str, report: Report, experiment: str, n_runs: int) -> str:
     mark_experiment(client, exp_id)
-    run = client.create_run(exp_id, run_name="report",
-                            tags={"kind": "report", "report.experiment": experiment, "report.runs": str(n_runs)})
-    try:
+    run_id = start_run(client, exp_id, "report",
+                       {"kind": "report", "report.experiment": experiment, "report.runs": str(n_runs)})
+    with run_lifetime(client, run_id):
         for f in [report.path, *report.figures]:
-            client.log_artifact(run.info.run_id, str(f))
-    except Exception:
-        client.set_terminated(run.info.run_id, "FAILED")
-        raise
-    client.set_terminated(run.info.run_id, "FINISHED")
-    return run.info.run_id
+            client.log_artifact(run_id, str(f))
+    return run_id
 

@@ -45,6 +45,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from gspo_bench.tracking.client import end_run, start_run
 from gspo_bench.tracking.lifecycle import orphan_reason, owner_tags
 from gspo_bench.tracking.ui import CLAIM_KIND, benchmark_run
 
@@ -62,9 +63,7 @@ def end_claim(client, run_id: str, status: str, reason: str | None = None) -> No
     """End a claim run with ``status`` (``reason`` as its ``killed_reason``), then delete it; a claim another driver
     ended meanwhile is left as it is."""
     try:
-        if reason:
-            client.set_tag(run_id, "killed_reason", reason)
-        client.set_terminated(run_id, status)
+        end_run(client, run_id, status, tags={"killed_reason": reason} if reason else None)
         client.delete_run(run_id)
     except Exception:  # ended and deleted meanwhile by another driver (a deleted run takes no more writes)
         pass
@@ -153,10 +152,9 @@ def claim_cell(client, experiment_id: str, preset: str, algo: str, seed: int, at
         why = taken(client, experiment_id, preset, algo, seed)
         if why:
             return None, why
-        run = client.create_run(experiment_id, run_name=f"claim {cell}",
-                                tags={"kind": CLAIM_KIND, CELL_TAG: cell, "algo": algo, "seed": str(seed),
-                                      "preset": preset, **owner_tags(), **(tags or {})})
-        mine = run.info.run_id
+        mine = start_run(client, experiment_id, f"claim {cell}",
+                         {"kind": CLAIM_KIND, CELL_TAG: cell, "algo": algo, "seed": str(seed), "preset": preset,
+                          **owner_tags(), **(tags or {})})
         try:
             others = [r for r in live_claims(client, experiment_id, cell) if r.info.run_id != mine]
             why = None if others else taken(client, experiment_id, preset, algo, seed)  # done between the looks
@@ -194,8 +192,7 @@ def release_claims(client, experiment_id: str, tag: str, values: set[str], reaso
         for r in cell_runs(client, experiment_id, preset, algo, seed):
             t = r.data.tags
             if r.info.status == "RUNNING" and (t.get("gspo_bench.host"), t.get("gspo_bench.pid")) in held:
-                client.set_tag(r.info.run_id, "killed_reason", reason)
-                client.set_terminated(r.info.run_id, "KILLED")
+                end_run(client, r.info.run_id, "KILLED", tags={"killed_reason": reason})
                 marked.append((cell_key(preset, algo, seed), r.info.run_id))
     return marked
 

@@ -7,12 +7,17 @@ functions and never import mlflow themselves (an import-linter contract holds it
 - ``run_statuses``: the names of MLflow's run statuses.
 - ``local_artifact_dir`` / ``artifact_repository``: where a run's artifacts live, a local folder when they are
   on this machine, else the repository MLflow reaches them through.
+- ``start_run``, ``end_run`` and ``run_lifetime``: the one lifecycle of a run this package opens outside
+  training (a report, a study's parent run) and of every run it ends (a training run's through its logger, a
+  stale trial's, a run whose rank died): opened with its tags, ended once with its reason as tags, a report as
+  a text artifact, then its status; ``run_lifetime`` ends it with the block it wraps.
 
 mlflow is imported inside each function: importing ``gspo_bench`` stays cheap.
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 PAGE = 1000  # runs per page, the page size MLflow's own search_runs() walks with
@@ -73,3 +78,34 @@ def artifact_repository(mlflow_client, run_id: str):
 
     return get_artifact_repository(mlflow_client.get_run(run_id).info.artifact_uri,
                                    tracking_uri=mlflow_client.tracking_uri)
+
+
+def start_run(mlflow_client, experiment_id: str, name: str, tags: dict[str, str] | None = None) -> str:
+    """Open a run named ``name`` in ``experiment_id`` with ``tags``; its id."""
+    return mlflow_client.create_run(experiment_id, run_name=name, tags=dict(tags or {})).info.run_id
+
+
+def end_run(mlflow_client, run_id: str, status: str, *, tags: dict[str, str] | None = None,
+            text: tuple[str, str] | None = None) -> None:
+    """End ``run_id`` with ``status`` (FINISHED, FAILED or KILLED): first its ``tags`` (a reason), then ``text`` as
+    the artifact (text, name) (another rank's report), then the status, so a reader who sees it ended finds why."""
+    for key, value in (tags or {}).items():
+        mlflow_client.set_tag(run_id, key, value)
+    if text is not None:
+        mlflow_client.log_text(run_id, *text)
+    mlflow_client.set_terminated(run_id, status)
+
+
+@contextlib.contextmanager
+def run_lifetime(mlflow_client, run_id: str, on_error: str = "FAILED"):
+    """End ``run_id`` with the block: FINISHED when it returns, ``on_error`` when it raises, KILLED when it is
+    interrupted (KeyboardInterrupt, SystemExit); what was raised goes on."""
+    status = on_error
+    try:
+        yield run_id
+        status = "FINISHED"
+    except (KeyboardInterrupt, SystemExit):
+        status = "KILLED"
+        raise
+    finally:
+        end_run(mlflow_client, run_id, status)

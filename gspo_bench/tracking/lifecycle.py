@@ -29,6 +29,7 @@ import time
 
 from lightning.pytorch.loggers import MLFlowLogger
 
+from gspo_bench.tracking.client import end_run
 from gspo_bench.tracking.ui import CLAIM_KIND
 
 ORPHAN_AFTER_S = 3600.0  # a RUNNING run of another host with no step for this long is taken as dead
@@ -110,8 +111,7 @@ def mark_orphans(client, experiment_id: str, log=print) -> list[str]:
             continue
         reason = orphan_reason(run)
         if reason:
-            client.set_tag(run.info.run_id, "killed_reason", reason)
-            client.set_terminated(run.info.run_id, "KILLED")
+            end_run(client, run.info.run_id, "KILLED", tags={"killed_reason": reason})
             log(f"[resume] run {run.info.run_id} ({run.data.tags.get('algo')} seed {run.data.tags.get('seed')}) "
                 f"was RUNNING with no process: marked KILLED ({reason}); resume it with --resume")
             marked.append(run.info.run_id)

@@ -29,6 +29,7 @@ from gspo_bench import __version__
 from gspo_bench.config import RunConfig, flatten
 from gspo_bench.core.collectives import launch_rank_zero
 from gspo_bench.tracking import stores
+from gspo_bench.tracking.client import end_run as ending
 from gspo_bench.tracking.lifecycle import (ResumedLogger, RunLogger, config_digest, find_finished, find_resumable,
                                            mark_orphans, owner_tags)
 from gspo_bench.tracking.provenance import git_commit, machine
@@ -183,7 +184,5 @@ def end_run(logger, status: str, elapsed_s: float, reason: tuple[str, str] | Non
     """Mark the run ``status`` with its wall time, and ``reason`` as a (tag, text) when given."""
     if logger.run_id is None:  # a rank other than 0 holds no run
         return
-    if reason is not None:
-        logger.experiment.set_tag(logger.run_id, *reason)
-    logger.experiment.set_terminated(logger.run_id, status)
+    ending(logger.experiment, logger.run_id, status, tags=dict([reason]) if reason is not None else None)
     log_wall_time(logger, elapsed_s)

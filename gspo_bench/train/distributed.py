@@ -48,6 +48,7 @@ from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from gspo_bench.config import ConfigError, RunConfig
 from gspo_bench.config.names import GPU_ACCELERATORS
 from gspo_bench.rollout.engines import sharded_engine
+from gspo_bench.tracking.client import end_run
 
 # -- what a multi-process run asks of its config, and Lightning's strategy for it ---------------------------
 def check_processes(cfg: RunConfig) -> None:
@@ -205,10 +206,8 @@ class RankWatch(threading.Thread):
 
 def mark_failed(client, run_id: str, message: str, report: str = "", rank: int = 0) -> None:
     """End ``run_id`` FAILED with the reason as a tag (``failed_reason``) and a rank's report as an artifact."""
-    client.set_tag(run_id, "failed_reason", message[:5000])
-    if report:
-        client.log_text(run_id, report, f"rank{rank}-error.txt")
-    client.set_terminated(run_id, "FAILED")
+    end_run(client, run_id, "FAILED", tags={"failed_reason": message[:5000]},
+            text=(report, f"rank{rank}-error.txt") if report else None)
 
 
 def other_rank_failure(wait_s: float = 15.0) -> tuple[int, str, str] | None:

@@ -130,12 +130,11 @@ class StaleTrial:
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         run_id = trial.user_attrs.get(RUN_ATTR)
         if run_id:
-            from gspo_bench.tracking.client import client as tracking_client
+            from gspo_bench.tracking.client import client as tracking_client, end_run
 
             with contextlib.suppress(Exception):  # a run we cannot reach must not block the retry
                 client = tracking_client(self.uri)
-                client.set_tag(run_id, "stale", "true")
-                client.set_terminated(run_id, "KILLED")
+                end_run(client, run_id, "KILLED", tags={"stale": "true"})
         self.retry(study, trial)
 
 

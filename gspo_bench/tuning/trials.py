@@ -29,6 +29,7 @@ import optuna
 from optuna_integration.pytorch_lightning import PyTorchLightningPruningCallback
 
 from gspo_bench.config import ConfigError, RunConfig, deep_merge, load_config
+from gspo_bench.tracking.client import run_lifetime, start_run
 from gspo_bench.tracking.redact import redact, redact_nested
 from gspo_bench.tracking.ui import mark_experiment
 from gspo_bench.tuning.study import (LR_FACTOR, OBJECTIVE, PARENT_ATTR, RUN_ATTR, Progress, StudyOutcome, TrialFailed,
@@ -188,8 +189,7 @@ def open_study(shared: Shared, name: str, meta: dict, pruner) -> tuple[optuna.St
     if parent is None:  # the creator, or a joiner whose creator died before making the parent
         tags = {"kind": "study", "study": name, "optuna.storage": redact(req.storage),
                 **{k: str(meta[k]) for k in ("algo", "task", "model", "preset")}}
-        parent = client.create_run(shared.exp_id, run_name=redact(f"study-{name}"),
-                                   tags=redact_nested(tags)).info.run_id
+        parent = start_run(client, shared.exp_id, redact(f"study-{name}"), redact_nested(tags))
         study.set_user_attr(PARENT_ATTR, parent)
     # TPE, random for the first 4 trials; constant_liar: running trials count as bad ones, so parallel workers
     # spread out. A seeded sampler restarts its stream, so the seed is offset by the trials already in the
@@ -213,25 +213,25 @@ def run_study(shared: Shared, algo: str, params: tuple[str, ...]) -> StudyOutcom
         f"trials so far: {sum(before.values())}; objective = {meta['objective']}; pruner {req.pruner}; "
         f"MLflow parent run {parent}")
     client.update_run(parent, status="RUNNING")
-    t0, status = time.perf_counter(), "KILLED"
+    t0 = time.perf_counter()
     out = StudyOutcome(name, before, parent_run_id=parent)
-    try:
-        study.optimize(Objective(shared, algo, params, name, parent, metric), n_trials=req.trials,
-                       timeout=req.timeout, callbacks=[Progress(req.trials, log)], catch=(TrialFailed,),
-                       gc_after_trial=True)
-        out.path = write_best(study, req, algo, metric)
-        status = "FINISHED"
-    finally:
-        out.seconds = time.perf_counter() - t0
-        out.counts, best = counts(study), best_of(study)
-        for state, n in out.counts.items():
-            client.set_tag(parent, f"trials.{state.lower()}", str(n))
-        if best is not None:
-            out.best_value, out.best_params, out.best_trial = best.value, dict(best.params), best.number
-            client.log_metric(parent, "tune/best_value", best.value, step=out.counts["COMPLETE"])
-            client.set_tag(parent, "best.trial", str(best.number))
-            client.set_tag(parent, "best.params", fmt_params(best.params))
-        if out.path is not None:
-            client.log_artifact(parent, str(out.path))
-        client.set_terminated(parent, status)
+    # the parent run ends FINISHED once the best parameters are written, KILLED however else this worker stops
+    with run_lifetime(client, parent, on_error="KILLED"):
+        try:
+            study.optimize(Objective(shared, algo, params, name, parent, metric), n_trials=req.trials,
+                           timeout=req.timeout, callbacks=[Progress(req.trials, log)], catch=(TrialFailed,),
+                           gc_after_trial=True)
+            out.path = write_best(study, req, algo, metric)
+        finally:
+            out.seconds = time.perf_counter() - t0
+            out.counts, best = counts(study), best_of(study)
+            for state, n in out.counts.items():
+                client.set_tag(parent, f"trials.{state.lower()}", str(n))
+            if best is not None:
+                out.best_value, out.best_params, out.best_trial = best.value, dict(best.params), best.number
+                client.log_metric(parent, "tune/best_value", best.value, step=out.counts["COMPLETE"])
+                client.set_tag(parent, "best.trial", str(best.number))
+                client.set_tag(parent, "best.params", fmt_params(best.params))
+            if out.path is not None:
+                client.log_artifact(parent, str(out.path))
     return out
