@@ -341,7 +341,8 @@ def bench_rl_step(cfg: RunConfig, algo: str, ws_path: str, task, warmup: int, st
             "train_s": statistics.median(r["train_s"] for r in rows),
             "other_s": sec - statistics.median(r["gen_s"] for r in rows) - statistics.median(r["train_s"] for r in rows),
             "completions": comp, "gen_tokens": toks, "steps": len(walls), "mfu": flops / sec / (peak_gflops * 1e9),
-            "engine": resolve_engine(settings.rollout.engine, module.policy), "old_logp_source": cfg.rollout.old_logp_source, "forward": cfg.train.forward}
+            "engine": resolve_engine(run.module.settings.rollout.engine, run.module.policy),
+            "old_logp_source": cfg.rollout.old_logp_source, "forward": cfg.train.forward}
 
 
 # -- scaling ------------------------------------------------------------------------------------------
