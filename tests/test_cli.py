@@ -215,6 +215,7 @@ def test_list_shows_every_algorithm_task_model_and_preset(capsys):
     for word in [*LOSSES, "arith", "tiny-dense", "tiny-moe", "smoke", "default"]:
         assert word in text
     assert "advantage estimators (rollout.advantage_estimator): group" in text
+    assert "environments (a rollout meets its task through one): single_turn (One prompt, one completion" in text
 
 
 def test_list_prints_the_extras_to_install_as_written(capsys, monkeypatch):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gspo_bench.tasks import (ENVIRONMENTS, BatchEnvironment, Environment, SingleTurn, Step, load_task,
@@ -108,3 +110,36 @@ def test_an_unknown_environment_names_the_registered_ones(arith):
     assert str(e.value) == "unknown environment 'chess' (allowed: single_turn)"
     with pytest.raises(ValueError, match="'single_turn' is registered already"):
         register_environment("single_turn")(SingleTurn)
+
+
+def test_a_new_environment_is_one_file_in_the_package(capsys):
+    # the package imports every module beside base.py: a file dropped there registers itself, and `list` names it
+    import importlib
+    import sys
+
+    from gspo_bench.cli.main import main
+    from gspo_bench.tasks import environments
+
+    folder = Path(environments.__file__).parent
+    mine = folder / "toy_countdown_env.py"
+    mine.write_text('from gspo_bench.tasks.environments.base import Step, register_environment\n\n\n'
+                    '@register_environment("toy_countdown")\nclass ToyCountdown:\n'
+                    '    """Says done after three turns."""\n\n'
+                    '    def __init__(self, task):\n        self.turns = 0\n\n'
+                    '    def reset(self, row):\n        self.turns = 0\n        return row["prompt"]\n\n'
+                    '    def step(self, action):\n        self.turns += 1\n'
+                    '        return Step(None if self.turns == 3 else "go on", float(self.turns == 3), self.turns == 3)\n')
+    saved = dict(environments.ENVIRONMENTS)
+    try:
+        environments.ENVIRONMENTS.pop("toy_countdown", None)
+        importlib.reload(environments)
+        env = environments.make_environment("toy_countdown", None)
+        env.reset({"prompt": "count"})
+        assert [env.step("x").done for _ in range(3)] == [False, False, True]
+        assert main(["list"]) == 0
+        assert "toy_countdown (Says done after three turns)" in capsys.readouterr().out
+    finally:
+        mine.unlink()
+        sys.modules.pop("gspo_bench.tasks.environments.toy_countdown_env", None)
+        environments.ENVIRONMENTS.clear()
+        environments.ENVIRONMENTS.update(saved)

@@ -39,14 +39,14 @@ def _literal(*cells: str) -> list[Text]:
 
 
 def list_command(args, console) -> int:
-    """``list``: algorithms and rollout engines (tables), advantage estimators, tasks, models, and presets with
-    their one-line descriptions."""
+    """``list``: algorithms and rollout engines (tables), advantage estimators, environments, tasks, models, and
+    presets with their one-line descriptions."""
     from gspo_bench import algorithms
     from gspo_bench.core.advantages import ADVANTAGE_ESTIMATORS
     from gspo_bench.core.losses import LOSSES
     from gspo_bench.models import BUILTIN_MODELS
     from gspo_bench.rollout.engines import ENGINES
-    from gspo_bench.tasks import builtin_tasks, resolve_task_spec
+    from gspo_bench.tasks import ENVIRONMENTS, builtin_tasks, resolve_task_spec
 
     t = Table(title="algorithms")
     for col in ("name", "class", "ratio", "loss", "aggregation", "defaults (eps_low / eps_high; own)", "recipe"):
@@ -74,6 +74,9 @@ def list_command(args, console) -> int:
 
     console.print("advantage estimators (rollout.advantage_estimator): " + ", ".join(ADVANTAGE_ESTIMATORS),
                   soft_wrap=True, markup=False)
+    console.print("environments (a rollout meets its task through one): " + ", ".join(
+        f"{name} ({(env.__doc__ or '').strip().splitlines()[0].rstrip('.')})" if env.__doc__ else name
+        for name, env in ENVIRONMENTS.items()), soft_wrap=True, markup=False)
     console.print("tasks:   " + ", ".join(described(n) for n in builtin_tasks()), soft_wrap=True, markup=False)
     console.print("models:  " + ", ".join(f"{m.name} ({m.description})" for m in BUILTIN_MODELS.values())
                   + ", or any local path / hub id of a causal LM", markup=False)

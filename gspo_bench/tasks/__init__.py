@@ -6,9 +6,9 @@ Hugging Face data sets read offline); ``prompts.py`` renders prompts raw or
 through the tokenizer's chat template; ``verifiers.py`` holds
 the pure reward functions; ``sandbox.py`` runs them under a time limit. Both
 registries take a new kind or verifier as one decorated function.
-``environments.py`` holds the ``reset``/``step`` protocol a rollout meets a
-task through, its registry, and ``single_turn`` (one prompt, one completion,
-the verifier's reward).
+``environments/`` holds the ``reset``/``step`` protocol a rollout meets a
+task through and its registry (``base.py``), and one file per environment:
+``single_turn`` (one prompt, one completion, the verifier's reward).
 
 May import: models, tracking, config, core, paths.
 """

@@ -1,4 +1,4 @@
-"""Environments: what a policy acts in, one ``reset``/``step`` episode at a time, behind the tasks.
+"""The environment seam: the ``Environment`` protocol, ``Step``, and the registry of environments.
 
 A task is data plus a verifier; an environment is how a rollout meets it. ``reset(row)`` starts an episode
 on one data row and returns the first observation, the prompt; ``step(action)`` takes the model's turn and
@@ -15,7 +15,8 @@ batch in one call; ``single_turn``'s is ``Task.score``, the verifier in its sand
 completion, so rewards through the environment are the verifier's, value for value.
 
 ``ENVIRONMENTS`` maps names to factories, ``factory(task, **params) -> Environment``; a new environment is
-one class with ``@register_environment(name)`` above it, and ``make_environment`` builds one by name. One
+one class with ``@register_environment(name)`` above it, in a file of its own in this package, and
+``make_environment`` builds one by name. One
 object plays one episode at a time: a caller running several at once makes one per episode.
 (TRL's ``environment_factory`` and SkyRL-gym's ``step`` are the models; here an action is one completion,
 not a message list, and the conversation's tokens are the caller's.)
@@ -91,31 +92,3 @@ def make_environment(name: str, task: Task, **params) -> Environment:
     if name not in ENVIRONMENTS:
         raise ValueError(f"unknown environment {name!r} (allowed: {', '.join(ENVIRONMENTS)})")
     return ENVIRONMENTS[name](task, **params)
-
-
-@register_environment("single_turn")
-class SingleTurn:
-    """One prompt, one completion, the task's verifier as the reward; done after the first step."""
-
-    def __init__(self, task: Task):
-        self.task = task
-        self.row: dict | None = None  # the episode's row, None between episodes
-
-    def reset(self, row: dict) -> Observation:
-        self.row = row
-        return row["prompt"]
-
-    def step(self, action: str | list[int]) -> Step:
-        """``action``: the completion's text (the verifier reads text; decode token ids first). The reward is
-        ``Task.verify``: in this process, without a time limit (a batch goes through ``score``)."""
-        if self.row is None:
-            raise RuntimeError("single_turn: step() before reset(), or after the episode ended")
-        if not isinstance(action, str):
-            raise TypeError("single_turn scores text: decode the completion's token ids before step()")
-        answer, self.row = self.row["answer"], None
-        return Step(None, self.task.verify(action, answer), True)
-
-    def score(self, completions: list[str], answers: list[str], timeout: float) -> tuple[list[float], int]:
-        """``Task.score``: the verifier in its sandbox, ``timeout`` seconds per completion (0: in this process,
-        without a limit)."""
-        return self.task.score(completions, answers, timeout)
