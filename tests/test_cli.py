@@ -233,7 +233,7 @@ def test_list_prints_the_extras_to_install_as_written(capsys, monkeypatch):
 
 
 def test_smoke_preset_end_to_end_through_the_cli(tmp_path):
-    """`python -m gspo_bench run --algos all --preset smoke` leaves 6 FINISHED runs with the metric set."""
+    """`python -m gspo_bench run --algos all --preset smoke` leaves one FINISHED run per algorithm, metrics and all."""
     env = {**os.environ, "GSPO_BENCH_CACHE": str(tmp_path / "cache")}
     env.pop("MLFLOW_TRACKING_URI", None)
     proc = subprocess.run([sys.executable, "-m", "gspo_bench", "run", "--algos", "all", "--preset", "smoke"],
