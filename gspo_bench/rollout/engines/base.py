@@ -169,6 +169,12 @@ def engine_class(name: str) -> type:
     return ENGINES[name]
 
 
+def auto_ranked() -> list[str]:
+    """The engines ``auto`` may pick, lowest ``auto_order`` first."""
+    return [n for _, n in sorted((c.capabilities.auto_order, n) for n, c in ENGINES.items()
+                                 if c.capabilities.auto_order is not None)]
+
+
 def resolve_engine(engine: str, model, held: bool = False, device: str | None = None) -> str:
     """The engine that samples ``model`` for ``rollout.engine = engine``.
 
@@ -178,9 +184,7 @@ def resolve_engine(engine: str, model, held: bool = False, device: str | None = 
     A named engine that does not support the model resolves to its ``fallback`` where it declares one.
     """
     if engine == "auto":
-        ranked = sorted((c.capabilities.auto_order, n) for n, c in ENGINES.items()
-                        if c.capabilities.auto_order is not None)
-        for _, name in ranked:
+        for name in auto_ranked():
             cls = ENGINES[name]
             usable = held or not cls.capabilities.needs_model_dir
             if usable and cls.supports(model) is None and cls.prefers(model, device):
@@ -199,12 +203,11 @@ def sharded_engine(engine: str) -> str:
     forward (neither reads whole parameters nor builds its own copy)."""
     if engine != "auto" and not engine_class(engine).capabilities.whole_parameters:
         return engine
-    ranked = sorted((c.capabilities.auto_order, n) for n, c in ENGINES.items()
-                    if c.capabilities.auto_order is not None and not c.capabilities.whole_parameters
-                    and not c.capabilities.needs_model_dir)
-    if not ranked:
-        raise ValueError("no registered engine samples a model whose parameters FSDP shards")
-    return ranked[0][1]
+    for name in auto_ranked():
+        c = ENGINES[name].capabilities
+        if not (c.whole_parameters or c.needs_model_dir):
+            return name
+    raise ValueError("no registered engine samples a model whose parameters FSDP shards")
 
 
 def route_recorders() -> list[str]:
