@@ -284,7 +284,7 @@ def rollout_with(tiny, rewards, **settings):
     s = RolloutConfig(prompts_per_step=2, group_size=3, max_new_tokens=4, engine="hf", dynamic_sampling=False,
                       overlong_buffer=None, advantage_scale="group", **settings)
     dm = RolloutDataModule(task, tok, s, steps=1, seed=0, policy=model, eval_prompts=4)
-    dm.score = lambda texts, answers: torch.tensor(rewards, dtype=torch.float32)
+    dm.producer.score = lambda texts, answers: torch.tensor(rewards, dtype=torch.float32)
     torch.manual_seed(0)
     return dm.rollout(0)
 

@@ -39,16 +39,19 @@ def test_the_datamodule_gets_the_modules_policy_engine_evaluator_and_choices(bui
     module = _module("grpo", folder, task)
     dm = rollout_data(module, task, tok, steps=3, seed=4, device="cpu", model_dir=str(folder), eval_prompts=5,
                       eval_samples=2, eval_batch=3)
-    assert dm.policy is module.policy and dm.engine_given and dm.engine.name == "fast"
-    assert dm.engine.setup.record_routes and dm.record_routes  # MoE: the sampler's experts are kept
+    assert dm.policy is module.policy and dm.producer.handle.given and dm.engine.name == "fast"
+    assert dm.producer.model is module.policy  # the producer samples the policy's own weights, in process
+    assert dm.eval_engine.engine is dm.engine and dm.eval_engine is not dm.producer.handle  # a handle of its own
+    assert dm.engine.setup.record_routes and dm.producer.record_routes  # MoE: the sampler's experts are kept
     assert dm.engine.setup.seed == 4 and dm.engine.setup.model_dir == str(folder)
-    assert dm.group_advantages and dm.resume is None
+    assert dm.producer.group_advantages and dm.resume is None
     assert (len(dm.evaluator.rows), dm.evaluator.samples, dm.evaluator.batch_size) == (5, 2, 3)
     assert list(dm.evaluator.rows["prompt"]) == list(task.eval["prompt"])[:5]
     batch = dm.rollout(0)  # it samples with what it was given, nothing set afterwards
     assert batch.routes is not None and batch.advantages is not None
     # PPO computes its own advantages (GAE): the datamodule is told so when it is built
-    assert not rollout_data(_module("ppo", folder, task), task, tok, steps=1, seed=0, device="cpu").group_advantages
+    assert not rollout_data(_module("ppo", folder, task), task, tok, steps=1, seed=0,
+                            device="cpu").producer.group_advantages
 
 
 def test_auto_is_resolved_for_the_device_the_trainer_puts_the_policy_on(built):
@@ -66,7 +69,7 @@ def test_a_resumed_run_hands_the_datamodule_its_part_of_the_checkpoint(built):
     folder, tok, task = built
     module = _module("grpo", folder, task)
     state = {"weights": {"w": torch.zeros(3)}, "optimizers": [], "rl_step": 2, "sampler": {"queue": []},
-             "verify_timeouts": 1, "rng": {"torch": torch.get_rng_state()}}
+             "verify_timeouts": 1, "rng": {"torch": torch.get_rng_state()}, "draws": {"cpu": torch.get_rng_state()}}
     dm = rollout_data(module, task, tok, steps=3, seed=0, device="cpu", resume_state=state)
     assert set(dm.resume) == set(checkpoint.ROLLOUT_KEYS)  # not the weights or the optimisers
     assert dm.resume["rl_step"] == 2 and dm.resume["verify_timeouts"] == 1

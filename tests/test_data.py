@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from gspo_bench.config import RolloutConfig
-from gspo_bench.rollout.datamodule import RolloutDataModule, merge_generations, select
-from gspo_bench.rollout.engine import Generation, forward_response
+from gspo_bench.rollout.datamodule import RolloutDataModule
+from gspo_bench.rollout.producer import merge_generations, select
+from gspo_bench.rollout.engine import Generation, forward_response, left_padded
 from gspo_bench.rollout.engines import Capabilities, InProcessEngine
 from gspo_bench.models import build_builtin
 from gspo_bench.tasks import SingleTurn, Task, TaskSpec, generate_arith
@@ -89,7 +90,9 @@ def responses_of(tok, ids, mask, P):
 
 
 def hand_generation(tok, prompts, responses, masks, logp):
-    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    """``prompts``: text, or the token ids an engine is handed."""
+    enc = left_padded(prompts, tok.pad_token_id) if prompts and not isinstance(prompts[0], str) else tok(
+        prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     resp = torch.tensor(responses)
     rmask = torch.tensor(masks, dtype=torch.float32)
     return Generation(
@@ -182,14 +185,14 @@ def test_score_uses_the_task_verifier(task, policy):
 
 def test_score_goes_through_the_tasks_single_turn_environment(task, policy, monkeypatch):
     dm = make_dm(task, policy)
-    assert isinstance(dm.environment, SingleTurn) and dm.environment.task is task
+    assert isinstance(dm.producer.environment, SingleTurn) and dm.producer.environment.task is task
     asked = []
 
     def score(completions, answers, timeout):
         asked.append(timeout)
         return [0.0, 0.75], 1  # one completion past its time limit
 
-    monkeypatch.setattr(dm.environment, "score", score)
+    monkeypatch.setattr(dm.producer.environment, "score", score)
     assert dm.score(["a", "b"], ["1", "2"]).tolist() == [0.0, 0.75]
     assert asked == [dm.s.verify_timeout] and dm.timeouts == 1  # counted for verify/timeouts
 
@@ -208,7 +211,7 @@ def test_rollout_shapes_rewards_and_group_zscore(task, policy):
     model, tok = policy
     dm = make_dm(task, policy, old_logp_source="rollout")
     fake = [1.0, 0.0, 0.0, 0.5, 2.0, 3.5]
-    dm.score = scripted(fake)
+    dm.producer.score = scripted(fake)
     torch.manual_seed(0)
     batch = dm.rollout(1)
     B = 2 * 3
@@ -223,9 +226,9 @@ def test_rollout_shapes_rewards_and_group_zscore(task, policy):
     assert batch.advantages.tolist() == pytest.approx([2 ** 0.5, -(0.5 ** 0.5), -(0.5 ** 0.5),
                                                        -(1.5 ** 0.5), 0.0, 1.5 ** 0.5], abs=1e-5)
     # the scorer saw the batch's texts, and each group is G samples of one prompt with its answer
-    assert dm.score.calls == [batch.texts]
+    assert dm.producer.score.calls == [batch.texts]
     prompts = prompts_of(tok, batch)
-    want = [r["prompt"] for r in dm._prompts_for(1, 0) for _ in range(3)]
+    want = [r["prompt"] for r in dm.producer.prompts_for(1, 0)[0] for _ in range(3)]
     assert prompts == want
     for p, a in zip(prompts, batch.answers):
         x, y = map(int, re.match(r"(\d+)\+(\d+)=$", p).groups())
@@ -244,7 +247,7 @@ def test_rollout_shapes_rewards_and_group_zscore(task, policy):
 
 def test_rollout_dr_grpo_scale_none(task, policy):
     dm = make_dm(task, policy, advantage_scale="none", max_new_tokens=2)
-    dm.score = scripted([1.0, 0.0, 0.0, 0.5, 2.0, 3.5])
+    dm.producer.score = scripted([1.0, 0.0, 0.0, 0.5, 2.0, 3.5])
     batch = dm.rollout(0)
     assert batch.advantages.tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3, -1.5, 0.0, 1.5], abs=1e-6)
 
@@ -253,12 +256,12 @@ def test_prompts_depend_only_on_seed_and_step(task, policy):
     _, tok = policy
     a, b, c = make_dm(task, policy, seed=5), make_dm(task, policy, seed=5), make_dm(task, policy, seed=6)
     for step in range(3):
-        assert a._prompts_for(step, 0) == b._prompts_for(step, 0)
-    assert a._prompts_for(0, 0) != a._prompts_for(1, 0)
-    assert a._prompts_for(0, 0) != c._prompts_for(0, 0)
+        assert a.producer.prompts_for(step, 0) == b.producer.prompts_for(step, 0)
+    assert a.producer.prompts_for(0, 0) != a.producer.prompts_for(1, 0)
+    assert a.producer.prompts_for(0, 0) != c.producer.prompts_for(0, 0)
     # and through a real rollout of two separate datamodules (different sampling RNG state)
     for dm in (a, b):
-        dm.score = scripted([0.0] * 6)
+        dm.producer.score = scripted([0.0] * 6)
     torch.manual_seed(0)
     ba = a.rollout(2)
     torch.manual_seed(1)
@@ -270,13 +273,13 @@ def test_prompts_depend_only_on_seed_and_step(task, policy):
 def test_dynamic_sampling_drops_degenerate_groups(task, policy):
     _, tok = policy
     dm = make_dm(task, policy, group_size=4, max_new_tokens=3, dynamic_sampling=True, max_gen_batches=3)
-    dm.score = scripted(
+    dm.producer.score = scripted(
         [1, 1, 1, 1, 1, 0, 0, 0],  # round 0: group 0 all equal (dropped), group 1 kept
         [0, 0, 0, 0, 0, 0, 0, 0],  # round 1: both dropped
         [0, 1, 0, 1, 1, 1, 1, 1],  # round 2: group 0 kept, fills the batch; group 1 dropped
     )
     batch = dm.rollout(0)
-    assert len(dm.score.calls) == 3
+    assert len(dm.producer.score.calls) == 3
     assert len(batch) == 8
     assert batch.scores.tolist() == [1, 0, 0, 0, 0, 1, 0, 1]
     assert batch.advantages.tolist() == pytest.approx(zscore_by_hand([1, 0, 0, 0, 0, 1, 0, 1], 4), abs=1e-5)
@@ -286,24 +289,24 @@ def test_dynamic_sampling_drops_degenerate_groups(task, policy):
     # reward/mean is over everything sampled (24 completions, 11 ones)
     assert batch.stats["reward/mean"] == pytest.approx(11 / 24)
     # the kept rows are round 0's second prompt and round 2's first, with their own texts
-    want = [dm._prompts_for(0, 0)[1]["prompt"]] * 4 + [dm._prompts_for(0, 2)[0]["prompt"]] * 4
+    want = [dm.producer.prompts_for(0, 0)[0][1]["prompt"]] * 4 + [dm.producer.prompts_for(0, 2)[0][0]["prompt"]] * 4
     assert prompts_of(tok, batch) == want
-    assert batch.texts == dm.score.calls[0][4:] + dm.score.calls[2][:4]
+    assert batch.texts == dm.producer.score.calls[0][4:] + dm.producer.score.calls[2][:4]
     assert responses_of(tok, batch.input_ids, batch.response_mask, batch.prompt_len) == batch.texts
 
 
 def test_dynamic_sampling_stops_once_full(task, policy):
     dm = make_dm(task, policy, group_size=2, max_new_tokens=2, dynamic_sampling=True, max_gen_batches=4)
-    dm.score = scripted([1, 0, 0, 1])
+    dm.producer.score = scripted([1, 0, 0, 1])
     batch = dm.rollout(0)
-    assert len(dm.score.calls) == 1
+    assert len(dm.producer.score.calls) == 1
     assert batch.stats["dynamic/dropped_groups"] == 0.0 and batch.stats["dynamic/gen_batches"] == 1.0
     assert batch.advantages.tolist() == pytest.approx([1, -1, -1, 1], abs=1e-5)
 
 
 def test_dynamic_sampling_tops_up_on_the_last_round(task, policy):
     dm = make_dm(task, policy, group_size=4, max_new_tokens=2, dynamic_sampling=True, max_gen_batches=2)
-    dm.score = scripted([1, 1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 0, 1, 0])
+    dm.producer.score = scripted([1, 1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 0, 1, 0])
     batch = dm.rollout(0)
     # the batch is still full: the last round's degenerate group fills the gap
     assert len(batch) == 8
@@ -314,7 +317,7 @@ def test_dynamic_sampling_tops_up_on_the_last_round(task, policy):
 
 def test_dynamic_sampling_topped_up_group_is_not_counted_as_dropped(task, policy):
     dm = make_dm(task, policy, group_size=4, max_new_tokens=2, dynamic_sampling=True, max_gen_batches=2)
-    dm.score = scripted([1, 1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 0, 1, 0])
+    dm.producer.score = scripted([1, 1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 0, 1, 0])
     batch = dm.rollout(0)
     # round 0 drops two groups; round 1's degenerate group is trained on, so it was not dropped
     assert batch.stats["dynamic/dropped_groups"] == 2.0
@@ -323,7 +326,7 @@ def test_dynamic_sampling_topped_up_group_is_not_counted_as_dropped(task, policy
 def test_overlong_shaping(task, policy):
     dm = make_dm(task, policy, group_size=3, max_new_tokens=4, overlong_buffer=3, overlong_penalty=0.5)
     fake = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
-    dm.score = scripted(fake)
+    dm.producer.score = scripted(fake)
     torch.manual_seed(0)
     batch = dm.rollout(0)
     lengths = batch.response_mask.sum(-1).tolist()
@@ -356,7 +359,7 @@ def test_evaluate_pass1_and_sampled_reward(task, policy):
     # sampled pass@1: a sample counts when it fully verifies (here the same as the 0/1 reward)
     assert out["pass1_sampled"].tolist() == out["reward"].tolist()
     # under partial credit the mean reward and the sampled pass@1 part ways
-    dm.score = lambda texts, answers: torch.tensor([0.5, 1.0] * (len(texts) // 2))
+    dm.producer.score = lambda texts, answers: torch.tensor([0.5, 1.0] * (len(texts) // 2))
     part = dm.evaluator.evaluate(dm, model, {"prompt": prompts, "answer": answers})
     assert part["reward"].mean().item() == 0.75 and part["pass1_sampled"].mean().item() == 0.5
 
@@ -385,7 +388,7 @@ def test_truncated_frac_counts_only_responses_without_eos(task, policy):
                                [[1, 1, 1], [1, 1, 1], [1, 1, 0]], None)
 
     dm = make_dm(task, policy, prompts_per_step=1, group_size=3, max_new_tokens=3, sampler=Scripted(fake_generate))
-    dm.score = scripted([1.0, 0.0, 0.0])
+    dm.producer.score = scripted([1.0, 0.0, 0.0])
     batch = dm.rollout(0)
     assert batch.texts == ["12", "123", "1"]
     # only the middle response hit the cap without finishing
@@ -404,19 +407,19 @@ def test_length_means_split_by_correctness(task, policy):
 
     dm = make_dm(task, policy, prompts_per_step=1, group_size=4, max_new_tokens=3, sampler=Scripted(fake_generate))
     # correct = score >= 1: the first two; partial credit (0.5) counts as wrong
-    dm.score = scripted([1.0, 1.0, 0.5, 0.0])
+    dm.producer.score = scripted([1.0, 1.0, 0.5, 0.0])
     stats = dm.rollout(0).stats
     assert stats["response/length_mean"] == pytest.approx(9 / 4)
     # by hand: correct (3 + 1) / 2 = 2, wrong (2 + 3) / 2 = 2.5
     assert stats["response/length_correct_mean"] == pytest.approx(2.0)
     assert stats["response/length_wrong_mean"] == pytest.approx(2.5)
     # a step with no correct response leaves that key out (no NaN logged); the wrong mean is the overall one
-    dm.score = scripted([0.0, 0.5, 0.0, 0.99])
+    dm.producer.score = scripted([0.0, 0.5, 0.0, 0.99])
     stats = dm.rollout(1).stats
     assert "response/length_correct_mean" not in stats
     assert stats["response/length_wrong_mean"] == pytest.approx(9 / 4) == stats["response/length_mean"]
     # and one with no wrong response leaves the other out
-    dm.score = scripted([1.0, 1.0, 1.0, 1.0])
+    dm.producer.score = scripted([1.0, 1.0, 1.0, 1.0])
     stats = dm.rollout(2).stats
     assert "response/length_wrong_mean" not in stats
     assert stats["response/length_correct_mean"] == pytest.approx(9 / 4)
@@ -438,17 +441,17 @@ def test_truncation_counts_every_eos_id_the_engine_stops_on(task, policy):
 
     dm = make_dm(task, (model, tok), prompts_per_step=1, group_size=3, max_new_tokens=3,
                  sampler=Scripted(fake_generate))
-    dm.score = scripted([1.0, 0.0, 0.0])
+    dm.producer.score = scripted([1.0, 0.0, 0.0])
     # rows 0 and 2 stopped on "9", an eos of this model: only row 1 was truncated
     assert dm.rollout(0).stats["response/truncated_frac"] == pytest.approx(1 / 3)
 
 
 def test_an_algorithm_with_its_own_advantages_gets_none_from_the_rollout(task, policy):
     dm = make_dm(task, policy)
-    dm.group_advantages = False  # what PPO (GAE over its critic) sets
+    dm.producer.group_advantages = False  # what PPO (GAE over its critic) sets
     batch = dm.rollout(0)
     assert batch.advantages is None and batch.rows(slice(0, 2)).advantages is None
-    dm.group_advantages = True
+    dm.producer.group_advantages = True
     assert dm.rollout(0).advantages.shape == (6,)
 
 
@@ -467,7 +470,7 @@ def test_the_vllm_engine_is_sized_for_the_tasks_longest_prompt_not_the_models_co
     wide.max_position_embeddings = 40_960
     monkeypatch.setattr(model, "config", wide)
     dm = make_dm(task, policy, engine="vllm", max_new_tokens=7, model_dir=str(tmp_path))  # no copy saved for it
-    dm.sampling_engine().build(model, tok)
+    dm.producer.handle.get(dm.policy).build(model, tok)
     prompts = [*task.train["prompt"], *task.eval["prompt"]]
     longest = max(len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts)
     assert 4 <= longest <= 6 and got["max_model_len"] == longest + 7
@@ -477,9 +480,10 @@ def test_resume_state_goes_in_through_load_state_dict(task, policy):
     from gspo_bench.core.rng import rng_state
 
     dm = make_dm(task, policy)
-    dm.timeouts = 2
+    dm.rollout(0)  # the stream has started: the checkpoint holds where it stands
+    dm.producer.timeouts = 2
     state = {**dm.state_dict(), "rl_step": 2, "rng": rng_state()}
-    assert set(dm.state_dict()) == {"sampler", "verify_timeouts"}
+    assert set(dm.state_dict()) == {"sampler", "verify_timeouts", "draws"}
     fresh = make_dm(task, policy, resume=state)  # handed over at construction, loaded in its own setup
     assert (fresh.start_step, fresh.timeouts, fresh.resume_rng) == (0, 0, None)
     fresh.setup("fit")
@@ -489,3 +493,9 @@ def test_resume_state_goes_in_through_load_state_dict(task, policy):
     torch.rand(3)  # the RNG moves on; the first rollout puts the checkpoint's back
     fresh.rollout(2)
     assert fresh.resume_rng is None
+    # the draws' stream continues from the checkpoint's: the same rollout as a datamodule handed that state
+    again = make_dm(task, policy)
+    again.draws.load_state_dict(state["draws"])
+    again.rollout(2)
+    assert torch.equal(fresh.draws.generator("cpu").get_state(), again.draws.generator("cpu").get_state())
+    assert not torch.equal(state["draws"]["cpu"], fresh.draws.generator("cpu").get_state())  # it drew from it

@@ -43,7 +43,7 @@ def test_every_registered_engine_fills_the_seam():
         engine.close()
     # the engines that sample the policy module itself have nothing to push or time
     hf = build_engine("hf")
-    assert hf.sync_weights(None) == 0.0 and hf.take_sync_time() is None
+    assert hf.sync_weights({}, 3) == 0.0 and hf.version == 3 and hf.take_sync_time() is None
 
 
 def test_auto_reads_the_registry():
@@ -89,7 +89,7 @@ class ToyEngine(InProcessEngine):
     capabilities = Capabilities(free_logp=False, records_routes=False, auto_order=-1)
 
     def sample(self, model, tokenizer, prompts, *, max_new_tokens, temperature=1.0, greedy=False,
-               return_logp=True, record_routes=False, generator=None):
+               return_logp=True, record_routes=False, draws=None):
         enc, eos = encode_prompts(model, tokenizer, prompts)
         ids = tokenizer(ANSWER, add_special_tokens=False)["input_ids"][:max_new_tokens - 1] + [eos[0]]
         resp = torch.tensor([ids] * len(prompts), device=enc["input_ids"].device)

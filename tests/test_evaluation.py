@@ -7,6 +7,7 @@ import torch
 
 from gspo_bench.algorithms import evaluation
 from gspo_bench.config import load_config
+from gspo_bench.rollout.draws import StreamDraws
 from gspo_bench.rollout.evaluation import Evaluator
 from gspo_bench.train import runner
 from gspo_bench.train.runner import run
@@ -22,8 +23,8 @@ def _runs(mixed_task, tracking_uri, algos, experiment):
 def test_a_reused_start_eval_leaves_the_run_exactly_as_without_it(mixed_task, tracking_uri, monkeypatch):
     evaluated, shared = [], []
     orig = Evaluator.evaluate
-    monkeypatch.setattr(Evaluator, "evaluate", lambda self, data, policy, rows: evaluated.append(len(rows["prompt"]))
-                        or orig(self, data, policy, rows))
+    monkeypatch.setattr(Evaluator, "evaluate", lambda self, data, policy, rows, step=0: evaluated.append(len(rows["prompt"]))
+                        or orig(self, data, policy, rows, step))
 
     class Seen(evaluation.StartEvals):  # the runner's, one per seed: kept here to look into
         def __init__(self, source):
@@ -67,8 +68,9 @@ class _DM:
     def __init__(self, spec="arith", samples=2):
         self.task = type("T", (), {"spec": spec})()
         self.s = type("S", (), {"engine": "auto", "max_new_tokens": 8, "temperature": 1.0, "verify_timeout": 1.0,
-                                "dynamic_sampling": False})()
-        self.rank, self.world = 0, 1
+                                "dynamic_sampling": False, "seeding": "stream"})()
+        self.rank, self.world, self.seed = 0, 1, 0
+        self.draws = StreamDraws()  # its stream starts from torch's state at the first look
         self.evaluator = Evaluator({"prompt": ["1+1="], "answer": ["2"]}, self.s, samples=samples)
 
 
@@ -131,6 +133,9 @@ def test_the_evaluator_logs_pass_at_k_from_its_samples():
         def generate(self, model, prompts, **kw):
             return Generation(None, None, 0, None, None, list(prompts))
 
+        def loader_generator(self):
+            return None
+
         def score(self, texts, answers):
             if len(texts) == 2:  # the greedy pass: a wrong, b right
                 return torch.tensor([0.0, 1.0])
@@ -165,6 +170,9 @@ def test_the_evaluator_logs_greedy_pass1_on_the_two_halves_of_its_rows():
             from gspo_bench.rollout.engine import Generation
 
             return Generation(None, None, 0, None, None, list(prompts))
+
+        def loader_generator(self):
+            return None
 
         def score(self, texts, answers):
             return torch.tensor([hits[t] for t in texts])

@@ -16,7 +16,7 @@ from gspo_bench.cli.main import main
 from gspo_bench.config import ConfigError, load_config
 from gspo_bench.core.losses import LOSSES
 from gspo_bench.core.metrics import StepStats
-from gspo_bench.rollout.datamodule import RolloutBatch
+from gspo_bench.rollout.producer import RolloutBatch
 from tests.conftest import nan_loss_on_call, saved_builtin
 from tests.test_fastlm import grouped_batch
 

@@ -93,7 +93,7 @@ def test_warm_start_rollout_and_eval_see_the_same_prompt_strings(chat_model_dir,
     dm = RolloutDataModule(task, tok, RolloutConfig(prompts_per_step=2, group_size=2, max_new_tokens=4, dynamic_sampling=False,
                                          overlong_buffer=None, advantage_scale="group"),
                            steps=1, seed=0, policy=model, eval_prompts=3)
-    monkeypatch.setattr(dm, "generate", spy("rollout", dm.generate, 1))
+    monkeypatch.setattr(dm.producer.handle, "generate", spy("rollout", dm.producer.handle.generate, 1))
     batch = dm.rollout(0)
     seen["eval"] = [p for rows in dm.evaluator.batches() for p in rows["prompt"]]
     for name, prompts in seen.items():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gspo_bench.models import build_builtin
-from gspo_bench.rollout.datamodule import merge_generations, select
+from gspo_bench.rollout.producer import merge_generations, select
 from gspo_bench.rollout.engine import fast_generate, hf_generate, response_logp
 from gspo_bench.rollout.precision import SamplerWeights
 from gspo_bench.rollout.routing import (GridLayout, RouterHooks, empty_grid, replayed_gate, routers,

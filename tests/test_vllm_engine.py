@@ -207,9 +207,9 @@ def write(engine, **record):
     out.write(json.dumps({"engine": engines.index(engine), **record}) + "\\n")
     out.flush()
 
-def sha(model):
+def sha(weights):  # a model, or its state dict
     h = hashlib.sha256()
-    for t in model.state_dict().values():
+    for t in (weights if isinstance(weights, dict) else weights.state_dict()).values():
         h.update(t.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 

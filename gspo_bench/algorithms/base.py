@@ -59,7 +59,7 @@ from gspo_bench.core.losses import LOSSES, Controls, loss_keywords, policy_loss
 from gspo_bench.core.metrics import StepStats
 from gspo_bench.core.names import rejection_bounds
 from gspo_bench.core.ratios import masked_mean, rejection_mask
-from gspo_bench.rollout.datamodule import RolloutBatch
+from gspo_bench.rollout.producer import RolloutBatch
 from gspo_bench.models import is_moe
 from gspo_bench.rollout.engine import response_logp, uses_packed
 from gspo_bench.rollout.engines import route_recorders
@@ -152,9 +152,9 @@ def minibatches(batch: RolloutBatch, count: int, g: torch.Generator, world: int 
     ``world`` processes: the global rollout (ranks' rows in rank order) is permuted and split as on one process;
     each rank takes its rows of each minibatch, and ``units`` holds the minibatch's token and non-empty sequence
     counts over all ranks divided by ``world``: the divisors that make the strategy's gradient average the
-    gradient of the whole minibatch's loss (``distributed``). ``mask``: the loss's response mask (default the
-    rollout's)."""
-    mask = batch.response_mask if mask is None else mask
+    gradient of the whole minibatch's loss (``distributed``). ``mask``: the loss's mask (default the rollout's
+    ``loss_mask``: the model's response tokens)."""
+    mask = batch.loss_mask if mask is None else mask
     if world == 1:
         for rows in minibatch_indices(len(batch), count, g):
             yield rows, None
@@ -167,11 +167,12 @@ def minibatches(batch: RolloutBatch, count: int, g: torch.Generator, world: int 
 
 
 def loss_mask(r, batch: RolloutBatch, old_logp: torch.Tensor, stats: StepStats) -> torch.Tensor:
-    """``m``, the response tokens the loss trains on (B, T), under rollout settings ``r``: the rollout's response
-    mask, less the responses cut at the length cap (``rollout.mask_truncated``) and the tokens rejection by KL
-    removes (``rollout.rejection``, logged as ``mismatch/rejected_frac``). Both leave the loss's denominators;
-    the advantages were computed with every response."""
-    mask = batch.response_mask
+    """``m``, the response tokens the loss trains on (B, T), under rollout settings ``r``: the rollout's loss mask
+    (the model's response tokens, never an environment's), less the responses cut at the length cap
+    (``rollout.mask_truncated``) and the tokens rejection by KL removes (``rollout.rejection``, logged as
+    ``mismatch/rejected_frac``). Both leave the loss's denominators; the advantages were computed with every
+    response."""
+    mask = batch.loss_mask
     if r.mask_truncated and batch.truncated is not None:
         # a response that ended at max_new_tokens without an eos contributes no term
         mask = mask * (~batch.truncated).to(mask.dtype)[:, None]
@@ -355,7 +356,7 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         ``old_logp_source: rollout`` takes the engine's log-probs as they are
         (no recompute pass); ``recompute`` runs the training model over the rollout.
         """
-        mask = batch.response_mask
+        mask = batch.loss_mask
         if self.replay == "r3" and batch.routes is None:
             raise RuntimeError("moe.routing_replay=r3 needs the sampler's expert choices, and this engine did not "
                                f"record them (engines that can: {', '.join(route_recorders())})")
@@ -481,8 +482,8 @@ class PolicyModule(HeldOutEval, L.LightningModule):
                                **({} if units is None or coef == 0 else {"token_units": units["token"]}),
                                **loss_keywords(spec, self.settings.loss.hparams(), self.settings.rollout.max_new_tokens),
                                **extra)
-        # H = mean over response tokens of the sampling distribution's entropy
-        resp = batch.response_mask[rows]
+        # H = mean over the model's response tokens of the sampling distribution's entropy
+        resp = batch.loss_mask[rows]
         st["policy/entropy"] = (ent.detach() * resp).sum() / resp.sum().clamp(min=1)
         return loss, st
 

@@ -28,7 +28,7 @@ import torch
 
 class StartEvals:
     """The step-0 evaluations of runs that all start from the warm start in ``source`` (a folder): key ->
-    (metrics, torch RNG state after, verifier timeouts)."""
+    (metrics, the draws' stream state after, verifier timeouts)."""
 
     def __init__(self, source: str):
         self.source = source
@@ -36,13 +36,15 @@ class StartEvals:
 
     def key(self, dm) -> str:
         """What a step-0 evaluation's outcome depends on beside the weights: the eval rows, the task and
-        sampling settings, and the random state the sampled completions draw from."""
+        sampling settings, and the random state the sampled completions draw from (the run's stream; with a
+        generator per completion, the seed)."""
         h = hashlib.blake2b(digest_size=20)
         s, ev = dm.s, dm.evaluator  # the settings ``Evaluator.evaluate`` reads (not the training-only ones)
         h.update(repr((self.source, dm.task.spec, s.engine, s.max_new_tokens, s.temperature, s.verify_timeout,
-                       ev.samples, ev.ks, ev.batch_size, dm.rank, dm.world, list(ev.rows["prompt"]),
+                       s.seeding, ev.samples, ev.ks, ev.batch_size, dm.rank, dm.world, list(ev.rows["prompt"]),
                        list(ev.rows["answer"]))).encode())
-        h.update(torch.get_rng_state().numpy().tobytes())
+        h.update(repr(dm.seed).encode() if s.seeding == "request" else
+                 dm.draws.generator("cpu").get_state().numpy().tobytes())
         return h.hexdigest()
 
 
@@ -67,14 +69,14 @@ class HeldOutEval:
         same steps as an uninterrupted one)."""
         t0 = time.perf_counter()
         dm = self.trainer.datamodule
-        # one process on CPU (where the torch RNG state is all the sampler draws from): reuse a step-0 result
+        # one process on CPU (where the stream's CPU state is all the sampler draws from): reuse a step-0 result
         shared, key = self.start_evals, None
         if (shared is not None and self.rl_step == 0 and self.world == 1
                 and all(p.device.type == "cpu" for p in self.policy.parameters())):
             key = shared.key(dm)
         if key is not None and key in shared.done:
             metrics, rng, late = shared.done[key]
-            torch.set_rng_state(rng)
+            dm.draws.generator("cpu").set_state(rng)
             # its timeouts are part of the result (the next step's verify/timeouts); its completions were
             # not generated again, so they stay out of this run's count (bench --whole's completions/hour)
             dm.count_timeouts(late)
@@ -84,10 +86,10 @@ class HeldOutEval:
         before = dm.timeouts
         was_training = self.policy.training
         self.policy.eval()
-        metrics = dm.evaluator.run(dm, self.policy, dm.rank, dm.world)
+        metrics = dm.evaluator.run(dm, self.policy, dm.rank, dm.world, self.rl_step)
         if metrics is not None:
             self.publish_eval(metrics)
             if key is not None:
-                shared.done[key] = (dict(metrics), torch.get_rng_state(), dm.timeouts - before)
+                shared.done[key] = (dict(metrics), dm.draws.generator("cpu").get_state(), dm.timeouts - before)
         self.policy.train(was_training)
         self.clock["eval_s"] += time.perf_counter() - t0

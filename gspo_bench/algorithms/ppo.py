@@ -21,7 +21,7 @@ from gspo_bench.algorithms.base import PolicyModule, adamw, register_algorithm
 from gspo_bench.config import Recipe
 from gspo_bench.core.losses import kl_penalty
 from gspo_bench.core.metrics import StepStats
-from gspo_bench.rollout.datamodule import RolloutBatch
+from gspo_bench.rollout.producer import RolloutBatch
 from gspo_bench.rollout import fastlm
 from gspo_bench.rollout.engine import checkpointed_layers, position_ids, uses_packed
 
@@ -83,7 +83,7 @@ class PPO(PolicyModule):
 
     def prepare(self, batch: RolloutBatch, stats: StepStats) -> dict[str, torch.Tensor]:
         out = super().prepare(batch, stats)
-        mask = batch.response_mask
+        mask = batch.loss_mask
         lc = self.cfg.loss
         with torch.no_grad():
             values = self.critic(batch.input_ids, batch.attention_mask, batch.prompt_len) * mask

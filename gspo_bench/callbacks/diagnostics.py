@@ -43,7 +43,7 @@ class MismatchProbe(L.Callback):
         if trainer_logp is None:
             return
         measured = ~torch.isnan(trainer_logp).all(-1)  # rows the trainer's pre-update log-probs cover
-        mask = batch.response_mask[measured]
+        mask = batch.loss_mask[measured]  # the sampled tokens: the engine gave log-probs for those only
         with torch.no_grad():
             stats = mismatch_stats(trainer_logp[measured], batch.rollout_logp[measured], mask)
         metrics = {k: float(v) for k, v in stats.items()}
@@ -68,7 +68,7 @@ class RatioSample(L.Callback):
             return
         token, seq = [], []
         for rows, logp in pl_module.trace.minibatches:
-            mask = batch.response_mask[rows]
+            mask = batch.loss_mask[rows]
             # delta = logp - old_logp per token; the sequence log-ratio is its mean over |y_i|
             delta = (logp - pl_module.trace.old_logp[rows]) * mask
             n = mask.sum(-1)

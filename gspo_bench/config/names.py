@@ -7,6 +7,8 @@ MOE_KERNELS = ("auto", "grouped", "batched", "loop")
 """``rollout.moe_kernel`` (``rollout/fastlm.py``: ``EXPERT_KERNELS``, ``auto`` resolved by ``pick_moe_kernel``)."""
 ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
 """``rollout.dtype`` (``rollout/precision.py``)."""
+SEEDINGS = ("stream", "request")
+"""``rollout.seeding`` (``rollout/draws.py``)."""
 CHAT_MODES = ("auto", True, False)
 """``task.chat`` and a task spec's ``chat`` (``tasks/prompts.py`` says what each does)."""
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda")

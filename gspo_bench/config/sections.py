@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from gspo_bench.config.names import (ACCELERATORS, CHAT_MODES, LR_SCHEDULES, MOE_KERNELS, PRECISIONS, REPLAY_MODES,
-                                     ROLLOUT_DTYPES)
+                                     ROLLOUT_DTYPES, SEEDINGS)
 from gspo_bench.config.resolved import SPREAD, LossParamFields, LossSettings, Recipe, Resolved
 from gspo_bench.core.loss_params import PARAMS, LossParam, check_relations
 from gspo_bench.core.names import (ADVANTAGE_BASELINES, ADVANTAGE_ESTIMATOR_NAMES, ADVANTAGE_SCALES,
@@ -168,6 +168,11 @@ class RolloutConfig:
     one for every option or a comma list of one per option."""
     staleness: int = 0
     """k: sample from the policy as it was k rollouts ago (asynchronous trainers); 0 = the current policy."""
+    seeding: str = "stream"
+    """Where the samplers' random draws come from: stream (one generator for the run, shared by rollouts and
+    evaluations in the order they sample, starting from the run's seed) | request (each completion its own
+    generator, seeded from (seed, step, round, row): its tokens do not depend on what else was sampled beside
+    it or before it). The hf engine samples a request-seeded row by inverse CDF, as the fast engine does."""
     verify_timeout: float = 1.0
     """Seconds a verifier may spend on one completion (in a worker process, ``tasks/sandbox.py``); past it the
     reward is 0 and ``verify/timeouts`` counts it. 0 = call the verifier in this process, without a limit."""
@@ -227,6 +232,7 @@ class RolloutConfig:
                 raise ConfigError(f"rollout.{e}") from None
         _check(isinstance(self.staleness, int) and not isinstance(self.staleness, bool) and self.staleness >= 0,
                f"rollout.staleness={self.staleness!r} must be an int >= 0")
+        _choice("rollout.seeding", self.seeding, SEEDINGS)
         _numbers("rollout", self, "vllm_gpu_memory_utilization", "vllm_kv_cache_mb")
         _check(0 < self.vllm_gpu_memory_utilization <= 1,
                f"rollout.vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization} must be in (0, 1]")

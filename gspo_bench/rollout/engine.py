@@ -189,16 +189,27 @@ def response_logp(model, input_ids, attention_mask, prompt_len: int, temperature
 
 @torch.inference_mode()
 def hf_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
-                greedy: bool = False, return_logp: bool = True, record_routes: bool = False) -> Generation:
+                greedy: bool = False, return_logp: bool = True, record_routes: bool = False,
+                draws=None) -> Generation:
     """Sample with transformers' ``generate`` (KV-cached), batch of already-repeated prompts.
 
-    ``record_routes`` (MoE): keep the experts the router chose for every token fed to the model."""
+    ``record_routes`` (MoE): keep the experts the router chose for every token fed to the model.
+    ``draws`` (``rollout.draws``; None: torch's global generator): a per-request one samples each row by
+    inverse CDF from its own draws (``PerRowSampler``), as the fast engine does; any other stands in for
+    torch's generator while ``generate`` samples."""
+    from gspo_bench.rollout.draws import GlobalDraws
+
     enc, eos = encode_prompts(model, tokenizer, prompts)
+    draws = GlobalDraws() if draws is None else draws
     kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    if not greedy and getattr(draws, "per_request", False):
+        # generate's greedy pick of scores that are -inf everywhere but each row's own sampled token
+        kwargs = dict(do_sample=False, logits_processor=[PerRowSampler(draws, temperature)])
     calls: list[torch.Tensor] = []
     # every forward of generate routes the (B * P) prompt cells first, then one column of B cells per step
     hooks = RouterHooks(model, on_forward=calls.append) if record_routes else contextlib.nullcontext()
-    with hooks:
+    with hooks, draws.as_global(enc["input_ids"].device) if not kwargs.get("logits_processor") else \
+            contextlib.nullcontext():
         out = model.generate(
             **enc,
             max_new_tokens=max_new_tokens,
@@ -222,6 +233,21 @@ def hf_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, te
     return gen
 
 
+class PerRowSampler:
+    """A transformers logits processor that samples each row by inverse CDF (``fastgen.sample``) from its own
+    draws, and leaves ``generate`` (greedy) only that token to pick: every row's t-th token from the t-th draw
+    of its own generator, as the fast engine samples it."""
+
+    def __init__(self, draws, temperature: float):
+        self.draws, self.temperature = draws, temperature
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        from gspo_bench.rollout.fastgen import sample
+
+        tok, _ = sample(scores, self.temperature, False, self.draws, torch.arange(scores.shape[0]))
+        return torch.full_like(scores, float("-inf")).scatter_(1, tok[:, None], 0.0)
+
+
 def recorded_only(grid: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     # routes of cells that are not real tokens of the final layout (padding, anything after eos) become -1
     return torch.where(attention_mask.bool()[None, :, :, None], grid, torch.full_like(grid, -1))
@@ -236,11 +262,32 @@ def eos_ids(model, tokenizer) -> list[int]:
     return [eos] if isinstance(eos, int) else list(eos)
 
 
-def encode_prompts(model, tokenizer, prompts: list[str]):
-    """Left-padded prompt batch on the model's device, and the eos id(s) that end a response."""
+def encode_prompts(model, tokenizer, prompts: list[str] | list[list[int]]):
+    """Left-padded prompt batch on the model's device, and the eos id(s) that end a response. ``prompts``: token
+    ids (what a rollout hands an engine: the ids it recorded, never encoded again), or text for a one-off call,
+    encoded here without special tokens."""
     device = next(model.parameters()).device
+    if prompts and not isinstance(prompts[0], str):
+        return left_padded(prompts, tokenizer.pad_token_id, device), eos_ids(model, tokenizer)
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
     return enc, eos_ids(model, tokenizer)
+
+
+def prompt_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
+    """Each prompt's token ids, without special tokens (as ``encode_prompts`` encodes text)."""
+    return tokenizer(prompts, add_special_tokens=False)["input_ids"]
+
+
+def left_padded(ids: list[list[int]], pad_id: int, device=None) -> dict[str, torch.Tensor]:
+    """Prompts' token ids as a left-padded batch: ``input_ids`` and ``attention_mask`` (B, P), P the longest."""
+    P = max(len(x) for x in ids)
+    input_ids = torch.full((len(ids), P), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(ids), P), dtype=torch.long)
+    for b, x in enumerate(ids):
+        if x:
+            input_ids[b, P - len(x):] = torch.tensor(x, dtype=torch.long)
+            attention_mask[b, P - len(x):] = 1
+    return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
 
 
 def finish_generation(tokenizer, enc, resp: torch.Tensor, eos: list[int]) -> Generation:

@@ -5,8 +5,8 @@ mean reward, the sampled pass@1, the unbiased pass@k over n samples per
 prompt (``pass_at_k``) and mean@k (the mean reward of a prompt's first k samples), aggregated with
 torchmetrics (on W > 1 processes each rank scores its share of the prompts,
 and ``compute`` averages over all of them). The completions come from the
-datamodule's engine and are scored by its verifier call (``Sampling``), so an
-evaluation samples and scores exactly as a rollout does; when to evaluate,
+datamodule's evaluation engine handle and are scored by its verifier call
+(``Sampling``), so an evaluation samples and scores exactly as a rollout does; when to evaluate,
 and what becomes of the numbers, is the policy module's
 (``algorithms.evaluation.HeldOutEval``).
 """
@@ -30,6 +30,10 @@ class Sampling(Protocol):
     def generate(self, model, prompts: list[str], **kwargs) -> Generation: ...
 
     def score(self, texts: list[str], answers: list[str]) -> torch.Tensor: ...
+
+    def loader_generator(self) -> torch.Generator | None:
+        """The generator a data loader's iterator draws its base seed from (None: torch's global one)."""
+        ...
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -67,27 +71,32 @@ class Evaluator:
         return cls(task.eval.select(range(min(prompts, len(task.eval)))), settings, samples=samples,
                    batch_size=batch_size, ks=ks)
 
-    def batches(self, rank: int = 0, world: int = 1) -> DataLoader:
-        """This process's share of the eval rows, in batches of ``batch_size``."""
+    def batches(self, rank: int = 0, world: int = 1, generator: torch.Generator | None = None) -> DataLoader:
+        """This process's share of the eval rows, in batches of ``batch_size`` (``generator``: what the
+        loader's iterator draws its base seed from; None: torch's global generator)."""
         rows = [{"prompt": p, "answer": a, "index": i}
                 for i, (p, a) in enumerate(zip(list(self.rows["prompt"]), list(self.rows["answer"])))]
         rows = rows[rank::world]  # each rank scores its share; the eval metrics average over all
-        return DataLoader(rows, batch_size=self.batch_size, shuffle=False,
+        return DataLoader(rows, batch_size=self.batch_size, shuffle=False, generator=generator,
                           collate_fn=lambda b: {key: [r[key] for r in b] for key in ("prompt", "answer", "index")})
 
     @torch.no_grad()
-    def evaluate(self, data: Sampling, policy, rows: dict) -> dict[str, torch.Tensor]:
+    def evaluate(self, data: Sampling, policy, rows: dict, step: int = 0) -> dict[str, torch.Tensor]:
         """Greedy pass@1 hits, and over ``samples`` samples per prompt the mean reward and the sampled pass@1
-        (fully correct), for a batch of eval rows."""
+        (fully correct), for a batch of eval rows, of the policy after ``step`` RL steps."""
         prompts, answers = rows["prompt"], rows["answer"]
-        greedy = data.generate(policy, prompts, max_new_tokens=self.s.max_new_tokens, greedy=True)
+        greedy = data.generate(policy, prompts, max_new_tokens=self.s.max_new_tokens, greedy=True, version=step,
+                               step=step)
         out = {"pass1": data.score(greedy.texts, answers)}
         k = self.samples
         self.completions += len(prompts) * (1 + k)
         if k:
+            # completion j of eval row i is the step's completion i * k + j (a per-request seed's key)
             sampled = data.generate(policy, [p for p in prompts for _ in range(k)],
                                     max_new_tokens=self.s.max_new_tokens, temperature=self.s.temperature,
-                                    return_logp=False)
+                                    return_logp=False, version=step, step=step,
+                                    rows=[i * k + j for i in rows.get("index", range(len(prompts)))
+                                          for j in range(k)])
             reward = data.score(sampled.texts, [a for a in answers for _ in range(k)])
             out["reward"] = reward
             # pass@1 estimated from k samples: the fraction of sampled completions that fully verify
@@ -101,16 +110,16 @@ class Evaluator:
                 out[f"mean_at_{j}"] = per_prompt[:, :j].float().mean(-1)
         return out
 
-    def run(self, data: Sampling, policy, rank: int = 0, world: int = 1) -> dict[str, float] | None:
-        """``eval/*`` of ``policy`` over this process's share of the rows (torchmetrics' ``compute`` averages
-        over every process's); None when there was nothing to evaluate."""
+    def run(self, data: Sampling, policy, rank: int = 0, world: int = 1, step: int = 0) -> dict[str, float] | None:
+        """``eval/*`` of ``policy`` (after ``step`` RL steps) over this process's share of the rows (torchmetrics'
+        ``compute`` averages over every process's); None when there was nothing to evaluate."""
         # torchmetrics means over every eval prompt (pass1) and every sampled completion (reward, pass1_sampled)
         means = {"pass1": MeanMetric(), "reward": MeanMetric(), "pass1_sampled": MeanMetric(),
                  **{f"{kind}_at_{j}": MeanMetric() for j in self.ks for kind in ("pass", "mean")},
                  **{f"pass1_{half}": MeanMetric() for half in HALVES}}
         seen = set()
-        for batch in self.batches(rank, world):
-            for k, v in self.evaluate(data, policy, batch).items():
+        for batch in self.batches(rank, world, data.loader_generator()):
+            for k, v in self.evaluate(data, policy, batch, step).items():
                 means[k].update(v.float().cpu())
                 seen.add(k)
                 if k == "pass1":  # the two halves of the eval rows, by the parity of their index

@@ -153,15 +153,22 @@ class FastDecoder:
         return self.logits(x)
 
 
-def sample(logits: torch.Tensor, temperature: float, greedy: bool, generator=None):
-    """(tokens (b,), log-probs (b,) under softmax(logits / temperature), or None when greedy)."""
+def sample(logits: torch.Tensor, temperature: float, greedy: bool, generator=None, rows: torch.Tensor | None = None):
+    """(tokens (b,), log-probs (b,) under softmax(logits / temperature), or None when greedy).
+
+    ``generator``: a ``torch.Generator``, or the call's ``draws.Draws``, asked for one draw per row of
+    ``rows`` (the rows' indices in the call's batch; default all ``b``); None: torch's global generator."""
     if greedy:
         return logits.argmax(-1), None
     # log pi(v) = log softmax(z / T)_v
     logp = torch.log_softmax(logits / temperature, dim=-1)
     cdf = logp.exp().cumsum(-1)
     # inverse CDF: the first v with cdf_v > u, u ~ U[0, cdf_V) (so rounding never walks off the end)
-    u = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device, dtype=cdf.dtype) * cdf[:, -1:]
+    if generator is None or isinstance(generator, torch.Generator):
+        u = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device, dtype=cdf.dtype)
+    else:
+        u = generator.uniform(torch.arange(cdf.shape[0]) if rows is None else rows, cdf.device, cdf.dtype)
+    u = u * cdf[:, -1:]
     tok = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1)
     return tok[:, 0], logp.gather(-1, tok)[:, 0]
 
@@ -219,7 +226,7 @@ def _decode(model, ids, attn_mask, max_new_tokens, eos_ids, temperature, greedy,
         routes[:, :, :P] = torch.where(attn_mask.bool()[None, :, :, None], prompt, -1).to(routes.dtype)
     steps = 0
     for s in range(max_new_tokens):
-        tok, lp = sample(logits, temperature, greedy, generator)
+        tok, lp = sample(logits, temperature, greedy, generator, rows)
         out_tok[rows, s] = tok
         if lp is not None:
             out_lp[rows, s] = lp

@@ -107,15 +107,16 @@ def _repack_cpu_experts(model: torch.nn.Module) -> int:
     return packed
 
 
-def weights_version(model: torch.nn.Module) -> tuple:
-    """Changes whenever any parameter or buffer of ``model`` changes (an optimiser step, a cast's refresh, a
-    checkpoint restore): the model's identity, torch's per-tensor write counters, and each tensor's sum in
-    float64. The counters alone miss fused kernels: ``AdamW(fused=True)``, the trainer's, updates the weights
-    without counting the write, and a push skipped on the counters left vLLM sampling the first weights."""
-    state = model.state_dict()
+def weights_version(weights: torch.nn.Module | dict) -> tuple:
+    """Changes whenever any parameter or buffer of ``weights`` (a model, or its state dict) changes (an
+    optimiser step, a cast's refresh, a checkpoint restore): the tensors' storage, torch's per-tensor write
+    counters, and each tensor's sum in float64. The counters alone miss fused kernels: ``AdamW(fused=True)``,
+    the trainer's, updates the weights without counting the write, and a push skipped on the counters left vLLM
+    sampling the first weights."""
+    state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
     # one read of the weights (no copy: the sum accumulates in float64), far cheaper than the push it may save
     sums = torch.stack([t.detach().sum(dtype=torch.float64) for t in state.values()]).tolist() if state else []
-    return (id(model), sum(t._version for t in state.values()), tuple(sums))
+    return (tuple(t.data_ptr() for t in state.values()), sum(t._version for t in state.values()), tuple(sums))
 
 
 class VllmEngine:
@@ -156,13 +157,15 @@ class VllmEngine:
         self.loaded: tuple | None = None  # weights_version of the weights it holds, when pushed by ``push``
         self.sync_s, self.syncs = 0.0, 0  # time in weight pushes since ``take_sync_time``, and their count
 
-    def push(self, model: torch.nn.Module) -> float:
-        """Load ``model``'s weights into the engine in place unless it holds them already; seconds spent."""
-        version = weights_version(model)
+    def push(self, weights: torch.nn.Module | dict) -> float:
+        """Load ``weights`` (a model, or its state dict) into the engine in place unless it holds them already;
+        seconds spent."""
+        state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
+        version = weights_version(state)
         if version == self.loaded:
             return 0.0
         t0 = time.perf_counter()
-        items = [(name, t.detach()) for name, t in model.state_dict().items()]
+        items = [(name, t.detach()) for name, t in state.items()]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(items),
                                                           "is_checkpoint_format": True})
         if self.cpu:
@@ -178,19 +181,25 @@ class VllmEngine:
         return took
 
     def sample(self, prompts: list[list[int]], counts: list[int], *, max_new_tokens: int, temperature: float,
-               greedy: bool, eos_ids: list[int], logprobs: bool) -> list[tuple[list[int], list[float], object]]:
+               greedy: bool, eos_ids: list[int], logprobs: bool, draws=None) -> list[tuple[list[int], list[float], object]]:
         """``counts[i]`` completions of prompt ``i`` (token ids), in order: ``(token ids, log-probs, routes)``
-        each, the stop token included when one ended it."""
+        each, the stop token included when one ended it. ``draws`` (``rollout.draws``; None: torch's global
+        generator) seeds the requests: a prompt's ``n`` completions are one request seeded ``s`` (vLLM gives
+        completion ``k`` the seed ``s + k``), or, per request, each completion a request of its own seed."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        base = int(torch.randint(0, 2**31 - 1, (1,)))  # from torch's generator: seeded runs repeat exactly
+        from gspo_bench.rollout.draws import GlobalDraws
+
+        draws = GlobalDraws() if draws is None else draws
+        seeds = [None] * sum(counts) if greedy else draws.seeds(sum(counts))  # seeded runs repeat exactly
+        if draws.per_request and not greedy:  # one request per completion, each with its own seed
+            prompts, counts = [p for p, n in zip(prompts, counts) for _ in range(n)], [1] * sum(counts)
         params, offset = [], 0
         for n in counts:
             params.append(SamplingParams(n=n, temperature=0.0 if greedy else temperature, top_p=1.0, top_k=0,
                                          max_tokens=max_new_tokens, logprobs=0 if logprobs else None,
-                                         seed=None if greedy else (base + offset) % (2**31 - 1),
-                                         stop_token_ids=list(eos_ids), detokenize=False))
+                                         seed=seeds[offset], stop_token_ids=list(eos_ids), detokenize=False))
             offset += n
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         rows = []
@@ -244,7 +253,7 @@ def routes_grid(routed: list, prompt_lens: list[int], width: int, prompt_block: 
 @torch.no_grad()  # not inference mode: the training pass multiplies by these masks
 def vllm_generate(engine: VllmEngine, model, tokenizer, prompts: list[str], *, max_new_tokens: int,
                   temperature: float = 1.0, greedy: bool = False, return_logp: bool = True,
-                  record_routes: bool = False) -> Generation:
+                  record_routes: bool = False, draws=None) -> Generation:
     """Sample with ``engine`` holding ``model``'s weights (pushed first when they changed): the same contract
     as ``engine.hf_generate``."""
     engine.push(model)
@@ -254,7 +263,7 @@ def vllm_generate(engine: VllmEngine, model, tokenizer, prompts: list[str], *, m
     ids, mask = enc["input_ids"].cpu(), enc["attention_mask"].cpu().bool()
     prompt_ids = [ids[i][mask[i]].tolist() for i in starts]
     rows = engine.sample(prompt_ids, counts, max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy,
-                         eos_ids=eos, logprobs=return_logp and not greedy)
+                         eos_ids=eos, logprobs=return_logp and not greedy, draws=draws)
     width = max(1, max(len(r[0]) for r in rows))
     resp = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     logp = torch.zeros(len(rows), width)

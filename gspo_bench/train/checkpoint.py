@@ -7,8 +7,8 @@ depends on, so a resumed run continues bit for bit on CPU:
 - the module's weights (policy, PPO's critic; not the frozen reference, which the warm start rebuilds) and
   every optimiser's state;
 - ``rl_step`` and the module's records (first/last metrics, the eval history);
-- the datamodule's ``state_dict()``: the sampler's queue of past policies (``rollout.staleness``) and the
-  verifier timeouts not logged yet; its position is ``rl_step`` (prompts of step ``s`` are seeded by
+- the datamodule's ``state_dict()``: the sampler's queue of past policies (``rollout.staleness``), the
+  verifier timeouts not logged yet, and the samplers' random stream (``rollout.draws``); its position is ``rl_step`` (prompts of step ``s`` are seeded by
   ``(seed, s)``), and dynamic sampling fills each step within that step, so it carries nothing over;
 - every callback's ``state_dict()`` (the collapse detector's running means, bests and events);
 - the RNG states (torch, CUDA, Python, NumPy), restored just before the next rollout samples (by the
@@ -82,20 +82,21 @@ def capture(module, elapsed_s: float, config_hash: str, settings: dict | None = 
         "weights": {k: v.detach().cpu() for k, v in module.state_dict().items() if not k.startswith("ref.")},
         "optimizers": [opt.optimizer.state_dict() for opt in optimizers_of(module)],
         "records": records_of(module),
-        **dm.state_dict(),  # "sampler", "verify_timeouts"
+        **dm.state_dict(),  # "sampler", "verify_timeouts", "draws"
         "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks if cb.state_dict()},
         "rng": rng_state(),
     }
 
 
-ROLLOUT_KEYS = ("sampler", "verify_timeouts", "rl_step", "rng")
-"""What the rollout datamodule continues from (``RolloutDataModule.load_state_dict``)."""
+ROLLOUT_KEYS = ("sampler", "verify_timeouts", "rl_step", "rng", "draws")
+"""What the rollout datamodule continues from (``RolloutDataModule.load_state_dict``); ``draws`` is absent from a
+checkpoint written before the samplers' draws had a stream of their own."""
 
 
 def rollout_part(state: dict | None) -> dict | None:
     """The datamodule's part of a checkpoint (``ROLLOUT_KEYS``), handed to it when the run is built; None for
     None."""
-    return None if state is None else {k: state[k] for k in ROLLOUT_KEYS}
+    return None if state is None else {k: state[k] for k in ROLLOUT_KEYS if k in state}
 
 
 def restore(module, state: dict) -> None:

@@ -1,11 +1,14 @@
 """What a rollout engine is (``RolloutEngine``, ``Capabilities``), the registry of them, and ``auto``.
 
-An engine samples completions of already-repeated prompts from a policy and
-returns them in the rollout layout (``rollout.engine.Generation``). It may
-hold state of its own (vLLM: an engine fed the policy's weights), so a run
-builds one object (``build_engine``) and keeps it: ``sample`` every rollout
-and evaluation, ``sync_weights`` to hand it the policy's current weights (a
-no-op for an engine that samples the module itself), ``close`` at the end.
+An engine samples completions of already-repeated prompts, given as token ids
+(token in, token out: a history is never encoded again), from a policy and
+returns them in the rollout layout (``rollout.engine.Generation``), drawing
+its randomness from the ``rollout.draws.Draws`` each call is handed, never
+from torch's global generator. It may hold state of its own (vLLM: an engine
+fed the policy's weights), so a run builds one object (``build_engine``) and
+keeps it: ``sync_weights(state, version)`` hands it the weights the next
+samples use (a no-op for an engine that samples the module itself), ``sample``
+every rollout and evaluation, ``close`` at the end.
 
 An engine class registers under its name with ``@register_engine`` and
 declares what it can do (``Capabilities``); ``supports`` says why it cannot
@@ -77,12 +80,15 @@ class RolloutEngine(Protocol):
 
     def sample(self, model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
                greedy: bool = False, return_logp: bool = True, record_routes: bool = False,
-               generator=None) -> Generation:
-        """Completions of ``prompts`` (repeats of a prompt side by side) from ``model``'s current weights."""
+               draws=None) -> Generation:
+        """Completions of ``prompts`` (each prompt's token ids, repeats side by side; text from a one-off caller,
+        which ``engine.encode_prompts`` encodes) from ``model``'s current weights, with
+        the random draws of ``draws`` (``rollout.draws``; None: torch's global generator, for a one-off call
+        outside a run)."""
         ...
 
-    def sync_weights(self, model) -> float:
-        """Hand the engine ``model``'s weights unless it holds them already; seconds spent."""
+    def sync_weights(self, state: dict, version: int) -> float:
+        """The weights the next samples use (a state dict), after ``version`` RL steps; seconds spent."""
         ...
 
     def take_sync_time(self) -> float | None:
@@ -125,7 +131,11 @@ class InProcessEngine:
         ``device`` (``cpu``, ``cuda``; None: where its weights are now)."""
         return True
 
-    def sync_weights(self, model) -> float:
+    version: int = 0  # the version of the weights it was last handed
+
+    def sync_weights(self, state: dict, version: int) -> float:
+        # the module it samples holds these weights already (the producer loaded them): nothing to copy
+        self.version = version
         return 0.0
 
     def take_sync_time(self) -> float | None:

@@ -19,8 +19,8 @@ class FastEngine(InProcessEngine):
         return unsupported_reason(model)
 
     def sample(self, model, tokenizer, prompts, *, max_new_tokens, temperature=1.0, greedy=False,
-               return_logp=True, record_routes=False, generator=None):
+               return_logp=True, record_routes=False, draws=None):
         return sampling.fast_generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
                                       temperature=temperature, greedy=greedy, return_logp=return_logp,
-                                      generator=generator, record_routes=record_routes, compiled=self.compiled,
+                                      generator=draws, record_routes=record_routes, compiled=self.compiled,
                                       moe_kernel=self.setup.settings.moe_kernel)

@@ -43,6 +43,7 @@ class VllmRollout:
     def __init__(self, setup: EngineSetup):
         self.setup = setup
         self.engine = None  # the vllm_engine.VllmEngine, built at the first sample
+        self.version = 0  # the version of the weights it was last handed
         self.saved: str | None = None  # the copy of the model saved for it, when the run had no folder
 
     @classmethod
@@ -85,19 +86,20 @@ class VllmRollout:
             moe_expert_width=getattr(cfg, "moe_intermediate_size", None) if is_moe(model) else None)
 
     def sample(self, model, tokenizer, prompts, *, max_new_tokens, temperature=1.0, greedy=False,
-               return_logp=True, record_routes=False, generator=None):
-        """``vllm_engine.vllm_generate``: ``model``'s weights pushed first when they changed. vLLM seeds each
-        request from torch's global generator (``generator`` must be None)."""
-        if generator is not None:
-            raise ValueError("engine vllm seeds its requests from torch's global generator; it takes no generator")
+               return_logp=True, record_routes=False, draws=None):
+        """``vllm_engine.vllm_generate``: ``model``'s weights pushed first when they changed; its requests
+        seeded from ``draws``."""
         if self.engine is None:
             self.engine = self.build(model, tokenizer)
         return vllm_engine.vllm_generate(self.engine, model, tokenizer, prompts, max_new_tokens=max_new_tokens,
                                          temperature=temperature, greedy=greedy, return_logp=return_logp,
-                                         record_routes=record_routes)
+                                         record_routes=record_routes, draws=draws)
 
-    def sync_weights(self, model) -> float:
-        return 0.0 if self.engine is None else self.engine.push(model)
+    def sync_weights(self, state: dict, version: int) -> float:
+        """Push ``state`` into vLLM's engine unless it holds those weights already (not built yet: ``sample``
+        pushes the model it is handed, which holds them)."""
+        self.version = version
+        return 0.0 if self.engine is None else self.engine.push(state)
 
     def take_sync_time(self) -> float | None:
         return None if self.engine is None else self.engine.take_sync_time()
