@@ -317,7 +317,7 @@ def _loss_mask(batch, old, **rollout):
 def test_the_loss_mask_leaves_out_truncated_and_rejected_tokens():
     old = t([[-1.0] * 3] * 3)
     mask = t(MASK + [[1, 1, 1]])
-    batch = SimpleNamespace(response_mask=mask, truncated=torch.tensor([False, False, True]),
+    batch = SimpleNamespace(response_mask=mask, loss_mask=mask, truncated=torch.tensor([False, False, True]),
                             rollout_logp=old - t(L + [[0.0, 0.0, 0.0]]))
     m, stats = _loss_mask(batch, old)
     assert torch.equal(m, mask) and stats == {}

@@ -281,3 +281,47 @@ def test_unit_weight_changes_nothing_on_random_inputs(seed, correction):
         assert stats["mismatch/is_weight_mean"].item() == (1.0 if any_token else 0.0)
         assert stats["mismatch/corrected_frac"].item() == 0.0
         assert all(torch.equal(stats[k], base_stats[k]) for k in base_stats if k != "loss/policy")
+
+
+# ----------------------------------------------------------------------------- M2PO
+
+
+def test_grpo_m2po_by_hand_masked_tokens_stay_in_the_denominator():
+    # m2 = log_rho^2 on the response: .01, 1, .25 | 1, .09; mean 2.35 / 5 = .47. tau .3: masking one 1 leaves
+    # 1.35 / 4 = .3375, masking both leaves .35 / 3 = .117 < .3: t01 and t10 leave the loss
+    loss, grad, stats = run("grpo", m2_threshold=0.3)
+    # the clipped surrogate (eps .2): t00 and t02 clip at 1.2 (A = 1); t11 takes -A e^.5 (A = -.5, not clipped)
+    row0 = (-1.2 + 0.0 - 1.2) / 3  # still / 3
+    row1 = (0.0 + 0.5 * e(0.5)) / 2  # still / 2
+    assert_close(loss, t((row0 + row1) / 2))
+    assert_close(grad, t([[0, 0, 0], [0, 0.5 * e(0.5) / 4, 0]]))
+    assert_close(stats["mismatch/m2"], t(2.35 / 5))
+    assert_close(stats["mismatch/m2_masked_frac"], t(2 / 5))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"name": "gspo", "m2_threshold": 0.3}, "token-unit"),
+    ({"name": "grpo", "m2_threshold": 0.3, "units": 2.0}, "whole minibatch"),
+    ({"name": "grpo", "m2_threshold": 0.0}, "m2_threshold must be"),
+    ({"name": "grpo", "m2_threshold": 0.3, "rollout_logp": None}, "sampler's log-probs"),
+])
+def test_m2po_refuses_what_it_cannot_mask(kwargs, match):
+    logp, old, roll, adv, mask = example()
+    kw = {"rollout_logp": roll, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        policy_loss(kw.pop("name"), logp=logp, old_logp=old, advantages=adv, mask=mask, **kw)
+
+
+def test_a_stale_run_with_loglinear_proximal_log_probs_and_m2po_trains(mixed_task, tracking_uri):
+    from gspo_bench.config import load_config
+    from gspo_bench.train.runner import run as run_cfg
+    from tests.conftest import tiny_overrides
+
+    cfg = load_config("smoke", overrides=tiny_overrides(
+        mixed_task, tracking_uri, algos=["grpo"], tracking={"tracking_uri": tracking_uri, "experiment": "m2po"},
+        rollout={"staleness": 2, "prox_logp": "loglinear", "m2_threshold": 1e-4}, train={"steps": 3}))
+    [res] = run_cfg(cfg, log=lambda *a: None)
+    assert res.status == "FINISHED"
+    # the proximal log-probs differ from the sampler's from the third step on (tokens two versions old), and
+    # M2PO masked some of the tokens whose second moment that opens
+    assert res.last["mismatch/m2"] > 0 and 0 < res.last["mismatch/m2_masked_frac"] < 1

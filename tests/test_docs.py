@@ -73,10 +73,11 @@ def logged(mixed_task, tracking_uri) -> list[set[str]]:
     exp = "docs-metrics"
     cfg = load_config("smoke", overrides={
         **tiny_overrides(mixed_task, tracking_uri, rollout={"correction": "tis", "opsm_threshold": 0.5,
-                                                            "rejection": "seq_max_k3", "rejection_threshold": 1e3},
+                                                            "m2_threshold": 1e3, "rejection": "seq_max_k3",
+                                                            "rejection_threshold": 1e3},
                          loss={"entropy_coef": 0.01, "entropy_target": 1e3, "top_entropy_quantile": 0.9}),
         "algos": ["ppo", "dapo"],
-        # a correction, OPSM and rejection: their mismatch/* metrics are logged too; the entropy controls: loss/*
+        # a correction, OPSM, M2PO and rejection: their mismatch/* metrics are logged too; the entropy controls: loss/*
         "model": {"name": "tiny-moe"},
         # an entropy floor no policy can reach: an entropy_collapse event at step 1, so collapse/* are logged
         "collapse": {"entropy_floor": 100.0, "on_collapse": "continue"},

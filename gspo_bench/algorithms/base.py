@@ -58,7 +58,7 @@ from gspo_bench.core.entropy_control import EntropyControl
 from gspo_bench.core.losses import LOSSES, Controls, loss_keywords, policy_loss
 from gspo_bench.core.metrics import StepStats
 from gspo_bench.core.names import rejection_bounds
-from gspo_bench.core.ratios import masked_mean, rejection_mask
+from gspo_bench.core.ratios import loglinear_prox_logp, masked_mean, rejection_mask
 from gspo_bench.rollout.producer import RolloutBatch
 from gspo_bench.models import is_moe
 from gspo_bench.rollout.engine import response_logp, uses_packed
@@ -367,8 +367,13 @@ class PolicyModule(HeldOutEval, L.LightningModule):
             natural = empty_grid(self.policy, *batch.input_ids.shape, device=batch.input_ids.device)
         limit = self.cfg.train.micro_batch_tokens
         policy_pass, ref_pass = (functools.partial(self.response_logp, m) for m in (self.policy, self.ref))
+        r = self.settings.rollout
+        if r.prox_logp == "loglinear" and (batch.rollout_logp is None or batch.versions is None):
+            raise RuntimeError("rollout.prox_logp=loglinear needs the sampler's log-probs and each token's version, "
+                               "and this rollout has none")
         with torch.no_grad():
-            if self.settings.rollout.old_logp_source == "rollout" and batch.rollout_logp is not None:
+            if (r.old_logp_source == "rollout" and batch.rollout_logp is not None) or r.prox_logp == "loglinear":
+                # the sampler's own (loglinear: what each minibatch's proximal log-probs start from; no pass)
                 old = batch.rollout_logp
                 if natural is not None:  # no recompute pass: one forward just for the routes
                     rollout_logp(policy_pass, batch, limit, record=natural)
@@ -466,6 +471,10 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         are passed only when on."""
         logp, ent = out["logp"], out["entropy"]
         mask = prep["mask"][rows]
+        old = prep["old_logp"][rows]
+        if self.settings.rollout.prox_logp == "loglinear":
+            # prox_logp_t = roll_logp_t + alpha_t (sg(logp_t) - roll_logp_t), v_train = this RL step's version
+            old = loglinear_prox_logp(batch.rollout_logp[rows], logp, batch.versions[rows], self.rl_step) * mask
         extra = {}
         if self.ref is not None and self.kl_in_loss:
             extra = {"kl_coef": self.settings.loss.kl_coef, "ref_logp": prep["ref_logp"][rows]}
@@ -476,7 +485,7 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         if "generator" in spec.inputs and prep.get("generator") is not None:
             extra["generator"] = prep["generator"]
         coef, kind = controls.entropy_coef, controls.units_key(spec)
-        loss, st = policy_loss(self.name, logp=logp, old_logp=prep["old_logp"][rows],
+        loss, st = policy_loss(self.name, logp=logp, old_logp=old,
                                advantages=prep["advantages"][rows], mask=mask,
                                units=None if units is None else units[kind],
                                **({} if units is None or coef == 0 else {"token_units": units["token"]}),

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from gspo_bench.config.names import (ACCELERATORS, CHAT_MODES, LR_SCHEDULES, MOE_KERNELS, PRECISIONS, REPLAY_MODES,
-                                     ROLLOUT_DTYPES, SEEDINGS)
+                                     PROX_LOGPS, ROLLOUT_DTYPES, SEEDINGS)
 from gspo_bench.config.resolved import SPREAD, LossParamFields, LossSettings, Recipe, Resolved
 from gspo_bench.core.loss_params import PARAMS, LossParam, check_relations
 from gspo_bench.core.names import (ADVANTAGE_BASELINES, ADVANTAGE_ESTIMATOR_NAMES, ADVANTAGE_SCALES,
@@ -141,6 +141,13 @@ class RolloutConfig:
     over the whole rollout) | none (no division); auto = none for dr_grpo, group otherwise."""
     old_logp_source: str = "recompute"
     """recompute (a forward pass of the training model) | rollout (the engine's log-probs)."""
+    prox_logp: str = "recompute"
+    """With old_logp_source=recompute, how the old (proximal) log-probs are had: recompute (the forward pass) |
+    loglinear (AReaL's approximation, no pass: each token's sampler log-prob moved toward the current policy's
+    by how far the proximal version, one before the trainer's, lies between its own and the trainer's)."""
+    m2_threshold: Union[float, None] = None
+    """M2PO: over each minibatch's response tokens, mask the fewest of largest (sampler - old log-prob)^2 that
+    bring the mean of the rest below this (token-unit losses; they stay in the denominator); null = off."""
     dtype: str = "float32"
     """Precision the engine samples in: float32 | bfloat16 | float16. Training stays in float32; the sampler
     uses a cast of the current policy, refreshed before every rollout (docs/algorithms.md, rollout precision)."""
@@ -210,6 +217,13 @@ class RolloutConfig:
         _choice("rollout.advantage_baseline", self.advantage_baseline, ADVANTAGE_BASELINES)
         _choice("rollout.advantage_scale", self.advantage_scale, (*ADVANTAGE_SCALES, AUTO))
         _choice("rollout.old_logp_source", self.old_logp_source, ("recompute", "rollout"))
+        _choice("rollout.prox_logp", self.prox_logp, PROX_LOGPS)
+        _check(self.prox_logp == "recompute" or self.old_logp_source == "recompute",
+               f"rollout.prox_logp={self.prox_logp} approximates the recompute pass: it needs "
+               "rollout.old_logp_source=recompute")
+        t2 = self.m2_threshold
+        _check(t2 is None or (isinstance(t2, (int, float)) and not isinstance(t2, bool) and math.isfinite(t2)
+                              and t2 > 0), f"rollout.m2_threshold={t2!r} must be a number > 0 or null")
         _choice("rollout.dtype", self.dtype, ROLLOUT_DTYPES)
         _choice("rollout.correction", self.correction, CORRECTIONS)
         _numbers("rollout", self, "correction_cap")

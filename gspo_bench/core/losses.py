@@ -74,7 +74,8 @@ from gspo_bench.core.loss_params import (CLIP_COV_LB, CLIP_COV_RATIO, CLIP_COV_U
                                          clip_band)
 from gspo_bench.core.names import KL_ESTIMATORS
 from gspo_bench.core.ratios import (apply_correction, check_correction, compute_dtype, correction_stats, is_weights,
-                                   masked_delta, masked_mean, off_policy_sequences, ratio_stats, seq_logratio)
+                                   m2po_mask, masked_delta, masked_mean, off_policy_sequences, ratio_stats,
+                                   seq_logratio)
 
 Tensor = torch.Tensor
 
@@ -736,6 +737,7 @@ class Controls:
     correction_min: float | None = None
     correction_level: str = "unit"
     opsm_threshold: float | None = None
+    m2_threshold: float | None = None
 
     @classmethod
     def of(cls, loss, rollout, entropy_coef: float | None = None) -> "Controls":
@@ -744,7 +746,8 @@ class Controls:
         correction applies only to recomputed old log-probs (with the sampler's own, its weight is 1)."""
         return cls(loss.entropy_coef if entropy_coef is None else entropy_coef, loss.top_entropy_quantile,
                    loss.aggregation, rollout.correction if rollout.old_logp_source == "recompute" else "none",
-                   rollout.correction_cap, rollout.correction_min, rollout.correction_level, rollout.opsm_threshold)
+                   rollout.correction_cap, rollout.correction_min, rollout.correction_level, rollout.opsm_threshold,
+                   rollout.m2_threshold)
 
     @property
     def needs_entropy(self) -> bool:
@@ -763,6 +766,9 @@ class Controls:
             kw["opsm_threshold"] = self.opsm_threshold
             if rollout_logp is not None:
                 kw["rollout_logp"] = rollout_logp
+        if self.m2_threshold is not None:
+            # M2PO: the second moment of the sampler's log-probs against the old (proximal) ones
+            kw.update(m2_threshold=self.m2_threshold, rollout_logp=rollout_logp)
         if self.entropy_coef > 0:
             kw["entropy_coef"] = self.entropy_coef
         if self.top_entropy_quantile < 1.0:
@@ -781,14 +787,15 @@ class Controls:
     def check(self, spec: LossSpec, *, delta_clip: float | None = None, eps_high: float | None = None) -> None:
         """What ``spec`` cannot take (``check_controls``), with the two-sided clip's cap and clip range."""
         check_controls(spec, aggregation=self.aggregation, top_entropy_quantile=self.top_entropy_quantile,
-                       delta_clip=delta_clip, eps_high=eps_high)
+                       delta_clip=delta_clip, eps_high=eps_high, m2_threshold=self.m2_threshold)
 
 
 def check_controls(spec: LossSpec, *, aggregation: str | None = None, top_entropy_quantile: float | None = None,
-                   delta_clip: float | None = None, eps_high: float | None = None) -> None:
+                   delta_clip: float | None = None, eps_high: float | None = None,
+                   m2_threshold: float | None = None) -> None:
     """The controls ``spec`` cannot take, as one ValueError line that starts with the keyword (the run's check
-    calls this before any work): bnpo and the top-entropy mask need a token-unit loss, the two-sided clip a
-    clipped token loss and a cap above ``1 + eps_high``."""
+    calls this before any work): bnpo, the top-entropy mask and M2PO's token mask need a token-unit loss, the
+    two-sided clip a clipped token loss and a cap above ``1 + eps_high``."""
     unit = f"{spec.name}'s ratio unit is {spec.ratio}"
     if aggregation is not None and aggregation != spec.aggregation:
         if aggregation not in AGGREGATION_CHOICES:
@@ -799,6 +806,8 @@ def check_controls(spec: LossSpec, *, aggregation: str | None = None, top_entrop
     if top_entropy_quantile is not None and top_entropy_quantile < 1.0 and not spec.token_unit:
         raise ValueError(f"top_entropy_quantile={top_entropy_quantile!r} needs a token-unit loss (it keeps single "
                          f"tokens); {unit}")
+    if m2_threshold is not None and not spec.token_unit:
+        raise ValueError(f"m2_threshold={m2_threshold!r} needs a token-unit loss (M2PO masks single tokens); {unit}")
     if delta_clip is not None and "delta_clip" not in spec.keywords:
         takers = ", ".join(n for n, s in LOSSES.items() if "delta_clip" in s.keywords)
         raise ValueError(f"delta_clip={delta_clip!r} is for the clipped token losses ({takers}), not {spec.name}")
@@ -837,7 +846,7 @@ def _check(spec: LossSpec, hp: dict, logp, old_logp, advantages, mask, entropy) 
 def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
                 rollout_logp: Tensor | None = None, correction: str = "none", correction_cap: float = 2.0,
                 correction_min: float | None = None, correction_level: str = "unit",
-                opsm_threshold: float | None = None, units: float | None = None,
+                opsm_threshold: float | None = None, m2_threshold: float | None = None, units: float | None = None,
                 entropy: Tensor | None = None, aggregation: str | None = None,
                 generator: torch.Generator | None = None, token_units: float | None = None,
                 **hparams) -> tuple[Tensor, dict[str, Tensor]]:
@@ -871,6 +880,12 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
     non-empty sequences dropped. With per-token advantages, the tokens with
     ``A < 0`` of such a sequence.
 
+    ``m2_threshold = tau`` (M2PO, token-unit losses, the whole minibatch): with ``m2_t = (rollout_logp_t -
+    old_logp_t)^2`` over the response tokens, the terms of the fewest tokens of largest ``m2`` whose removal
+    brings the mean ``m2`` of the rest below ``tau`` are zeroed (they stay in the denominator), at least one
+    token kept (``ratios.m2po_mask``); ``mismatch/m2`` is the mean before, ``mismatch/m2_masked_frac`` the share
+    of response tokens masked.
+
     ``units``: ``agg_loss``'s divisor on W > 1 ranks; ``None`` on one process.
 
     The controls (docs/algorithms.md, "Controls"), each off by default and then bit-identical:
@@ -902,11 +917,11 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
     for p in spec.controls:
         if not p.valid(hp[p.name]):
             raise ValueError(f"{name}: {p.name}={hp[p.name]!r} must be {p.range_text()}")
-    check_controls(spec, aggregation=aggregation)
+    check_controls(spec, aggregation=aggregation, m2_threshold=m2_threshold)
     _check(spec, hp, logp, old_logp, advantages, mask, entropy)
     q, ent_coef = hp["top_entropy_quantile"] if spec.token_unit else 1.0, hp["entropy_coef"]
-    if (q < 1.0 or spec.minibatch_wide) and units is not None:
-        what = "top_entropy_quantile < 1" if q < 1.0 else name
+    if (q < 1.0 or spec.minibatch_wide or m2_threshold is not None) and units is not None:
+        what = "top_entropy_quantile < 1" if q < 1.0 else "m2_threshold" if m2_threshold is not None else name
         raise ValueError(f"{what} needs the whole minibatch (it picks tokens by statistics over all of it), not a "
                          "part of one (micro-batches, several processes)")
     cap, floor = check_correction(correction, correction_cap, rollout_logp, logp.shape, correction_min,
@@ -914,6 +929,11 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
     if opsm_threshold is not None and (isinstance(opsm_threshold, bool) or not isinstance(
             opsm_threshold, numbers.Real) or not math.isfinite(opsm_threshold)):
         raise ValueError(f"opsm_threshold must be None or a finite float, got {opsm_threshold!r}")
+    if m2_threshold is not None and (isinstance(m2_threshold, bool) or not isinstance(m2_threshold, numbers.Real)
+                                     or not math.isfinite(m2_threshold) or m2_threshold <= 0):
+        raise ValueError(f"m2_threshold must be None or a finite float > 0, got {m2_threshold!r}")
+    if m2_threshold is not None and rollout_logp is None:
+        raise ValueError("m2_threshold needs the sampler's log-probs (rollout_logp)")
 
     dtype = compute_dtype(logp.dtype)
     logp_BT = logp.to(dtype)  # (B, T), the only input that carries gradient
@@ -943,6 +963,13 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
             dropped_B = drop.any(-1)
         unit_loss = torch.where(drop, 0.0, unit_loss)
         extra_stats["mismatch/opsm_frac"] = masked_mean(dropped_B.to(dtype), (mask_BT.sum(-1) > 0).to(dtype))
+    if m2_threshold is not None:
+        keep_BT, m2 = m2po_mask(rollout_logp.detach().to(dtype), old_logp_BT, mask_BT, float(m2_threshold))
+        valid_BT = mask_BT > 0
+        # M2PO: the masked tokens' terms are zeroed (they stay in the denominator)
+        unit_loss = torch.where(keep_BT | ~valid_BT, unit_loss, 0.0)
+        extra_stats["mismatch/m2"] = m2.to(dtype)
+        extra_stats["mismatch/m2_masked_frac"] = masked_mean((valid_BT & ~keep_BT).to(dtype), mask_BT)
     kept_BT = None
     if q < 1.0:
         kept_BT = top_entropy_mask(entropy, mask_BT, q)

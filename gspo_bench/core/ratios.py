@@ -303,3 +303,44 @@ def off_policy_sequences(logp_BT: Tensor, sampler_logp_BT: Tensor, mask_BT: Tens
     kl_B = seq_logratio(torch.where(valid_BT, sampler_logp_BT.detach() - logp_BT.detach(), 0.0),
                         mask_BT.to(logp_BT.dtype))
     return (kl_B > threshold) & valid_BT.any(-1)
+
+
+def loglinear_prox_logp(roll_logp_BT: Tensor, logp_BT: Tensor, versions_BT: Tensor, v_train: int) -> Tensor:
+    """The proximal policy's log-probs without a forward pass (AReaL's log-linear approximation), ``(B, T)``:
+    each token's log-prob moved from the sampler's toward the current policy's by how far the proximal version
+    ``v_train - 1`` lies between the token's version and ``v_train``. A token sampled at ``v_train`` (or whose
+    version is unknown, -1) keeps the sampler's log-prob; ``logp`` enters without gradient."""
+    v_t = versions_BT.to(roll_logp_BT.dtype)
+    v_theta, v_prox = float(v_train), float(v_train - 1)
+    gap = v_theta - v_t
+    # alpha_t = clamp((v_prox - v_t) / (v_theta - v_t), 0, 1) where v_theta > v_t, else 0
+    alpha = torch.where((gap > 0) & (versions_BT >= 0), ((v_prox - v_t) / gap.clamp(min=1.0)).clamp(0.0, 1.0), 0.0)
+    # prox_logp_t = roll_logp_t + alpha_t * (sg(logp_t) - roll_logp_t)
+    return roll_logp_BT + alpha * (logp_BT.detach() - roll_logp_BT)
+
+
+def m2po_mask(roll_logp_BT: Tensor, prox_logp_BT: Tensor, mask_BT: Tensor, tau: float) -> tuple[Tensor, Tensor]:
+    """M2PO's token mask (arXiv 2510.01161), ``(B, T)`` bool, and the mean second moment before masking.
+
+    ``m2_t = (roll_logp_t - prox_logp_t)^2`` over the response tokens of ``mask``; the fewest tokens of largest
+    ``m2`` are masked such that the mean ``m2`` of the rest is below ``tau``, keeping at least one. True where
+    a token stays; False off the response too."""
+    valid = mask_BT > 0
+    m2 = (roll_logp_BT.detach() - prox_logp_BT.detach()).float().pow(2)
+    vals = m2[valid]
+    keep = valid.clone()
+    if vals.numel() == 0:
+        return keep, m2.new_zeros(())
+    mean_all = vals.mean()
+    order = torch.argsort(vals, descending=True)
+    sorted_m2 = vals[order]
+    n = vals.numel()
+    # the mean of the rest after masking the k largest, k = 0 .. n - 1: suffix sums of the sorted values / (n - k)
+    suffix = torch.flip(torch.cumsum(torch.flip(sorted_m2, [0]), 0), [0])  # suffix[k] = sum of sorted_m2[k:]
+    rest_mean = suffix / torch.arange(n, 0, -1, device=vals.device, dtype=suffix.dtype)
+    below = (rest_mean < tau).nonzero()
+    k = int(below[0]) if len(below) else n - 1  # the fewest masked; at least one token kept
+    dropped = torch.zeros(n, dtype=torch.bool, device=vals.device)
+    dropped[order[:k]] = True
+    keep[valid] = ~dropped
+    return keep, mean_all

@@ -232,6 +232,7 @@ class RolloutProducer:
         would need every step's logits kept)."""
         return (self.s.old_logp_source == "rollout" or self.s.correction != "none" or self.s.dtype != "float32"
                 or self.s.opsm_threshold is not None or self.s.rejection is not None
+                or self.s.prox_logp == "loglinear" or self.s.m2_threshold is not None
                 or self.s.staleness > 0 or self.handle.capabilities(self.model).free_logp)
 
     # -- scoring (the only place the verifier is called) ------------------------------------

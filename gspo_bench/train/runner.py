@@ -86,22 +86,23 @@ class ProgressBar(RichProgressBar):
 
 
 def check_loss_controls(cfg: RunConfig, algo: str) -> None:
-    """The loss controls ``algo`` cannot take (``losses.Controls.check``), and the top-entropy mask where its
-    quantile cannot see the whole minibatch, as a ConfigError before any work."""
+    """The loss controls ``algo`` cannot take (``losses.Controls.check``), and the top-entropy mask or M2PO's
+    where they cannot see the whole minibatch, as a ConfigError before any work."""
     # the loss settings alone are read: the rollout's length cap (1 here) does not enter them
     settings = cfg.resolve(algo, algorithms.get(algo).recipe, 1)
     loss = settings.loss
     try:
         Controls.of(loss, settings.rollout).check(LOSSES[algo], delta_clip=loss.delta_clip, eps_high=loss.eps_high)
     except ValueError as e:
-        raise ConfigError(f"loss.{e}") from None
+        raise ConfigError(f"{'rollout' if str(e).startswith('m2_threshold') else 'loss'}.{e}") from None
     try:  # the rules between parameters, with every auto resolved to this algorithm's own default
         check_relations(loss.params, "loss.")
     except ValueError as e:
         raise ConfigError(f"{e} ({algo})") from None
     t = cfg.train
     wide = "loss.top_entropy_quantile < 1" if loss.top_entropy_quantile < 1.0 else (
-        algo if LOSSES[algo].minibatch_wide else None)
+        "rollout.m2_threshold" if settings.rollout.m2_threshold is not None else (
+            algo if LOSSES[algo].minibatch_wide else None))
     if wide and (t.micro_batch_tokens or t.devices * t.num_nodes > 1):
         raise ConfigError(f"{wide} needs one process and train.micro_batch_tokens off (null): it picks tokens by "
                           "statistics over every token of a minibatch, and a part of one sees only its own")
