@@ -531,3 +531,54 @@ def test_the_ratio_band_a_histogram_draws_follows_what_the_loss_bounds():
     assert lo == pytest.approx(1 - math.exp(-0.4)) and hi == pytest.approx(math.exp(0.4) - 1)
     for name in ("sapo", "vespo", "dppo_tv", "dppo_kl"):  # a soft gate, a weight, a probability gap: no ratio band
         assert LOSSES[name].ratio_band(0.15, 0.15) == (None, None), name
+
+
+# ----------------------------------------------------------------------------- losses for stale samples
+
+
+def test_rollout_is_by_hand_weighs_by_the_ratio_to_the_sampler_inside_the_band():
+    import math
+
+    from gspo_bench.core.losses import policy_loss
+
+    logp = torch.tensor([[-1.0, -0.5, -2.0], [-0.3, -1.2, -0.8]], dtype=torch.float64, requires_grad=True)
+    old = logp.detach() - 0.05  # the old policy plays no part
+    # log r_s = logp - roll_logp: 0.1 (inside), 0.3 (above 1.2), -0.1 | -0.4 (below 0.8), 0.15, padding
+    log_rs = torch.tensor([[0.1, 0.3, -0.1], [-0.4, 0.15, 0.0]], dtype=torch.float64)
+    roll = logp.detach() - log_rs
+    adv = torch.tensor([1.0, -0.5], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    loss, stats = policy_loss("rollout_is", logp=logp, old_logp=old, advantages=adv, mask=mask, rollout_logp=roll)
+    e = math.exp
+    # L_t = -sg(r 1[.8 < r < 1.2]) A logp, token-mean over the 5 response tokens
+    terms = [-e(0.1) * 1.0 * -1.0, 0.0, -e(-0.1) * 1.0 * -2.0, 0.0, -e(0.15) * -0.5 * -1.2]
+    assert float(loss) == pytest.approx(sum(terms) / 5)
+    loss.backward()
+    # the gradient is -w A per token (w carries none): zero outside the band
+    want = torch.tensor([[-e(0.1), 0.0, -e(-0.1)], [0.0, 0.5 * e(0.15), 0.0]], dtype=torch.float64) / 5
+    assert torch.allclose(logp.grad, want)
+    assert float(stats["clip/frac"]) == pytest.approx(2 / 5)  # t01 above the band, t10 below it
+    # without the sampler's log-probs the old ones stand in
+    alone, _ = policy_loss("rollout_is", logp=logp, old_logp=roll, advantages=adv, mask=mask)
+    assert float(alone) == pytest.approx(float(loss))
+
+
+def test_dro_by_hand_penalises_the_squared_log_ratio():
+    from gspo_bench.core.losses import policy_loss
+
+    logp = torch.tensor([[-1.0, -0.5], [-0.3, -1.2]], dtype=torch.float64, requires_grad=True)
+    delta = torch.tensor([[0.2, -0.4], [0.5, 3.0]], dtype=torch.float64)
+    adv = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    mask = torch.tensor([[1, 1], [1, 0]], dtype=torch.bool)
+    loss, stats = policy_loss("dro", logp=logp, old_logp=logp.detach() - delta, advantages=adv, mask=mask,
+                              dro_beta=0.5)
+    # L_t = -(A logp - (beta / 2) delta^2), token-mean over the 3 response tokens
+    terms = [-(1.0 * -1.0 - 0.25 * 0.04), -(1.0 * -0.5 - 0.25 * 0.16), -(-2.0 * -0.3 - 0.25 * 0.25)]
+    assert float(loss) == pytest.approx(sum(terms) / 3)
+    loss.backward()
+    # dL/dlogp_t = (-A + beta delta) / 3
+    want = torch.tensor([[-1.0 + 0.5 * 0.2, -1.0 + 0.5 * -0.4], [2.0 + 0.5 * 0.5, 0.0]], dtype=torch.float64) / 3
+    assert torch.allclose(logp.grad, want)
+    assert float(stats["clip/frac"]) == 0.0
+    with pytest.raises(ValueError, match="dro_beta"):
+        policy_loss("dro", logp=logp, old_logp=logp.detach(), advantages=adv, mask=mask, dro_beta=0.0)

@@ -393,7 +393,7 @@ def test_agg_loss_modes_by_hand():
 
 def test_registry_matches_contract_table():
     assert list(LOSSES) == ["ppo", "grpo", "dapo", "gspo", "gspo_token", "cispo", "sapo", "gmpo", "dr_grpo", "luspo",
-                            "vespo", "dppo_tv", "dppo_kl", "clip_cov", "kl_cov"]
+                            "vespo", "dppo_tv", "dppo_kl", "clip_cov", "kl_cov", "rollout_is", "dro"]
     want = {"ppo": (0.2, 0.2, "token-mean"), "grpo": (0.2, 0.2, "seq-mean-token-mean"),
             "dapo": (0.2, 0.28, "token-mean"), "gspo": (3e-4, 4e-4, "seq-mean"),
             "gspo_token": (3e-4, 4e-4, "seq-mean-token-mean"), "cispo": (None, 4.0, "token-mean"),
@@ -401,16 +401,18 @@ def test_registry_matches_contract_table():
             "dr_grpo": (0.2, 0.2, "seq-mean-token-sum-norm"), "luspo": (3e-4, 4e-4, "seq-mean"),
             "vespo": (None, None, "token-mean"), "dppo_tv": (0.15, 0.15, "token-mean"),
             "dppo_kl": (0.05, 0.05, "token-mean"), "clip_cov": (0.2, 0.2, "token-mean"),
-            "kl_cov": (None, None, "token-mean")}
+            "kl_cov": (None, None, "token-mean"), "rollout_is": (0.2, 0.2, "token-mean"),
+            "dro": (None, None, "token-mean")}
     own = {"sapo": {"tau_pos": 1.0, "tau_neg": 1.05}, "vespo": {"k_pos": 2.0, "lam_pos": 3.0, "k_neg": 3.0,
                                                                 "lam_neg": 2.0},
            "dppo_tv": {"trunc_c": 20.0}, "dppo_kl": {"trunc_c": 20.0},
            "clip_cov": {"clip_cov_ratio": 2e-4, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0},
-           "kl_cov": {"kl_cov_ratio": 2e-4, "kl_cov_coef": 1.0}}
+           "kl_cov": {"kl_cov_ratio": 2e-4, "kl_cov_coef": 1.0}, "dro": {"dro_beta": 0.1}}
     for name, spec in LOSSES.items():
         assert (spec.eps_low, spec.eps_high, spec.aggregation) == want[name]
         assert dict(spec.defaults) == own.get(name, {})
-        assert spec.name == name and "arxiv.org" in spec.paper
+        # a paper, or the public code that defines it (rollout_is: SkyRL's)
+        assert spec.name == name and ("arxiv.org" in spec.paper or "github.com" in spec.paper)
     assert BASE_DEFAULTS == {"kl_coef": 0.0, "kl_estimator": "k3"} and DUAL_CLIP_C.default is None
     with pytest.raises(ValueError, match="already"):
         register_loss("ppo", ratio="token", loss="x", aggregation="token-mean", params=clip_band(0.2, 0.2),

@@ -40,7 +40,7 @@ def test_every_registered_loss_has_an_algorithm_class():
     assert {n: algorithms.get(n).__name__ for n in LOSSES} == {
         "ppo": "PPO", "grpo": "GRPO", "dapo": "DAPO", "gspo": "GSPO", "gspo_token": "GSPOToken", "cispo": "CISPO",
         "sapo": "SAPO", "gmpo": "GMPO", "dr_grpo": "DrGRPO", "luspo": "LUSPO", "vespo": "VESPO", "dppo_tv": "DPPOTV",
-        "dppo_kl": "DPPOKL", "clip_cov": "ClipCov", "kl_cov": "KLCov"}
+        "dppo_kl": "DPPOKL", "clip_cov": "ClipCov", "kl_cov": "KLCov", "rollout_is": "RolloutIS", "dro": "DRO"}
     assert all(algorithms.get(n).name == n for n in LOSSES)
     with pytest.raises(ValueError, match="unknown algorithm 'trpo'"):
         algorithms.get("trpo")

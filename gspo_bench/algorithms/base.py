@@ -484,6 +484,8 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         extra.update(controls.keywords(None if batch.rollout_logp is None else batch.rollout_logp[rows], ent))
         if "generator" in spec.inputs and prep.get("generator") is not None:
             extra["generator"] = prep["generator"]
+        if "rollout_logp" in spec.inputs and batch.rollout_logp is not None:  # a loss against the sampler itself
+            extra["rollout_logp"] = batch.rollout_logp[rows]
         coef, kind = controls.entropy_coef, controls.units_key(spec)
         loss, st = policy_loss(self.name, logp=logp, old_logp=old,
                                advantages=prep["advantages"][rows], mask=mask,

@@ -124,6 +124,11 @@ TRUNC_C = declare(LossParam("trunc_c", 20.0, "DPPO: the importance weight is tru
                             low_open=True, search=(2.0, 100.0, True), searched=False))
 
 
+# DRO's penalty on the squared log-ratio (ROLL's kimi15 tau, verl's default 0.1): log-uniform over 0.01 .. 1.
+DRO_BETA = declare(LossParam("dro_beta", 0.1, "DRO: weight beta of the (beta / 2)(log p - log p_old)^2 penalty.",
+                             low=0.0, low_open=True, search=(0.01, 1.0, True)))
+
+
 # Clip-Cov and KL-Cov (verl's defaults): the share of response tokens selected, the covariance window Clip-Cov draws
 # from, and KL-Cov's penalty weight. The two ratios are log-uniform over 1e-5 .. 1e-3 around the published 2e-4.
 CLIP_COV_RATIO = declare(LossParam("clip_cov_ratio", 2e-4, "Clip-Cov: share of response tokens whose term is zeroed.",

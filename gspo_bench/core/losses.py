@@ -68,7 +68,8 @@ from typing import Callable
 
 import torch
 
-from gspo_bench.core.loss_params import (CLIP_COV_LB, CLIP_COV_RATIO, CLIP_COV_UB, DELTA_CLIP, DUAL_CLIP_C, EPS_HIGH,
+from gspo_bench.core.loss_params import (CLIP_COV_LB, CLIP_COV_RATIO, CLIP_COV_UB, DELTA_CLIP, DRO_BETA, DUAL_CLIP_C,
+                                         EPS_HIGH,
                                          EPS_LOW, ENTROPY_COEF, K_NEG, K_POS, KL_COV_COEF, KL_COV_RATIO, LAM_NEG,
                                          LAM_POS, PARAMS, TAU_NEG, TAU_POS, TOP_ENTROPY_QUANTILE, TRUNC_C, LossParam,
                                          clip_band)
@@ -615,6 +616,44 @@ def kl_cov_loss(logp, old_logp, advantages, mask, *, kl_cov_ratio, kl_cov_coef):
     return loss_BT, chosen_BT & up_BT, chosen_BT & ~up_BT
 
 
+# ----------------------------------------------------------------------------- losses for stale samples
+
+
+@register_loss("rollout_is", ratio="token", loss="-sg(r 1[1 - eps_low < r < 1 + eps_high]) A log p, r vs the sampler",
+               aggregation="token-mean", params=clip_band(0.2, 0.2, dual_clip=False), inputs=("rollout_logp",),
+               paper="GLM-5 technical report; SkyRL's rollout_is policy loss, "
+               "https://github.com/NovaSky-AI/SkyRL")
+def rollout_is_loss(logp, old_logp, advantages, mask, *, eps_low, eps_high, rollout_logp=None):
+    """Rollout importance sampling: REINFORCE weighted by the ratio to the *sampler* (no old policy needed),
+    zeroed outside the band. ``old_logp`` stands in for a missing ``rollout_logp`` (a direct call: a run always
+    hands it the sampler's). Returns (loss_BT, high_BT, low_BT)."""
+    rollout_logp = old_logp if rollout_logp is None else rollout_logp
+    valid_BT = mask > 0
+    # r_t = exp(clamp(logp - roll_logp, -20, 20))
+    ratio_BT = torch.exp(torch.where(valid_BT, logp - rollout_logp.detach().to(logp.dtype), 0.0).clamp(-20.0, 20.0))
+    floor = 1.0 - eps_low if eps_low is not None else 0.0  # eps_low null: no lower bound
+    inside_BT = (ratio_BT > floor) & (ratio_BT < 1.0 + eps_high)
+    # L_t = -sg(r_t 1[1 - eps_low < r_t < 1 + eps_high]) A_t log p_t
+    w_BT = (ratio_BT * inside_BT).detach()
+    loss_BT = -w_BT * _adv_BT(advantages, mask) * torch.where(valid_BT, logp, 0.0)
+    # clip/frac: the tokens outside the band, whatever the sign of A
+    return loss_BT, (ratio_BT >= 1.0 + eps_high) & valid_BT, (ratio_BT <= floor) & valid_BT
+
+
+@register_loss("dro", ratio="token", loss="-(A log p - (beta / 2) (log p - log p_old)^2)", aggregation="token-mean",
+               params=(DRO_BETA,), band=None,
+               paper="Kimi k1.5: Scaling Reinforcement Learning with LLMs (eq. 3), https://arxiv.org/abs/2501.12599")
+def dro_loss(logp, old_logp, advantages, mask, *, dro_beta):
+    """DRO (verl's ``dro``): the policy gradient with a squared log-ratio penalty instead of a clip. Returns
+    (loss_BT, high_BT, low_BT); nothing is clipped."""
+    valid_BT = mask > 0
+    delta_BT = masked_delta(logp, old_logp, mask)
+    # L_t = -(A_t log p_t - (beta / 2) (log p_t - log p_old_t)^2)
+    loss_BT = -(_adv_BT(advantages, mask) * torch.where(valid_BT, logp, 0.0) - 0.5 * dro_beta * delta_BT.square())
+    none_BT = torch.zeros_like(valid_BT)
+    return loss_BT, none_BT, none_BT
+
+
 # ----------------------------------------------------------------------------- controls
 
 
@@ -942,6 +981,8 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
     mask_BT = mask.to(dtype)  # (B, T)
 
     inputs = {"generator": generator} if "generator" in spec.inputs else {}
+    if "rollout_logp" in spec.inputs:  # a loss weighted by the ratio to the sampler (rollout_is)
+        inputs["rollout_logp"] = None if rollout_logp is None else rollout_logp.detach().to(dtype)
     unit_loss, high_BT, low_BT = spec.fn(logp_BT, old_logp_BT, adv, mask_BT,
                                          **{p.name: hp[p.name] for p in spec.params}, **inputs)
     extra_stats = {}

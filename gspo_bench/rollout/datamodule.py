@@ -47,7 +47,8 @@ class RolloutDataModule(L.LightningDataModule):
 
     def __init__(self, task: Task, tokenizer, settings: RolloutConfig, *, steps: int, seed: int, policy=None,
                  engine: RolloutEngine | None = None, evaluator: Evaluator | None = None, record_routes: bool = False,
-                 group_advantages: bool = True, resume: dict | None = None, eval_prompts: int = 256,
+                 group_advantages: bool = True, sampler_logp: bool = False, resume: dict | None = None,
+                 eval_prompts: int = 256,
                  eval_samples: int = 0, eval_batch: int = 256, model_dir: str | None = None):
         """What it samples and scores with, from whoever builds the run (``train.assembly.rollout_data``):
 
@@ -57,7 +58,8 @@ class RolloutDataModule(L.LightningDataModule):
         - ``evaluator``: the held-out evaluation; None: the first ``eval_prompts`` eval rows, ``eval_samples``
           samples each beside the greedy one, ``eval_batch`` prompts per engine call;
         - ``record_routes``: keep the sampler's MoE experts; ``group_advantages``: compute group advantages
-          here (False for an algorithm with its own, PPO's GAE);
+          here (False for an algorithm with its own, PPO's GAE); ``sampler_logp``: keep the sampler's
+          log-probs whatever the settings (a loss weighted against the sampler, rollout_is);
         - ``resume``: a checkpoint's datamodule part (``train.checkpoint.rollout_part``), loaded in ``setup``,
           from rank 0 on several processes;
         - ``model_dir``: the policy's starting weights in Hugging Face format (an engine that needs them).
@@ -76,7 +78,8 @@ class RolloutDataModule(L.LightningDataModule):
                                 stream=self.draws)
 
         self.producer = RolloutProducer(task, tokenizer, settings, seed=seed, handle=handle("train"), model=policy,
-                                        record_routes=record_routes, group_advantages=group_advantages)
+                                        record_routes=record_routes, group_advantages=group_advantages,
+                                        sampler_logp=sampler_logp)
         self.eval_engine = handle("eval")
         self.evaluator = evaluator if evaluator is not None else Evaluator.for_task(
             task, settings, prompts=eval_prompts, samples=eval_samples, batch_size=eval_batch)

@@ -184,15 +184,17 @@ class RolloutProducer:
     buffer of ``capacity`` rollouts (see the module docstring)."""
 
     def __init__(self, task: Task, tokenizer, settings: RolloutConfig, *, seed: int, handle: EngineHandle,
-                 model=None, record_routes: bool = False, group_advantages: bool = True, capacity: int = 1):
+                 model=None, record_routes: bool = False, group_advantages: bool = True, sampler_logp: bool = False,
+                 capacity: int = 1):
         """``handle``: the engine it samples with; ``model``: the module the engine runs (the policy itself when
         the producer shares the trainer's process; ``sync_weights`` loads other weights into it);
         ``record_routes``: keep the sampler's MoE experts; ``group_advantages``: compute advantages here
-        (False for an algorithm with its own, PPO's GAE)."""
+        (False for an algorithm with its own, PPO's GAE); ``sampler_logp``: keep the sampler's log-probs
+        whatever the settings (a loss weighted against the sampler)."""
         self.task, self.tokenizer, self.s, self.seed = task, tokenizer, settings, seed
         self.handle, self.model = handle, model
         self.environment = SingleTurn(task)  # what scores the completions: the task's verifier, batch by batch
-        self.record_routes, self.group_advantages = record_routes, group_advantages
+        self.record_routes, self.group_advantages, self.sampler_logp = record_routes, group_advantages, sampler_logp
         self.sampler = SamplerWeights(settings.dtype, settings.staleness)
         self.version = 0  # the RL steps behind the weights it holds
         self.capacity = capacity
@@ -230,7 +232,8 @@ class RolloutProducer:
         sampler's precision differs (the mismatch is the point), or when the engine gives them for free
         (``Capabilities.free_logp``: the fast engine and vLLM compute them anyway; transformers' ``generate``
         would need every step's logits kept)."""
-        return (self.s.old_logp_source == "rollout" or self.s.correction != "none" or self.s.dtype != "float32"
+        return (self.sampler_logp or self.s.old_logp_source == "rollout" or self.s.correction != "none"
+                or self.s.dtype != "float32"
                 or self.s.opsm_threshold is not None or self.s.rejection is not None
                 or self.s.prox_logp == "loglinear" or self.s.m2_threshold is not None
                 or self.s.staleness > 0 or self.handle.capabilities(self.model).free_logp)

@@ -22,6 +22,7 @@ import lightning as L
 from transformers import AutoTokenizer
 
 from gspo_bench import algorithms
+from gspo_bench.core.losses import LOSSES
 from gspo_bench.rollout.datamodule import RolloutDataModule
 from gspo_bench.rollout.engines import EngineSetup, build_engine, resolve_engine
 from gspo_bench.rollout.evaluation import Evaluator
@@ -48,6 +49,8 @@ def rollout_data(module, task, tokenizer, *, steps: int, seed: int, device: str,
     return RolloutDataModule(task, tokenizer, s, steps=steps, seed=seed, policy=module.policy, engine=engine,
                              evaluator=evaluator, record_routes=module.is_moe,
                              group_advantages=module.group_advantages, resume=rollout_part(resume_state),
+                             # a loss weighted against the sampler itself (rollout_is) needs its log-probs
+                             sampler_logp="rollout_logp" in LOSSES[module.name].inputs,
                              model_dir=model_dir)
 
 
