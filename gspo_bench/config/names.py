@@ -9,6 +9,8 @@ ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
 """``rollout.dtype`` (``rollout/precision.py``)."""
 SEEDINGS = ("stream", "request")
 """``rollout.seeding`` (``rollout/draws.py``)."""
+STALE_POLICIES = ("wait", "drop")
+"""``rollout.stale_policy`` (``rollout/overlap.py``)."""
 PROX_LOGPS = ("recompute", "loglinear")
 """``rollout.prox_logp`` (``core/ratios.py``: ``loglinear_prox_logp``)."""
 CHAT_MODES = ("auto", True, False)

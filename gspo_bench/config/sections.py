@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from gspo_bench.config.names import (ACCELERATORS, CHAT_MODES, LR_SCHEDULES, MOE_KERNELS, PRECISIONS, REPLAY_MODES,
-                                     PROX_LOGPS, ROLLOUT_DTYPES, SEEDINGS)
+                                     PROX_LOGPS, ROLLOUT_DTYPES, SEEDINGS, STALE_POLICIES)
 from gspo_bench.config.resolved import SPREAD, LossParamFields, LossSettings, Recipe, Resolved
 from gspo_bench.core.loss_params import PARAMS, LossParam, check_relations
 from gspo_bench.core.names import (ADVANTAGE_BASELINES, ADVANTAGE_ESTIMATOR_NAMES, ADVANTAGE_SCALES,
@@ -175,6 +175,15 @@ class RolloutConfig:
     one for every option or a comma list of one per option."""
     staleness: int = 0
     """k: sample from the policy as it was k rollouts ago (asynchronous trainers); 0 = the current policy."""
+    max_staleness: int = 0
+    """K: asynchronous rollouts, sampled in a process of their own while the trainer trains, none more than K
+    versions (RL steps) older than the weights that train on it; 0 = the synchronous loop."""
+    stale_policy: str = "wait"
+    """With max_staleness > 0: wait (the sampler waits for weights new enough, so nothing is too stale) | drop
+    (the sampler never waits; the trainer drops a rollout more than K versions old and takes the next)."""
+    sync_every: int = 1
+    """With max_staleness > 0: hand the sampler the weights every this many RL steps (more often where it would
+    otherwise have to stop)."""
     seeding: str = "stream"
     """Where the samplers' random draws come from: stream (one generator for the run, shared by rollouts and
     evaluations in the order they sample, starting from the run's seed) | request (each completion its own
@@ -247,6 +256,14 @@ class RolloutConfig:
         _check(isinstance(self.staleness, int) and not isinstance(self.staleness, bool) and self.staleness >= 0,
                f"rollout.staleness={self.staleness!r} must be an int >= 0")
         _choice("rollout.seeding", self.seeding, SEEDINGS)
+        for name in ("max_staleness", "sync_every"):
+            v = getattr(self, name)
+            _check(isinstance(v, int) and not isinstance(v, bool) and v >= (0 if name == "max_staleness" else 1),
+                   f"rollout.{name}={v!r} must be an int >= {0 if name == 'max_staleness' else 1}")
+        _choice("rollout.stale_policy", self.stale_policy, STALE_POLICIES)
+        _check(not (self.max_staleness > 0 and self.staleness > 0),
+               f"rollout.max_staleness={self.max_staleness} (real overlap) and rollout.staleness={self.staleness} "
+               "(a fixed lag) are two kinds of staleness: set one of them")
         _numbers("rollout", self, "vllm_gpu_memory_utilization", "vllm_kv_cache_mb")
         _check(0 < self.vllm_gpu_memory_utilization <= 1,
                f"rollout.vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization} must be in (0, 1]")

@@ -27,6 +27,7 @@ from gspo_bench.rollout.draws import StreamDraws
 from gspo_bench.rollout.engine import Generation
 from gspo_bench.rollout.engines import Capabilities, EngineSetup, RolloutEngine
 from gspo_bench.rollout.evaluation import Evaluator
+from gspo_bench.rollout.overlap import OverlappedRollouts, WorkerSpec, split_cores
 from gspo_bench.rollout.producer import EngineHandle, RolloutBatch, RolloutProducer
 from gspo_bench.tasks import Task
 
@@ -80,6 +81,8 @@ class RolloutDataModule(L.LightningDataModule):
         self.producer = RolloutProducer(task, tokenizer, settings, seed=seed, handle=handle("train"), model=policy,
                                         record_routes=record_routes, group_advantages=group_advantages,
                                         sampler_logp=sampler_logp)
+        self.model_dir = model_dir
+        self.overlap: OverlappedRollouts | None = None  # rollout.max_staleness > 0: the worker, at the first rollout
         self.eval_engine = handle("eval")
         self.evaluator = evaluator if evaluator is not None else Evaluator.for_task(
             task, settings, prompts=eval_prompts, samples=eval_samples, batch_size=eval_batch)
@@ -167,6 +170,9 @@ class RolloutDataModule(L.LightningDataModule):
         self.producer.handle.close()
         if self.eval_engine.engine is not self.producer.handle.engine:
             self.eval_engine.close()
+        if self.overlap is not None:
+            self.overlap.close()
+            self.overlap = None
 
     def teardown(self, stage: str) -> None:
         self.close_engine()
@@ -181,9 +187,27 @@ class RolloutDataModule(L.LightningDataModule):
             set_rng_state(self.resume_rng)
             self.draws.load_state_dict(self.resume_draws)
             self.resume_rng = None
+        if self.s.max_staleness > 0:  # asynchronous: the worker sampled it, perhaps while the last step trained
+            if self.overlap is None:
+                self.overlap = OverlappedRollouts(self.worker_spec(step))
+            self.overlap.sync_weights(self.policy.state_dict(), step)
+            return self.overlap.take(step)
         self.producer.sync_weights(self.policy.state_dict(), step)
         self.producer.produce(step)
         return self.producer.take(step)
+
+    def worker_spec(self, start: int) -> WorkerSpec:
+        """What an asynchronous producer's worker builds its own producer from, starting at RL step ``start``."""
+        if self.model_dir is None:
+            raise RuntimeError("rollout.max_staleness > 0 builds the sampler's own copy of the policy from the "
+                               "run's model folder: build the datamodule with model_dir=")
+        from gspo_bench.tasks.verifiers import VERIFIERS
+
+        p = self.producer
+        _, worker = split_cores()
+        return WorkerSpec(self.task, self.tokenizer, self.s, self.seed, self.model_dir, p.record_routes,
+                          p.group_advantages, p.sampler_logp, start, self.steps, worker,
+                          VERIFIERS.get(self.task.spec.verifier))
 
     # -- Lightning hooks ---------------------------------------------------------------------------
     def train_dataloader(self):

@@ -157,6 +157,10 @@ class Task:
             box = self._sandboxes[timeout] = VerifierSandbox(self.spec.verifier, self.spec.verifier_params, timeout)
         return box.score(completions, answers)
 
+    def __getstate__(self) -> dict:
+        # another process gets the spec and the data, and starts verifier workers of its own
+        return {**self.__dict__, "_sandboxes": {}}
+
 
 def builtin_tasks() -> dict[str, Path]:
     return {p.stem: p for p in sorted((builtin_dir("tasks")).glob("*.yaml"))}

@@ -61,6 +61,9 @@ def check_processes(cfg: RunConfig) -> None:
                           "groups of its share of the prompts")
     if n > 1 and cfg.train.eval_prompts < n:
         raise ConfigError(f"train.eval_prompts={t.eval_prompts} is fewer than the {n} processes sharing them")
+    if n > 1 and cfg.rollout.max_staleness > 0:
+        raise ConfigError(f"rollout.max_staleness={cfg.rollout.max_staleness} runs one rollout worker beside one "
+                          f"training process for now, not {n}: use rollout.max_staleness=0 with --devices/--num-nodes")
     if t.strategy == "fsdp":
         import torch
 

@@ -244,7 +244,10 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
         runs.tag_run(logger, {"moe": str(module.is_moe).lower(), "routing_replay": module.replay,
                               "engine": dm.engine.name, "correction": settings.rollout.correction,
                               "rollout_dtype": settings.rollout.dtype,
-                              "processes": str(cfg.train.devices * cfg.train.num_nodes)})
+                              "processes": str(cfg.train.devices * cfg.train.num_nodes),
+                              # asynchronous: rollouts sampled by a worker while the trainer trains
+                              "async": str(settings.rollout.max_staleness > 0).lower(),
+                              "max_staleness": str(settings.rollout.max_staleness)})
         with signals.deferred():
             try:
                 trainer.fit(module, datamodule=dm)
