@@ -63,6 +63,10 @@ def add_bench_parser(sub, csv, set_flag) -> None:
                    "`suite --backend ray` on a Ray head of this machine with --workers CPUs, --repeats times each, "
                    "each run a process of its own (bench/suite_ray.py; --set over the suite); --markdown writes the "
                    "page with the command and commit (the ray extra)")
+    b.add_argument("--async", dest="async_ks", type=csv, metavar="K[,K...]", help="instead: one seed of --algo "
+                   "with rollout.max_staleness = each K (0: the synchronous loop), each timed as run times it: RL "
+                   "steps per hour, tokens/s, the overlap achieved, and the speedup a sampler on a device of its own "
+                   "would give (bench/overlap.py; default preset default; --set over it); --markdown writes the page")
     b.add_argument("--workers", type=int, metavar="N", help="with --suite-ray: CPUs of the Ray head, one "
                    "cell each at a time (default 2)")
 
@@ -83,7 +87,7 @@ def model_overrides(args, sets: dict, model: str | None) -> dict:
 SUITE_RAY_WORKERS = 2  # bench --suite-ray's Ray head: CPUs, one cell each at a time
 
 MODES = (("--vs", "vs"), ("--whole", "whole"), ("--engines", "engines"), ("--presets", "presets"),
-         ("--memory", "memory"), ("--suite-ray", "suite_ray"))
+         ("--memory", "memory"), ("--suite-ray", "suite_ray"), ("--async", "async_ks"))
 """The measurements ``bench`` makes instead of its default one: one at a time."""
 NEEDS = (("--moe-kernels", "moe_kernels", "--engines", "e.g. --engines fast --moe-kernels loop,auto"),
          ("--prompts", "prompts", "--memory", "e.g. --memory none,all --prompts 4,16"),
@@ -128,6 +132,8 @@ def bench_command(args, console) -> int:
         return memory_command(args, console)
     if args.suite_ray:
         return suite_ray_command(args, console)
+    if args.async_ks:
+        return async_command(args, console)
     args.preset = args.preset or "cpu-bench"
 
     try:
@@ -181,6 +187,44 @@ def bench_command(args, console) -> int:
         Path(args.markdown).write_text(text)
         console.print(f"wrote {args.markdown}")
     return 0
+
+
+def async_command(args, console) -> int:
+    """``bench --async``: the synchronous loop against asynchronous rollouts at each K (``bench/overlap.py``)."""
+    import json
+    import shlex
+    from pathlib import Path
+
+    from gspo_bench.bench import overlap as bench_overlap
+    from gspo_bench.tracking.provenance import git_commit
+
+    given = ",".join(args.async_ks)
+    try:
+        ks = tuple(int(k) for k in args.async_ks)
+    except ValueError:
+        raise ConfigError(f"--async takes whole numbers K >= 0, comma-separated; got {given}") from None
+    if any(k < 0 for k in ks):
+        raise ConfigError(f"--async takes whole numbers K >= 0 (0: the synchronous loop); got {given}")
+    over = parse_sets(args.sets)
+    if args.model:
+        over["model"] = {"name": args.model[0]}
+    if args.task:
+        over["task"] = args.task
+    load_config(args.preset or "default", tuple(args.config), over)  # bad settings: one line, before any work
+    preset = args.preset or "default"
+    console.print(f"[bold]bench --async[/bold] {','.join(map(str, ks))} preset={preset} algo={args.algo}")
+    res = bench_overlap.async_benchmark(preset, tuple(args.config), over, ks, args.algo, log=console.print)
+    res.update(command="python -m gspo_bench " + shlex.join(args.argv), commit=git_commit())
+    console.print(bench_overlap.summary(res), soft_wrap=True)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(res, indent=2))
+        console.print(f"wrote {args.json}")
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(bench_overlap.markdown(res, res["command"], res["commit"]))
+        console.print(f"wrote {args.markdown}")
+    return 0 if all(r["status"] == "FINISHED" for r in res["rows"]) else 1
 
 
 def whole_command(args, console) -> int:

@@ -1,0 +1,26 @@
+"""``bench --async`` (gspo_bench.bench.overlap): the synchronous loop against asynchronous rollouts, measured."""
+
+from __future__ import annotations
+
+import pytest
+
+from gspo_bench.bench import overlap
+
+
+def test_bench_async_times_each_k_and_models_a_sampler_of_its_own(mixed_task, tmp_path):
+    lines = []
+    res = overlap.async_benchmark("smoke", (), {"task": mixed_task, "warmstart": {"enabled": False},
+                                               "train": {"steps": 3, "eval_every": 3}}, ks=(0, 1), log=lines.append)
+    sync, k1 = res["rows"]
+    assert (sync["k"], k1["k"]) == (0, 1) and sync["status"] == k1["status"] == "FINISHED"
+    assert sync["speedup"] == pytest.approx(1.0) and sync["overlap"] == 0.0 and sync["staleness"] == 0.0
+    # K = 1: the worker sampled the second step's rollout while the first trained
+    assert 0.0 < k1["staleness"] <= 1.0 and 0.0 <= k1["overlap"] <= 1.0
+    assert all(r["steps_per_hour"] == pytest.approx(3 / r["seconds"] * 3600) for r in res["rows"])
+    # the model: (g + t) / max(g, t), from the synchronous run's own per-step times
+    m = res["model"]
+    assert m["gen_s"] == pytest.approx(sync["gen_s"])
+    assert m["train_s"] == pytest.approx(sync["train_s"] + sync["eval_s"])
+    assert m["predicted_speedup"] == pytest.approx((m["gen_s"] + m["train_s"]) / max(m["gen_s"], m["train_s"]))
+    page = overlap.markdown(res, "python -m gspo_bench bench --async 0,1 --preset smoke", "abc1234")
+    assert "at commit `abc1234`" in page and "| 0 | FINISHED |" in page and "| 1 | FINISHED |" in page
