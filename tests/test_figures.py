@@ -36,12 +36,12 @@ LUCK = (0.0, 0.05, -0.05)  # grpo's final pass@1 per seed, minus 0.5
 SPREAD = (-1.0, 0.0, 1.0)  # points added to an algorithm's mean difference per seed
 MEANS = {"ppo": -6.0, "dapo": 4.0, "gspo": 1.0, "gspo_token": 0.5, "cispo": -2.0, "sapo": 8.0, "gmpo": -3.5,
          "dr_grpo": 2.0, "luspo": -1.0, "vespo": 3.0, "dppo_tv": 6.0, "dppo_kl": -4.5, "clip_cov": 1.5,
-         "kl_cov": -5.0}
+         "kl_cov": -5.0, "rollout_is": -0.5, "dro": 2.2}
 # by hand from MEANS: largest first; vespo has one pair. Several intervals exclude 0 (|mean| > 2.484 with three
 # pairs), but none is decided: the largest, sapo's t = 8 sqrt(3) = 13.9 on 2 df, has p 0.0052, times the k > 10
 # algorithms with a p (Holm's first step) > 0.05
-FOREST_ORDER = ["sapo", "dppo_tv", "dapo", "vespo", "dr_grpo", "clip_cov", "gspo", "gspo_token", "luspo", "cispo",
-                "gmpo", "dppo_kl", "kl_cov", "ppo"]
+FOREST_ORDER = ["sapo", "dppo_tv", "dapo", "vespo", "dro", "dr_grpo", "clip_cov", "gspo", "gspo_token", "rollout_is",
+                "luspo", "cispo", "gmpo", "dppo_kl", "kl_cov", "ppo"]
 EXCLUDE_0 = {"sapo", "dppo_tv", "dapo", "gmpo", "dppo_kl", "kl_cov", "ppo"}
 GRPO_PASS1 = [0.400, 0.425, 0.450, 0.475, 0.500]
 GRPO_REWARD = [0.2000, 0.2125, 0.2250, 0.2375, 0.2500]
@@ -96,10 +96,11 @@ def _reference(ax):
 def test_every_registered_algorithm_gets_a_distinct_colour_none_the_reference_grey():
     index = figures.style_indices(list(LOSSES))
     colours = [figures.PALETTE[index[a] % len(figures.PALETTE)] for a in LOSSES]
-    assert len(LOSSES) == 15 and len(set(colours)) == 15
+    assert len(set(colours)) == len(LOSSES) <= len(figures.PALETTE)
     assert not any(re.fullmatch(r"#(..)\1\1", c) for c in colours)  # no grey: equal r, g, b
     # an algorithm keeps its index whichever others are present; an unregistered one comes after the registry
-    assert figures.style_indices(["gspo", "zeta", "alpha"]) == {"gspo": 3, "zeta": 16, "alpha": 15}
+    n = len(LOSSES)
+    assert figures.style_indices(["gspo", "zeta", "alpha"]) == {"gspo": 3, "zeta": n + 1, "alpha": n}
 
 
 def test_grid_shape_and_reference_algorithm():
@@ -157,7 +158,7 @@ def test_forest_plot_rows_sorted_decided_filled(group):
     k = len(FOREST_ORDER) - 1
     p_sapo = 2 * student.sf(8 * math.sqrt(3), 2)
     assert k * p_sapo > 0.05 and values[0] == f"+8.0 [+5.5, +10.5]  Holm p {k * p_sapo:.3f}"
-    assert values[3] == "+3.0 (1 pair)" and re.fullmatch(r"\+2\.0 \[-0\.5, \+4\.5\]  Holm p [01]\.\d{3}", values[4])
+    assert values[3] == "+3.0 (1 pair)" and re.fullmatch(r"\+2\.2 \[-0\.3, \+4\.7\]  Holm p [01]\.\d{3}", values[4])
     assert re.fullmatch(r"-6\.0 \[-8\.5, -3\.5\]  Holm p 0\.\d{3}", values[-1])
     assert not any(v.endswith("decided") for v in values)
     excluding = {f.algo for f in figures.forest_rows(group) if f.lo is not None and (f.lo > 0 or f.hi < 0)}
@@ -231,7 +232,7 @@ def test_eval_small_multiples_one_panel_per_algorithm_with_the_baseline_in_grey(
     fig = figures.eval_figure(runs, "arith / tiny-dense")
     for key, expected in (("eval/pass1", GRPO_PASS1), ("eval/reward_mean", GRPO_REWARD)):
         panels = _panels(fig, key)
-        assert [ax.get_label().split("|")[1] for ax in panels] == list(LOSSES)  # 15, registry order
+        assert [ax.get_label().split("|")[1] for ax in panels] == list(LOSSES)  # every algorithm, registry order
         assert [ax.get_title() for ax in panels] == [f"{a} (n={1 if a == 'vespo' else 3})" for a in LOSSES]
         assert all(panels[0].get_shared_y_axes().joined(panels[0], ax) for ax in panels)
         assert all(panels[0].get_shared_x_axes().joined(panels[0], ax) for ax in panels)
@@ -265,7 +266,7 @@ def test_eval_reference_falls_back_to_the_first_algorithm_and_few_algorithms_ove
 def test_clip_small_multiples_share_a_log_axis_with_the_article_levels(runs):
     fig = figures.clip_figure(runs, "arith / tiny-dense")
     panels = _panels(fig, "clip/frac")
-    assert len(panels) == 15
+    assert len(panels) == len(LOSSES)
     for ax in panels:
         assert ax.get_yscale() == "log" and ax.get_ylim() == pytest.approx((figures.CLIP_FLOOR / 2, 1.2))
         dotted = sorted(ln.get_ydata()[0] for ln in ax.get_lines() if ln.get_linestyle() == ":")

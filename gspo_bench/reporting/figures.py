@@ -36,9 +36,9 @@ from gspo_bench.reporting.scaling_table import UNIT_TEXT, compact
 CLIP_FLOOR = 1e-5  # clip/frac is drawn on a log axis: a step with no clipped token is drawn here
 ARTICLE_CLIP = {"gspo": 0.15, "grpo": 0.0013}  # GSPO article: ~15 % vs ~0.13 % of tokens clipped
 STYLES = ("-", "--", "-.", ":")
-# one colour per registry position (15 algorithms, none grey: grey is the reference curve's), then round again
+# one colour per registry position (17 algorithms, none grey: grey is the reference curve's), then round again
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#1b1b7a", "#bcbd22",
-           "#17becf", "#a6761d", "#00796b", "#b5005b", "#7570b3", "#66a61e")
+           "#17becf", "#a6761d", "#00796b", "#b5005b", "#7570b3", "#66a61e", "#e6ab02", "#6a3d9a")
 OVERLAY_MAX = 4  # up to this many algorithms share one axes; more get a panel each
 REFERENCE_COLOR = "0.35"  # the reference algorithm's mean curve in every small-multiples panel
 REFERENCE_GID = "reference"  # its line's gid, so a reader (or a test) can find it
