@@ -24,3 +24,20 @@ def test_bench_async_times_each_k_and_models_a_sampler_of_its_own(mixed_task, tm
     assert m["predicted_speedup"] == pytest.approx((m["gen_s"] + m["train_s"]) / max(m["gen_s"], m["train_s"]))
     page = overlap.markdown(res, "python -m gspo_bench bench --async 0,1 --preset smoke", "abc1234")
     assert "at commit `abc1234`" in page and "| 0 | FINISHED |" in page and "| 1 | FINISHED |" in page
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["bench", "--async", "0,-1"], "--async takes whole numbers K >= 0 (0: the synchronous loop); got 0,-1"),
+    (["bench", "--async", "1,x"], "--async takes whole numbers K >= 0, comma-separated; got 1,x"),
+    (["bench", "--async", "1", "--whole"], "--whole and --async each ask for a measurement of their own"),
+    (["bench", "--async", "1", "--set", "rollout.stale_policy=later"], "rollout.stale_policy"),
+])
+def test_bad_async_flags_end_in_one_line_and_exit_2_before_any_work(argv, says, capsys, monkeypatch):
+    from gspo_bench.bench import overlap as bench_overlap
+    from gspo_bench.cli.main import main
+
+    monkeypatch.setattr(bench_overlap, "async_benchmark", lambda *a, **k: pytest.fail("work started"))
+    code = main(argv)
+    out = capsys.readouterr()
+    text = (out.out + out.err).strip()
+    assert code == 2 and says in text and len(text.splitlines()) == 1, text
