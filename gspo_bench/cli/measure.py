@@ -189,11 +189,22 @@ def bench_command(args, console) -> int:
     return 0
 
 
+def write_outputs(args, console, res: dict, markdown) -> None:
+    """``--json`` (the measurements) and ``--markdown`` (``markdown(res, command, commit)``), where asked."""
+    import json
+    from pathlib import Path
+
+    for path, text in ((args.json, lambda: json.dumps(res, indent=2)),
+                       (args.markdown, lambda: markdown(res, res["command"], res["commit"]))):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text())
+            console.print(f"wrote {path}")
+
+
 def async_command(args, console) -> int:
     """``bench --async``: the synchronous loop against asynchronous rollouts at each K (``bench/overlap.py``)."""
-    import json
     import shlex
-    from pathlib import Path
 
     from gspo_bench.bench import overlap as bench_overlap
     from gspo_bench.tracking.provenance import git_commit
@@ -216,22 +227,13 @@ def async_command(args, console) -> int:
     res = bench_overlap.async_benchmark(preset, tuple(args.config), over, ks, args.algo, log=console.print)
     res.update(command="python -m gspo_bench " + shlex.join(args.argv), commit=git_commit())
     console.print(bench_overlap.summary(res), soft_wrap=True)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=2))
-        console.print(f"wrote {args.json}")
-    if args.markdown:
-        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown).write_text(bench_overlap.markdown(res, res["command"], res["commit"]))
-        console.print(f"wrote {args.markdown}")
+    write_outputs(args, console, res, bench_overlap.markdown)
     return 0 if all(r["status"] == "FINISHED" for r in res["rows"]) else 1
 
 
 def whole_command(args, console) -> int:
     """``bench --whole``: ``run --algos all`` timed end to end, by phase."""
-    import json
     import shlex
-    from pathlib import Path
 
     from gspo_bench.bench import whole as bench_whole
     from gspo_bench.tracking.provenance import git_commit
@@ -247,14 +249,7 @@ def whole_command(args, console) -> int:
     res.update(command="python -m gspo_bench " + shlex.join(args.argv), commit=git_commit())
     console.print(bench_whole.rich_table(res))
     console.print(bench_whole.summary(res), soft_wrap=True)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=2))
-        console.print(f"wrote {args.json}")
-    if args.markdown:
-        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown).write_text(bench_whole.markdown(res, res["command"], res["commit"]))
-        console.print(f"wrote {args.markdown}")
+    write_outputs(args, console, res, bench_whole.markdown)
     return 0 if all(s == "FINISHED" for s in res["statuses"]) else 1
 
 

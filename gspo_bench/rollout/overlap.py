@@ -18,8 +18,9 @@ weights here). ``rollout.stale_policy``:
   more than ``K`` versions old (counted in ``async/dropped_frac``) and takes the next, so its steps train on
   later rollouts' prompts.
 
-Each completion draws from its own generator (``rollout.seeding: request`` is what an asynchronous run uses),
-so a rollout's tokens depend on its key and the weights it was sampled with, not on timing.
+Each completion draws from its own generator, seeded from its key (the worker samples as ``rollout.seeding:
+request`` whatever the setting, and never touches torch's global generator), so a rollout's tokens depend on
+its key and the weights it was sampled with, not on timing or on a restart.
 
 Faults. A worker that dies stops the run with one line naming it and its exit code, instead of a trainer that
 waits forever. A run resumed after a kill (of either process) starts a new worker from the checkpoint's
@@ -28,6 +29,7 @@ weights: the rollouts in flight when it stopped are sampled again, never counted
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import time
@@ -85,12 +87,13 @@ def _serve(spec: WorkerSpec, weights: mp.Queue, out: mp.Queue, stop, busy) -> No
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, spec.cores)
     torch.set_num_threads(max(1, len(spec.cores)))
-    torch.manual_seed(spec.seed)
     from gspo_bench.tasks.verifiers import VERIFIERS
 
     if spec.verifier is not None:  # the task's verifier, where it was registered in the trainer's process only
         VERIFIERS.setdefault(spec.task.spec.verifier, spec.verifier)
-    s = spec.settings
+    # every completion from its own generator, keyed by (seed, step, round, row), whatever rollout.seeding says:
+    # a stream here would depend on this process's history, and a resumed run could not sample the same again
+    s = dataclasses.replace(spec.settings, seeding="request")
     model = AutoModelForCausalLM.from_pretrained(spec.model_dir, dtype=torch.float32).eval()
     setup = EngineSetup(s, seed=spec.seed, model_dir=spec.model_dir, record_routes=spec.record_routes,
                         prompts=lambda: [*spec.task.train["prompt"], *spec.task.eval["prompt"]],
