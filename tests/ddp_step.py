@@ -46,12 +46,13 @@ class FixedGlobalRollout(RolloutDataModule):
     """The whole step's rollout, sampled the same way on every rank, then this rank's share of it."""
 
     def rollout(self, step: int):
-        rank, world = self.rank, self.world
-        self.rank, self.world = 0, 1
+        rank, world = self.producer.rank, self.producer.world
+        self.producer.rank, self.producer.world = 0, 1  # the producer samples the whole global batch
         with torch.random.fork_rng():
             torch.manual_seed(1234 + step)
+            self.draws.load_state_dict({"cpu": torch.get_rng_state()})  # the rollout's draws: the fixed seed's
             full = super().rollout(step)
-        self.rank, self.world = rank, world
+        self.producer.rank, self.producer.world = rank, world
         return full.rows(ddp.shard(len(full), rank, world))
 
 
