@@ -132,7 +132,7 @@ def test_the_hand_helpers_agree_with_the_textbook():
 
 def test_every_claim_names_known_experiments_and_terms():
     specs = claims(2.0)
-    assert len(specs) == 16 and len({c.key for c in specs}) == 16
+    assert len(specs) == 20 and len({c.key for c in specs}) == 20
     for c in specs:
         used = {t.experiment for p in c.parts for t in p.terms} | {cv.experiment for cv in c.curves}
         assert used <= set(c.experiments) <= set(EXPERIMENTS), c.key
@@ -531,7 +531,7 @@ def test_page_names_every_command_and_claims_not_run_or_retired():
     page = cl.markdown(results, meta, {})
     assert all(r.verdict == (cl.RETIRED if r.claim.retired else cl.NOT_RUN) for r in results)
     sections = page.split("\n## ")[1:]
-    assert len(sections) == 16
+    assert len(sections) == 20
     sapo = next(s for s in sections if s.startswith("9. SAPO's soft gate"))
     assert "**Verdict: not run.**" in sapo and "arXiv 2511.20347" in sapo
     # each command of an experiment is its own item under it

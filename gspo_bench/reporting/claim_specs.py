@@ -26,6 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gspo_bench.reporting import staleness_grid
+
 INF = math.inf
 ENTROPY_FLOOR = 0.1  # nats: the `entropy` preset's collapse.entropy_floor (tests/test_claims.py checks they agree)
 DEFAULT_MARGIN = 3.0  # points of greedy pass@1; RL lifts it by 16-36 points on the default task
@@ -135,6 +137,10 @@ EXPERIMENTS: dict[str, tuple[str, tuple[str, ...]]] = {
          _run(f"--algos grpo --experiment claims-truncation {PINNED} --set rollout.max_new_tokens=3 "
               "--set rollout.mask_truncated=true --set tuning=cap-3-masked"))),
 }
+# the staleness grid's cells the claims read (the whole grid is ``staleness_grid``'s page)
+STALENESS_CLAIMED = ("staleness-e0-naive", "staleness-e4-naive", "staleness-e8-naive", "staleness-e0-tis",
+                     "staleness-e4-tis", "staleness-e0-m2po", "staleness-e8-m2po")
+EXPERIMENTS.update({k: v for k, v in staleness_grid.experiments().items() if k in STALENESS_CLAIMED})
 
 
 @dataclass(frozen=True)
@@ -476,6 +482,89 @@ def claims(delta: float = DEFAULT_MARGIN) -> tuple[Claim, ...]:
                     (-INF, INF), "response/truncated_frac", decisive=False)),
               (Curve("grpo", "claims-truncation", _w("grpo", tuning="cap-3")),
                Curve("grpo, truncated masked", "claims-truncation", _w("grpo", tuning="cap-3-masked")))),
+        *staleness_claims(greater, at_least),
+    )
+
+
+def staleness_claims(greater: tuple[float, float], at_least: tuple[float, float]) -> tuple[Claim, ...]:
+    """The asynchronous-training claims, on the staleness grid (``staleness_grid``; registered with its first
+    round's seeds, ``staleness_grid.SEEDS``, before any of its runs was read). Every part is paired by seed across
+    the grid's experiments: each seed's cells share one warm start and prompt order."""
+    def e(eta: int, corr: str) -> str:
+        return staleness_grid.experiment(eta, corr)
+
+    def across(a: tuple[str, tuple], b: tuple[str, tuple]) -> tuple[Term, ...]:
+        """final pass@1 of ``a`` = (experiment, tags) minus that of ``b``."""
+        return Term(a[0], a[1]), Term(b[0], b[1], sign=-1)
+
+    def did(hi: int, lo: int, corr: str, x: str, y: str) -> tuple[Term, ...]:
+        """(x - y) at eta ``hi`` minus (x - y) at eta ``lo``, under ``corr``."""
+        return (_diff(e(hi, corr), _w(x), _w(y))
+                + tuple(Term(t.experiment, t.where, t.measure, -t.sign) for t in _diff(e(lo, corr), _w(x), _w(y))))
+
+    below = (-INF, at_least[0])  # falls: below by more than the margin
+    grpo = _w("grpo")
+    return (
+        Claim("decoupled-ppo", "Decoupled PPO holds its score at a staleness of 4 steps, where naive PPO falls.",
+              "AReaL (Fu et al. 2025, arXiv 2505.24298), staleness table (R1-Distill-1.5B, AIME24): naive PPO "
+              "42.0 on policy and 23.3 at a staleness of 4; decoupled PPO 42.2 at 4",
+              "grpo (PPO's token ratio clip) on the default task with rollouts 4 RL steps stale (the deterministic "
+              "lag), naive (ratios against the stale sampler) against decoupled (recomputed proximal log-probs, "
+              "the behaviour weight truncated at 2 per token), each against itself on policy (eta 0); final "
+              "greedy pass@1. 'Holds' is read as: no worse than the margin below its own on-policy score; "
+              "'falls': below its own on-policy score by more than the margin; decoupled ahead of naive at "
+              "eta 4 by more than the margin.",
+              (e(4, "tis"), e(4, "naive"), e(0, "tis"), e(0, "naive")),
+              (Part("eta 4: final pass@1, decoupled - naive (grpo)",
+                    across((e(4, "tis"), grpo), (e(4, "naive"), grpo)), greater),
+               Part("decoupled: final pass@1, eta 4 - eta 0 (grpo)",
+                    across((e(4, "tis"), grpo), (e(0, "tis"), grpo)), at_least),
+               Part("naive: final pass@1, eta 4 - eta 0 (grpo)",
+                    across((e(4, "naive"), grpo), (e(0, "naive"), grpo)), below)),
+              tuple(Curve(f"grpo {c}, eta {eta}", e(eta, c), grpo) for c in ("naive", "tis") for eta in (0, 4))),
+        Claim("m2po-stale", "M2PO stays stable with stale data: it holds its on-policy score.",
+              "M2PO (Second-Moment Trust Policy Optimization, arXiv 2510.01161): masking the few tokens of "
+              "largest second moment of the log-ratio to the sampler keeps training stable with data many model "
+              "updates stale, matching on-policy accuracy",
+              "grpo and cispo with M2PO's mask (threshold 0.04, recomputed proximal log-probs) at the grid's "
+              "largest staleness (8 RL steps) against the same at eta 0; final greedy pass@1, 'holds' read as: "
+              "no worse than the margin. Beside the verdict: M2PO against the naive form at eta 8.",
+              (e(8, "m2po"), e(0, "m2po"), e(8, "naive")),
+              tuple(Part(f"m2po: final pass@1, eta 8 - eta 0 ({a})",
+                         across((e(8, "m2po"), _w(a)), (e(0, "m2po"), _w(a))), at_least)
+                    for a in ("grpo", "cispo"))
+              + tuple(Part(f"eta 8: final pass@1, m2po - naive ({a})",
+                           across((e(8, "m2po"), _w(a)), (e(8, "naive"), _w(a))), greater, decisive=False)
+                      for a in ("grpo", "cispo")),
+              tuple(Curve(f"{a} m2po, eta {eta}", e(eta, "m2po"), _w(a)) for a in ("grpo", "cispo")
+                    for eta in (0, 8))),
+        Claim("trust-region-async", "With stale samples, prefer a loss with a trust region.",
+              "Tinker cookbook (Thinking Machines), asynchronous and off-policy RL: losses that bound how far a "
+              "step moves the policy from the sampler's (a clipped ratio) stay stable where plain importance "
+              "weighting does not",
+              "at the grid's largest staleness (8 RL steps), naive (ratios against the stale sampler): grpo (PPO's "
+              "clip, a trust region on the ratio) against cispo (its importance weight clipped and detached, "
+              "every token keeping its gradient: no trust region); final greedy pass@1, 'prefer' read as: ahead "
+              "by more than the margin. Beside the verdict: how much of that lead staleness made (the same "
+              "difference at eta 8 minus at eta 0).",
+              (e(8, "naive"), e(0, "naive")),
+              (Part("eta 8 naive: final pass@1, grpo - cispo", _diff(e(8, "naive"), grpo, _w("cispo")), greater),
+               Part("naive: (grpo - cispo) at eta 8 - (grpo - cispo) at eta 0", did(8, 0, "naive", "grpo", "cispo"),
+                    greater, decisive=False)),
+              tuple(Curve(f"{a}, eta 8", e(8, "naive"), _w(a)) for a in ("grpo", "cispo"))),
+        Claim("gspo-stale", "GSPO's sequence ratio tolerates stale samples better than token ratios.",
+              "GSPO article (Qwen team): one ratio per sequence, the geometric mean of its tokens', is less noisy "
+              "than token ratios off policy, and stabilises training where token-level ratios collapse",
+              "naive (ratios against the stale sampler), gspo against grpo: the lead gspo gains as the samples "
+              "grow 8 RL steps stale, (gspo - grpo) at eta 8 minus (gspo - grpo) at eta 0, each seed's cells from "
+              "one warm start; final greedy pass@1, 'better' read as: ahead by more than the margin. Beside the "
+              "verdict: the same at eta 4.",
+              (e(8, "naive"), e(4, "naive"), e(0, "naive")),
+              (Part("naive: (gspo - grpo) at eta 8 - (gspo - grpo) at eta 0", did(8, 0, "naive", "gspo", "grpo"),
+                    greater),
+               Part("naive: (gspo - grpo) at eta 4 - (gspo - grpo) at eta 0", did(4, 0, "naive", "gspo", "grpo"),
+                    greater, decisive=False)),
+              tuple(Curve(f"{a}, eta {eta}", e(eta, "naive"), _w(a)) for a in ("grpo", "gspo") for eta in (0, 8))),
     )
 
 
