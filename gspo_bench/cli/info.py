@@ -320,6 +320,72 @@ def claims_command(args, console) -> int:
     return 0
 
 
+def add_staleness_parser(sub, default_uri: str) -> None:
+    """The ``staleness`` subcommand's flags."""
+    from gspo_bench.reporting.claim_specs import DEFAULT_MARGIN
+
+    c = sub.add_parser("staleness", help="the staleness grid's page: which loss and correction hold their score as "
+                       "samples grow stale, and where each falls",
+                       description="Reads the experiments staleness-e<eta>-<correction> (eta 0, 2, 4, 8; naive, tis, "
+                       "m2po, is) from --tracking-uri or a --runs table and writes a Markdown page: final greedy "
+                       "pass@1 per cell, each (correction, algorithm) at eta against itself on policy, paired by "
+                       "seed (holds: the 95 %% interval above -margin; falls: below it; Holm over the page), the "
+                       "collapse events, a figure, and the runs table (runs.csv.gz) beside it.")
+    c.add_argument("--tracking-uri", help=f"MLflow URI (default $MLFLOW_TRACKING_URI or {default_uri})")
+    c.add_argument("--runs", metavar="FILE", help="read the grid from a runs table (an earlier page's runs.csv.gz) "
+                   "instead of an MLflow store")
+    c.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+                   help=f"points of pass@1 a cell may lose and still hold (default {DEFAULT_MARGIN:g})")
+    c.add_argument("--out", default="results/staleness/README.md", help="the page to write; its figure and runs "
+                   "table go beside it (default results/staleness/README.md)")
+
+
+def staleness_command(args, console) -> int:
+    """``staleness``: the staleness grid's page (``reporting/staleness.py``)."""
+    import shlex
+
+    from gspo_bench.config import ConfigError
+    from gspo_bench.paths import probe_writable_dir
+    from gspo_bench.reporting import claims as cl
+    from gspo_bench.reporting import staleness as st
+    from gspo_bench.reporting.frame import RUNS_FILE, read_frame, write_frame
+    from gspo_bench.reporting.leaderboard import read_uri
+    from gspo_bench.reporting.staleness_grid import cells, experiment
+    from gspo_bench.tracking.provenance import git_commit, machine
+
+    if not args.margin > 0:
+        raise ConfigError(f"--margin must be > 0, got {args.margin}")
+    names = {experiment(eta, c) for eta, c in cells()}
+    table, uris = None, None
+    if args.runs:
+        table = read_frame(args.runs)
+        cl.check_table(table, names, f"--runs {args.runs!r}")
+    else:
+        uri = read_uri(args.tracking_uri)
+        uris = {n: uri for n in names}
+    out = Path(args.out)
+    try:
+        probe_writable_dir(out.parent, make=True)
+    except OSError as e:
+        raise ConfigError(f"--out {args.out!r}: {e.strerror or e}") from None
+    runs, missing, frame = cl.load(uris, names, frame=table)
+    if len(missing) == len(names):
+        raise ConfigError("no experiment of the staleness grid was found: " + "; ".join(sorted(missing.values())[:2]))
+    grid = st.collect(runs)
+    rows = st.grid_rows(grid, args.margin)
+    figure = st.plot_grid(grid, out.parent / "staleness.png")
+    meta = {"command": "python -m gspo_bench " + shlex.join(args.argv), "commit": git_commit(), "margin": args.margin,
+            "machine": machine()}
+    out.write_text(st.markdown(grid, rows, meta, str(figure.relative_to(out.parent))))
+    own = out.parent / RUNS_FILE
+    if frame is not None and (args.runs is None or Path(args.runs).resolve() != own.resolve()):
+        write_frame(frame, own)
+    for line in st.summary_lines(rows):
+        console.print(line, soft_wrap=True, markup=False)
+    console.print(f"wrote {out}, {figure} and {own}", soft_wrap=True, markup=False)
+    return 0
+
+
 def add_variance_parser(sub) -> None:
     """The ``variance`` subcommand's flags."""
     from gspo_bench.reporting.leaderboard import DEFAULT_BASELINE

@@ -14,7 +14,7 @@ import sys
 
 from rich.table import Table
 
-from gspo_bench.cli.info import add_claims_parser, add_variance_parser
+from gspo_bench.cli.info import add_claims_parser, add_staleness_parser, add_variance_parser
 from gspo_bench.cli.measure import add_bench_parser
 from gspo_bench.config import DEFAULT_TRACKING_URI, ConfigError, load_config, parse_sets, presets
 from gspo_bench.config.sections import repeated
@@ -213,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --backend ray: GPUs a cell's task asks for (default train.devices where "
                    "train.accelerator is gpu, or auto on a cluster with GPUs; else 0)")
     add_claims_parser(sub, DEFAULT_TRACKING_URI)
+    add_staleness_parser(sub, DEFAULT_TRACKING_URI)
     add_variance_parser(sub)
     sub.add_parser("list", help="show algorithms, tasks, models and presets (with one-line descriptions)")
     cc = sub.add_parser("collapse-check", help="replay the collapse detector over recorded runs and list the events",
@@ -417,7 +418,7 @@ def _cli_info(name: str):
 
 cmd_list, cmd_collapse_check = _cli_info("list_command"), _cli_info("collapse_check_command")
 cmd_leaderboard, cmd_claims = _cli_info("leaderboard_command"), _cli_info("claims_command")
-cmd_variance = _cli_info("variance_command")
+cmd_variance, cmd_staleness = _cli_info("variance_command"), _cli_info("staleness_command")
 
 
 def cmd_report(args) -> int:
@@ -457,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = {"run": cmd_run, "tune": cmd_tune, "list": cmd_list, "leaderboard": cmd_leaderboard,
                 "report": cmd_report, "bench": cmd_bench, "warmstart": cmd_warmstart, "suite": cmd_suite,
                 "collapse-check": cmd_collapse_check, "claims": cmd_claims,
-                "variance": cmd_variance}
+                "variance": cmd_variance, "staleness": cmd_staleness}
     try:  # SIGINT / SIGTERM: one summary, exit 130 / 143, no traceback (interrupts.py)
         with handle_signals(echo=lambda m: console.print(m, style="yellow")):
             if args.cmd in ("run", "tune", "bench", "list"):
