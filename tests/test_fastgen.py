@@ -375,3 +375,50 @@ def test_logits_processors_in_the_generation_config_send_auto_to_transformers():
     model.generation_config.suppress_tokens = None
     model.generation_config.repetition_penalty = 1.0
     assert resolve_engine("auto", model) == "fast"
+
+
+# ----------------------------------------------------------------------------- partial rollouts
+def test_a_swap_mid_response_continues_under_the_new_weights_on_the_old_cache():
+    """``swap`` loads new weights between two decode steps: the tokens before are the old weights' (the same
+    as a decode without it, draw for draw) and tagged with the first version; every token after is tagged with
+    the new one and drawn from the new weights attending to the keys and values the old ones cached, as
+    transformers computes it when one model's cache is handed to the other."""
+    import copy
+
+    model, tok = build_builtin("tiny-dense", 0)
+    model.eval()
+    g = torch.Generator().manual_seed(1)
+    new_state = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in model.state_dict().items()}
+    enc = tok(["12+7="] * 3, return_tensors="pt")
+    T = 8
+
+    def run(swap_at: int | None):
+        m, calls = copy.deepcopy(model), [0]
+
+        def swap():
+            calls[0] += 1
+            if calls[0] == swap_at:
+                m.load_state_dict(new_state)
+                return 5
+            return None
+
+        versions = torch.full((3, T), 4, dtype=torch.long)
+        toks, lp = decode(m, enc["input_ids"], enc["attention_mask"], max_new_tokens=T, eos_ids=[-1],
+                          generator=torch.Generator().manual_seed(0), swap=swap, versions=versions)
+        return toks, lp, versions
+
+    toks_a, lp_a, vers_a = run(None)
+    toks, lp, vers = run(3)  # before the third decode step: tokens 0-2 old, 3 on new
+    assert toks.shape == (3, T) and bool((vers_a == 4).all())
+    assert bool((vers[:, :3] == 4).all()) and bool((vers[:, 3:] == 5).all())
+    assert torch.equal(toks[:, :3], toks_a[:, :3]) and torch.equal(lp[:, :3], lp_a[:, :3])
+    assert not torch.equal(lp[:, 3:], lp_a[:, 3:])
+    new = copy.deepcopy(model)
+    new.load_state_dict(new_state)
+    for r in range(3):
+        with torch.no_grad():
+            head = model(torch.cat([enc["input_ids"][r], toks[r, :2]])[None], use_cache=True)
+            tail = new(toks[r, 2:T - 1][None], past_key_values=head.past_key_values, use_cache=True)
+        # token j >= 3 is drawn from the logits of feeding token j - 1 to the new weights
+        want = torch.log_softmax(tail.logits[0].float(), -1).gather(-1, toks[r, 3:, None])[:, 0]
+        assert torch.allclose(lp[r, 3:], want, atol=1e-4), (r, lp[r, 3:], want)

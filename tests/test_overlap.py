@@ -102,11 +102,50 @@ def test_drop_skips_rollouts_more_than_k_versions_old_and_counts_them():
     over.proc, over.out = _Alive(), queue.Queue()
     mask = torch.ones(2, 3)
     for index, version in ((0, 0), (1, 0), (2, 0), (3, 2)):
-        batch = type("B", (), {"stats": {}, "loss_mask": mask})()
+        batch = type("B", (), {"stats": {}, "loss_mask": mask, "versions": torch.full((2, 3), version)})()
         over.out.put((index, version, batch))
     # step 3 at version 3: the rollouts of version 0 are 3 old (> K = 1), dropped; the one of version 2 is taken
     got = over.take(3)
     assert got.stats["async/staleness_mean"] == 1.0 and got.stats["async/dropped_frac"] == pytest.approx(3 / 4)
+
+
+def test_a_responses_staleness_is_its_oldest_tokens_and_partial_ones_are_counted():
+    over = OverlappedRollouts(_spec(max_staleness=2))
+    over.proc, over.out = _Alive(), queue.Queue()
+    # row 0 started at version 0 and went on under version 1 (a partial rollout); row 1 all version 1; -1: padding
+    versions = torch.tensor([[0, 0, 1, 1], [1, 1, -1, -1]])
+    batch = type("B", (), {"stats": {}, "loss_mask": (versions >= 0).float(), "versions": versions})()
+    over.out.put((2, 0, batch))
+    got = over.take(2)
+    # staleness at version 2: row 0's oldest token is version 0 (2 stale), row 1's version 1 (1 stale)
+    assert got.stats["async/staleness_mean"] == 1.5 and got.stats["async/staleness_max"] == 2.0
+    assert got.stats["async/partial_frac"] == 0.5
+
+
+def test_partial_rollouts_tag_each_token_with_the_version_that_sampled_it(task, folder):
+    """The producer's ``refresh`` (the worker's, under rollout.partial) loads newer weights between two decode
+    steps; the responses under way continue under them and their later tokens carry the new version."""
+    dm = datamodule(task, folder, max_new_tokens=6)
+    p = dm.producer
+    p.sync_weights(dm.policy.state_dict(), 3)
+    newer = {k: v + 0.01 for k, v in dm.policy.state_dict().items()}
+    calls = []
+
+    def refresh() -> bool:
+        calls.append(1)
+        if len(calls) == 2:  # before the second decode step: tokens 0-1 of version 3, the rest of version 7
+            p.sync_weights(newer, 7)
+            return True
+        return False
+
+    p.refresh = refresh
+    batch = p.rollout(0)
+    live = batch.loss_mask.bool()
+    assert set(batch.versions[live].tolist()) == {3, 7}
+    assert bool((batch.versions[:, :2][live[:, :2]] == 3).all()) and bool((batch.versions[:, 2:][live[:, 2:]] == 7).all())
+    for t, row in zip(batch.trajectories, batch.versions):
+        assert list(t.versions) == row[:len(t.versions)].tolist()  # the trajectories keep them, token by token
+    assert p.version == 7
 
 
 def test_sync_every_thins_the_hand_overs_but_never_strands_the_worker():
@@ -125,6 +164,24 @@ def test_the_settings_refuse_what_cannot_run():
         RolloutConfig(max_staleness=1, staleness=2)
     with pytest.raises(ConfigError, match="stale_policy"):
         RolloutConfig(max_staleness=1, stale_policy="later")
+    with pytest.raises(ConfigError, match="only an asynchronous sampler sees: set rollout.max_staleness > 0"):
+        RolloutConfig(partial=True)
+    with pytest.raises(ConfigError, match="a cast sampler"):
+        RolloutConfig(partial=True, max_staleness=1, dtype="bfloat16")
+    with pytest.raises(ConfigError, match="rollout.partial='yes' must be true or false"):
+        RolloutConfig(partial="yes", max_staleness=1)
+    from gspo_bench.rollout.engines import check_engine
+
+    with pytest.raises(ConfigError, match="engine hf cannot continue a response under new weights; use --engine "
+                                          "fast or compiled"):
+        check_engine(load_config("smoke", overrides={"rollout": {"max_staleness": 1, "partial": True,
+                                                                 "engine": "hf"}}))
+    check_engine(load_config("smoke", overrides={"rollout": {"max_staleness": 1, "partial": True,
+                                                             "engine": "fast"}}))
+    from gspo_bench.cli.main import main
+
+    assert main(["run", "--preset", "smoke", "--engine", "hf", "--set", "rollout.max_staleness=1", "--set",
+                 "rollout.partial=true", "--tracking-uri", "sqlite:////nonexistent/never.db"]) == 2
     from gspo_bench.train.distributed import check_processes
 
     cfg = load_config("smoke", overrides={"rollout": {"max_staleness": 1}, "train": {"devices": 2}})
@@ -134,19 +191,26 @@ def test_the_settings_refuse_what_cannot_run():
     assert trainer and worker and (set(trainer).isdisjoint(worker) or trainer == worker)
 
 
-def test_an_asynchronous_run_finishes_logs_its_overlap_and_is_tagged(mixed_task, tracking_uri):
+@pytest.mark.parametrize("partial", [False, True])
+def test_an_asynchronous_run_finishes_logs_its_overlap_and_is_tagged(mixed_task, tracking_uri, partial):
     cfg = load_config("smoke", overrides=tiny_overrides(
         mixed_task, tracking_uri, algos=["grpo"], tracking={"tracking_uri": tracking_uri, "experiment": "async"},
-        rollout={"max_staleness": 1, "seeding": "request"}, train={"steps": 4}))
+        rollout={"max_staleness": 1, "seeding": "request", "partial": partial}, train={"steps": 4}))
     t0 = time.time()
     [res] = run(cfg, log=lambda *a: None)
     assert res.status == "FINISHED", res.error
     client = mlflow.MlflowClient(tracking_uri)
     got = client.get_run(res.run_id)
     assert got.data.tags["async"] == "true" and got.data.tags["max_staleness"] == "1"
+    assert got.data.tags["partial"] == str(partial).lower()
     history = {k: [m.value for m in sorted(client.get_metric_history(res.run_id, k), key=lambda m: m.step)]
-               for k in ("async/staleness_mean", "async/overlap", "reward/mean")}
-    assert history["async/staleness_mean"] == [0.0, 1.0, 1.0, 1.0]  # every step logged once
+               for k in ("async/staleness_mean", "async/overlap", "reward/mean", "async/partial_frac")}
+    assert len(history["async/partial_frac"]) == 4 and all(0.0 <= v <= 1.0 for v in history["async/partial_frac"])
+    if not partial:
+        assert history["async/staleness_mean"] == [0.0, 1.0, 1.0, 1.0]  # every step logged once
+        assert history["async/partial_frac"] == [0.0] * 4
+    else:  # a response's later tokens may be fresher, never its oldest staler than K
+        assert len(history["async/staleness_mean"]) == 4 and all(0 <= v <= 1 for v in history["async/staleness_mean"])
     assert len(history["reward/mean"]) == 4 and all(0.0 <= v <= 1.0 for v in history["async/overlap"])
     from tests.test_docs import ASYNC_ONLY
 

@@ -409,6 +409,56 @@ def test_kill_9_then_resume_gives_the_same_history_in_one_run(straight_cli, tmp_
     assert got["eval/pass1"][-1][0] == 8
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def test_kill_9_of_an_asynchronous_trainer_then_resume_logs_every_step_once(tmp_path):
+    """The trainer of an asynchronous run (its sampler a worker process of its own, partial rollouts on) killed
+    with SIGKILL after its first checkpoint: its worker ends by itself, and --resume continues the one run to
+    FINISHED with every step logged once, the rollouts in flight sampled again."""
+    uri = f"sqlite:///{tmp_path}/m.db"
+    extra = ("--set", "rollout.max_staleness=1", "--set", "rollout.partial=true")
+    proc = _cli(tmp_path, "async-crash", *extra)
+    _wait_for(_checkpointed(uri, "async-crash"), proc, "its first checkpoint")
+    workers = _children(proc.pid)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    t0 = time.time()
+    while any(map(_running, workers)) and time.time() - t0 < 30:
+        time.sleep(0.2)
+    assert workers and not any(map(_running, workers)), "a worker of the killed trainer is still running"
+    [r] = runs_of(uri, "async-crash")
+    assert r.info.status == "RUNNING" and int(r.data.tags["gspo_bench.checkpoint_step"]) < 8
+
+    again = _cli(tmp_path, "async-crash", *extra, "--resume")
+    out, err = again.communicate(timeout=900)
+    assert again.returncode == 0, err[-3000:]
+    [done] = runs_of(uri, "async-crash")
+    assert done.info.run_id == r.info.run_id and done.info.status == "FINISHED"
+    got = histories(uri, done.info.run_id)
+    for key in ("reward/mean", "train/loss", "async/staleness_mean", "async/partial_frac"):
+        assert [s for s, _ in got[key]] == list(range(1, 9)), (key, got[key])  # every step once
+    assert done.data.tags["async"] == "true" and done.data.tags["partial"] == "true"
+
+
+def _running(pid: int) -> bool:
+    """``pid`` is a process that has not ended (a zombie waiting for its parent has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 # what a SLURM job step sees: Lightning then takes the job for a SLURM one (its own SIGTERM/SIGUSR1 handling)
 SLURM = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "gspo", "SLURM_JOB_ID": "4242", "SLURM_NODELIST": "localhost",
          "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}

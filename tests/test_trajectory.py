@@ -128,7 +128,7 @@ def test_segments_and_layouts_are_checked():
     gappy = Generation(torch.tensor([[4, 5, 6, 7]]), torch.tensor([[1, 1, 1, 0]]), 2,
                        torch.tensor([[0.0, 1.0]]), None, [""])
     with pytest.raises(ValueError, match="response is not right-padded"):
-        trajectories_from(gappy, 0)
+        trajectories_from(gappy)
 
 
 @st.composite
@@ -162,7 +162,7 @@ def layouts(draw):
 @given(layouts(), st.integers(0, 1000))
 def test_any_ragged_layout_round_trips(layout, version):
     gen, extra_p, extra_t = layout
-    trajs = trajectories_from(gen, version)
+    trajs = trajectories_from(gen, version=version)
     P, T = gen.prompt_len, gen.response_mask.shape[1]
     assert_same_layout(collate(trajs, 0, prompt_len=P, response_len=T), gen)
     if not (extra_p or extra_t):  # the narrowest layout is the default

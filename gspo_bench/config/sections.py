@@ -184,6 +184,10 @@ class RolloutConfig:
     sync_every: int = 1
     """With max_staleness > 0: hand the sampler the weights every this many RL steps (more often where it would
     otherwise have to stop)."""
+    partial: bool = False
+    """With max_staleness > 0: partial rollouts. Weights that reach the sampler while it generates are loaded
+    between two decode steps, and the responses under way continue under them (each token records the version
+    that sampled it); off: a rollout is sampled by one version from start to end."""
     seeding: str = "stream"
     """Where the samplers' random draws come from: stream (one generator for the run, shared by rollouts and
     evaluations in the order they sample, starting from the run's seed) | request (each completion its own
@@ -264,6 +268,13 @@ class RolloutConfig:
         _check(not (self.max_staleness > 0 and self.staleness > 0),
                f"rollout.max_staleness={self.max_staleness} (real overlap) and rollout.staleness={self.staleness} "
                "(a fixed lag) are two kinds of staleness: set one of them")
+        _check(isinstance(self.partial, bool), f"rollout.partial={self.partial!r} must be true or false")
+        _check(not self.partial or self.max_staleness > 0,
+               "rollout.partial=true continues responses under weights that arrive while they are sampled, which "
+               "only an asynchronous sampler sees: set rollout.max_staleness > 0")
+        _check(not self.partial or self.dtype == "float32",
+               f"rollout.partial=true loads new weights into the sampler between decode steps, which a cast "
+               f"sampler (rollout.dtype={self.dtype}) does not hold: use rollout.dtype=float32")
         _numbers("rollout", self, "vllm_gpu_memory_utilization", "vllm_kv_cache_mb")
         _check(0 < self.vllm_gpu_memory_utilization <= 1,
                f"rollout.vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization} must be in (0, 1]")

@@ -201,9 +201,13 @@ class RolloutDataModule(L.LightningDataModule):
         if self.model_dir is None:
             raise RuntimeError("rollout.max_staleness > 0 builds the sampler's own copy of the policy from the "
                                "run's model folder: build the datamodule with model_dir=")
+        from gspo_bench.rollout.engines import partial_check
         from gspo_bench.tasks.verifiers import VERIFIERS
 
         p = self.producer
+        # rollout.engine=auto resolved for the policy, as the worker will: one that cannot continue a response
+        # under new weights stops a partial run here, before the worker starts
+        partial_check(p.handle.name(self.policy), self.s.partial)
         _, worker = split_cores()
         return WorkerSpec(self.task, self.tokenizer, self.s, self.seed, self.model_dir, p.record_routes,
                           p.group_advantages, p.sampler_logp, start, self.steps, worker,

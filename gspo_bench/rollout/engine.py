@@ -40,6 +40,8 @@ class Generation:
     rollout_logp: torch.Tensor | None  # (B, T) log-probs the sampler used, or None
     texts: list[str]  # decoded responses, without special tokens
     routes: torch.Tensor | None = None  # (layers, B, P+T, k) experts the sampler chose (MoE), -1 = none
+    versions: torch.Tensor | None = None  # (B, T) long: the weights' version that sampled each token (None: one
+    # version, the call's, for all)
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -303,10 +305,13 @@ def finish_generation(tokenizer, enc, resp: torch.Tensor, eos: list[int]) -> Gen
 
 def fast_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
                   greedy: bool = False, return_logp: bool = True, generator=None,
-                  record_routes: bool = False, compiled: bool = False, moe_kernel: str = "auto") -> Generation:
+                  record_routes: bool = False, compiled: bool = False, moe_kernel: str = "auto", swap=None,
+                  version: int = 0) -> Generation:
     """Sample with the fast engine (``fastgen``): same contract as ``hf_generate``. ``compiled``: its decode
     steps through ``torch.compile`` with static shapes (``rollout.compiled``), where that serves the model.
-    ``moe_kernel``: how MoE layers run their experts (``rollout.moe_kernel``)."""
+    ``moe_kernel``: how MoE layers run their experts (``rollout.moe_kernel``). ``swap``: partial rollouts, called
+    between two decode steps, returns the version of new weights it loaded into ``model`` (None: none came);
+    the generation's ``versions`` then say which version sampled each token, ``version`` the first."""
     from gspo_bench.rollout.fastgen import decode
 
     enc, eos = encode_prompts(model, tokenizer, prompts)
@@ -314,10 +319,14 @@ def fast_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, 
     if record_routes and routers(model):
         B, P = enc["input_ids"].shape
         routes = empty_grid(model, B, P + max_new_tokens, device=enc["input_ids"].device)
+    versions = None if swap is None else torch.full((len(enc["input_ids"]), max_new_tokens), version,
+                                                     dtype=torch.long)
     resp, logp = decode(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new_tokens,
                         eos_ids=eos, temperature=temperature, greedy=greedy, generator=generator, routes=routes,
-                        compiled=compiled, moe_kernel=moe_kernel)
+                        compiled=compiled, moe_kernel=moe_kernel, swap=swap, versions=versions)
     gen = finish_generation(tokenizer, enc, resp, eos)
+    if versions is not None:
+        gen.versions = versions[:, :gen.response_mask.shape[1]].to(gen.input_ids.device)
     if routes is not None:
         gen.routes = recorded_only(routes[:, :, :gen.input_ids.shape[1]], gen.attention_mask)
     if logp is not None and return_logp:

@@ -176,7 +176,8 @@ def sample(logits: torch.Tensor, temperature: float, greedy: bool, generator=Non
 @torch.inference_mode()
 def decode(model, ids: torch.Tensor, attn_mask: torch.Tensor, *, max_new_tokens: int, eos_ids: list[int],
            temperature: float = 1.0, greedy: bool = False, generator=None, compact_frac: float = 0.125,
-           routes: torch.Tensor | None = None, compiled: bool = False, moe_kernel: str = "auto"):
+           routes: torch.Tensor | None = None, compiled: bool = False, moe_kernel: str = "auto", swap=None,
+           versions: torch.Tensor | None = None):
     """Sample up to ``max_new_tokens`` per row. Returns (tokens (B, T'), log-probs (B, T') or None), T' <= T,
     with whatever follows a row's first eos left for the caller to mask.
 
@@ -184,10 +185,16 @@ def decode(model, ids: torch.Tensor, attn_mask: torch.Tensor, *, max_new_tokens:
     the router chose for every token fed to the model (MoE only; Rollout Routing Replay records them).
     ``compiled``: decode steps through ``compiled`` (static shapes, one compiled graph per batch bucket) where
     it serves the model; elsewhere eager steps. ``moe_kernel``: how MoE layers run their experts
-    (``fastlm.EXPERT_KERNELS`` or ``auto``)."""
+    (``fastlm.EXPERT_KERNELS`` or ``auto``).
+
+    Partial rollouts: ``swap`` is called before each decode step; when it returns a version, it has loaded new
+    weights into ``model`` (in place: the decoder reads the same tensors), and every token sampled from then on
+    records that version in ``versions`` (B, max_new_tokens), which starts filled with the first. The keys and
+    values cached under the old weights stay: the continuation attends to them, as an in-flight weight update
+    without recomputing the cache does."""
     compiled = compiled and compiled_step.supported(model, routes is not None)
     args = (model, ids, attn_mask, max_new_tokens, eos_ids, temperature, greedy, generator, compact_frac, routes,
-            compiled, moe_kernel)
+            compiled, moe_kernel, swap, versions)
     if routes is None:
         return _decode(*args, None)
     with RouterHooks(model) as hooks:
@@ -195,7 +202,7 @@ def decode(model, ids: torch.Tensor, attn_mask: torch.Tensor, *, max_new_tokens:
 
 
 def _decode(model, ids, attn_mask, max_new_tokens, eos_ids, temperature, greedy, generator, compact_frac,
-            routes, compiled, moe_kernel, hooks):
+            routes, compiled, moe_kernel, swap, versions, hooks):
     dec = FastDecoder(model, moe_kernel)
     B, P = ids.shape
     dev, width = ids.device, P + max_new_tokens
@@ -247,6 +254,9 @@ def _decode(model, ids, attn_mask, max_new_tokens, eos_ids, temperature, greedy,
             rows, tok, done, n_pad = rows[keep], tok[keep], done[keep], n_pad[keep]
             bias = bias.view(-1, dec.kv_heads, 1, width)[keep].view(-1, 1, width)
         col = P + s
+        if swap is not None and (new := swap()) is not None:
+            # new weights, loaded in place: the next logits and every token after are theirs
+            versions[rows, s + 1:] = new
         # the token sampled at step s sits at column P + s, position P + s - (row's left padding)
         logits = step(tok, col - n_pad, col, bias, cache, cos, sin)
         if hooks is not None:

@@ -7,9 +7,11 @@ CPU cores. The trainer side (``OverlappedRollouts``) hands it the policy's weigh
 with their version (a copy in shared memory; ``rollout.sync_every`` thins the hand-overs), and takes the
 rollouts it made, in order, from a bounded queue.
 
-Staleness. The rollout the trainer trains on at version ``v_train`` was sampled at version ``v``; its staleness
-is ``v_train - v`` (every token of a rollout carries the same version: a response is never continued under new
-weights here). ``rollout.stale_policy``:
+Staleness. A response the trainer trains on at version ``v_train`` has staleness ``v_train - v``, ``v`` the
+version of its oldest token. Without partial rollouts every token of a rollout carries the version it was
+started with; with them (``rollout.partial``) weights that arrive while the worker generates are loaded between
+two decode steps and the responses under way continue under them, so a response can span versions and its
+later tokens are fresher than its first. ``rollout.stale_policy`` (on the version a rollout was started with):
 
 - ``wait``: the worker samples rollout ``s`` only once it holds weights of version ``s - K`` or newer, so no
   rollout is ever more than ``K`` versions old and the trainer's step ``s`` trains on rollout ``s`` (the
@@ -105,6 +107,8 @@ def _serve(spec: WorkerSpec, weights: mp.Queue, out: mp.Queue, stop, busy) -> No
                                sampler_logp=spec.sampler_logp)
     have = -1  # the version of the weights it holds; -1: none yet
     synced: dict[str, float] = {}  # the last hand-over's seconds, from the trainer's copy to the worker's load
+    if s.partial:  # between two decode steps: newer weights if any came, and the responses continue under them
+        producer.refresh = lambda: take_weights(block=False)
 
     def take_weights(block: bool) -> bool:
         nonlocal have
@@ -227,7 +231,10 @@ class OverlappedRollouts:
                 self.dropped += 1
                 continue
             break
-        stale = float(step - version)
+        # a response's staleness: this step's version minus its oldest token's (-1 marks no token)
+        v = batch.versions.masked_fill(batch.versions < 0, step).min(-1).values
+        stale = (step - v).float()
+        spans = ((batch.versions >= 0) & (batch.versions != batch.versions.max(-1, keepdim=True).values)).any(-1)
         if trained is not None:
             (t0, busy0), (t1, busy1) = self.train_from, trained
             span = max(t1 - t0, 1e-9)
@@ -237,7 +244,9 @@ class OverlappedRollouts:
             batch.stats["throughput/train_tokens_per_s"] = self.handed_tokens / span
         self.handed_tokens = float(batch.loss_mask.sum())
         batch.stats.update({
-            "async/staleness_mean": stale, "async/staleness_max": stale,
+            "async/staleness_mean": float(stale.mean()), "async/staleness_max": float(stale.max()),
+            # partial rollouts: the share of responses whose tokens came from more than one version
+            "async/partial_frac": float(spans.float().mean()),
             "async/dropped_frac": self.dropped / max(self.taken, 1),
             "async/buffer_depth": float(depth), "time/wait_rollout_s": time.perf_counter() - t_wait,
         })

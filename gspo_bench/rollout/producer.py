@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -98,7 +99,7 @@ def merge_generations(gens: list[Generation], pad_id: int) -> Generation:
     def pad(x, left, right, value):
         return torch.nn.functional.pad(x, (left, right), value=value)
 
-    ids, attn, rmask, logp, routes = [], [], [], [], []
+    ids, attn, rmask, logp, routes, versions = [], [], [], [], [], []
     for g in gens:
         lp, rp = P - g.prompt_len, T - g.response_mask.shape[1]
         ids.append(pad(pad(g.input_ids, lp, 0, pad_id), 0, rp, pad_id))
@@ -109,16 +110,19 @@ def merge_generations(gens: list[Generation], pad_id: int) -> Generation:
         if g.routes is not None:
             # routes (L, B, W, k): the same columns as input_ids, -1 (not recorded) in the new padding
             routes.append(pad(g.routes.transpose(2, 3), lp, rp, -1).transpose(2, 3))
+        if g.versions is not None:
+            versions.append(pad(g.versions, 0, rp, -1))
     return Generation(torch.cat(ids), torch.cat(attn), P, torch.cat(rmask),
                       torch.cat(logp) if len(logp) == len(gens) else None, sum((g.texts for g in gens), []),
-                      torch.cat(routes, dim=1) if len(routes) == len(gens) else None)
+                      torch.cat(routes, dim=1) if len(routes) == len(gens) else None,
+                      torch.cat(versions) if len(versions) == len(gens) else None)
 
 
 def select(g: Generation, idx: torch.Tensor) -> Generation:
     il = idx.tolist()
     return Generation(g.input_ids[idx], g.attention_mask[idx], g.prompt_len, g.response_mask[idx],
                       None if g.rollout_logp is None else g.rollout_logp[idx], [g.texts[i] for i in il],
-                      None if g.routes is None else g.routes[:, idx])
+                      None if g.routes is None else g.routes[:, idx], None if g.versions is None else g.versions[idx])
 
 
 class EngineHandle:
@@ -169,6 +173,8 @@ class EngineHandle:
         engine = self.get(model)
         engine.sync_weights(model.state_dict(), version)
         ids = prompt_ids(self.tokenizer, prompts) if prompts and isinstance(prompts[0], str) else prompts
+        if kwargs.get("swap") is not None:  # partial rollouts: the engine tags tokens from this version on
+            kwargs["version"] = version
         return engine.sample(model, self.tokenizer, ids, draws=self.draws(step, round_, rows), **kwargs)
 
     def take_sync_time(self) -> float | None:
@@ -202,6 +208,9 @@ class RolloutProducer:
         self.timeouts = 0  # verifier calls past their time limit since the last rollout's stats
         self.sampled = 0  # completions generated
         self.rank, self.world = 0, 1  # this process's share of the prompts
+        # partial rollouts (rollout.partial, in the asynchronous worker): called between two decode steps, it
+        # hands over newer weights if any came (``sync_weights``) and says whether it did
+        self.refresh: Callable[[], bool] | None = None
 
     # -- weights ------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -265,11 +274,18 @@ class RolloutProducer:
         prompts = [r["prompt"] for r in rows for _ in range(G)]
         answers = [r["answer"] for r in rows for _ in range(G)]
         extra = {"record_routes": True} if self.record_routes else {}
+        version = self.sampled_version()
+        if self.refresh is not None:  # partial: the responses under way continue under newer weights
+            refresh = self.refresh
+            extra["swap"] = lambda: self.version if refresh() else None
         # the sampler: the weights held, or their cast to rollout.dtype refreshed now (after the last update)
-        gen = self.handle.generate(self.sampler(self.model), prompts, version=self.sampled_version(), step=step,
+        gen = self.handle.generate(self.sampler(self.model), prompts, version=version, step=step,
                                    round_=round_, rows=list(range(first * G, (first + len(rows)) * G)),
                                    max_new_tokens=self.s.max_new_tokens, temperature=self.s.temperature,
                                    return_logp=self.wants_rollout_logp(), **extra)
+        if gen.versions is None:  # one version sampled every token
+            gen.versions = torch.full(gen.response_mask.shape, version, dtype=torch.long,
+                                      device=gen.response_mask.device)
         return gen, answers
 
     def produce(self, step: int) -> None:
@@ -378,7 +394,7 @@ class RolloutProducer:
                           "dynamic/kept_groups": float(n_groups)})
         # the record: one trajectory per row, its response one model segment whose every token carries the
         # version of the weights that drew it; the batch is their layout (the generation's, column for column)
-        trajs = trajectories_from(gen, self.sampled_version(), truncated)
+        trajs = trajectories_from(gen, truncated)
         for t, r in zip(trajs, scores.tolist()):
             t.reward = r
         laid = collate(trajs, self.tokenizer.pad_token_id, prompt_len=gen.prompt_len,

@@ -162,9 +162,10 @@ def _prefix_lengths(mask_BW: torch.Tensor, left: bool, what: str) -> list[int]:
     return n_B.tolist()
 
 
-def trajectories_from(gen: Generation, version: int, truncated: torch.Tensor | None = None) -> list[Trajectory]:
+def trajectories_from(gen: Generation, truncated: torch.Tensor | None = None, version: int = 0) -> list[Trajectory]:
     """One trajectory per row of ``gen``: its prompt without the left padding, its response (up to and including
-    the first eos, by ``response_mask``) as one model segment whose every token is tagged ``version``.
+    the first eos, by ``response_mask``) as one model segment whose tokens carry ``gen.versions`` (the version
+    that sampled each; None: every token ``version``).
 
     ``truncated`` (B,) bool, as the datamodule computes it: those rows finish with ``length``, the others
     with ``stop``; None: every row with ``stop``."""
@@ -173,11 +174,13 @@ def trajectories_from(gen: Generation, version: int, truncated: torch.Tensor | N
     n_resp = _prefix_lengths(gen.response_mask > 0, False, "response")
     ids = gen.input_ids.tolist()
     logp = None if gen.rollout_logp is None else gen.rollout_logp.tolist()
+    vers = None if gen.versions is None else gen.versions.tolist()
     cut = [False] * len(ids) if truncated is None else [bool(x) for x in truncated.tolist()]
     out = []
     for b, row in enumerate(ids):
         n = n_resp[b]
-        segment = Segment.model(row[P:P + n], None if logp is None else logp[b][:n], version)
+        segment = Segment.model(row[P:P + n], None if logp is None else logp[b][:n],
+                                version if vers is None else vers[b][:n])
         out.append(Trajectory(tuple(row[P - n_prompt[b]:P]), [segment], None, "length" if cut[b] else "stop"))
     return out
 

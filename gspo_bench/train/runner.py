@@ -247,7 +247,8 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
                               "processes": str(cfg.train.devices * cfg.train.num_nodes),
                               # asynchronous: rollouts sampled by a worker while the trainer trains
                               "async": str(settings.rollout.max_staleness > 0).lower(),
-                              "max_staleness": str(settings.rollout.max_staleness)})
+                              "max_staleness": str(settings.rollout.max_staleness),
+                              "partial": str(settings.rollout.partial).lower()})
         with signals.deferred():
             try:
                 trainer.fit(module, datamodule=dm)

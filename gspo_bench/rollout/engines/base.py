@@ -50,6 +50,9 @@ class Capabilities:
     """The engine a run samples with instead when this one does not support the model (None: an error)."""
     whole_parameters: bool = False
     """Samples the live model by reading its whole parameters, so not where FSDP shards them (``sharded_engine``)."""
+    continues: bool = False
+    """Can load new weights between two decode steps and continue the responses under way under them
+    (``rollout.partial``): its ``sample`` takes ``swap`` and ``version``."""
 
 
 @dataclass(frozen=True)
@@ -247,10 +250,20 @@ def check_engine(cfg: RunConfig) -> None:
         raise ConfigError(f"moe.routing_replay=r3 with --engine {name} needs the experts the engine routed each "
                           f"token to ({reason}): use moe.routing_replay=r2 (the trainer's own choices), or r3 with "
                           f"--engine {' or '.join(recording)}")
+    partial_check(name, cfg.rollout.partial)
     if cls.capabilities.one_process and cfg.train.devices * cfg.train.num_nodes > 1:
         others = [n for n in engine_names() if not ENGINES[n].capabilities.one_process]
         raise ConfigError(f"--engine {name} runs in one process for now: use --engine {' or '.join(others)} with "
                           "--devices/--num-nodes")
+
+
+def partial_check(name: str, partial: bool) -> None:
+    """``rollout.partial`` with an engine (resolved, or named) that cannot continue a response under new weights
+    is a ConfigError naming the ones that can."""
+    if partial and not engine_class(name).capabilities.continues:
+        able = [n for n in engine_names() if ENGINES[n].capabilities.continues]
+        raise ConfigError(f"rollout.partial=true: engine {name} cannot continue a response under new weights; use "
+                          f"--engine {' or '.join(able)}, or rollout.partial=false")
 
 
 def build_engine(name: str, setup: EngineSetup | None = None):

@@ -14,7 +14,8 @@ class CompiledEngine(FastEngine):
     """``engine.fast_generate(compiled=True)``. ``auto`` picks it on a GPU for a dense model when vLLM is not
     there: the launch overhead of an eager decode step is what a small model's step costs most there."""
 
-    capabilities = Capabilities(free_logp=True, records_routes=True, whole_parameters=True, fallback="hf", auto_order=1)
+    capabilities = Capabilities(free_logp=True, records_routes=True, whole_parameters=True, fallback="hf", auto_order=1,
+                                continues=True)
     compiled = True
 
     @classmethod
