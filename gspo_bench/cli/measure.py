@@ -67,6 +67,8 @@ def add_bench_parser(sub, csv, set_flag) -> None:
                    "with rollout.max_staleness = each K (0: the synchronous loop), each timed as run times it: RL "
                    "steps per hour, tokens/s, the overlap achieved, and the speedup a sampler on a device of its own "
                    "would give (bench/overlap.py; default preset default; --set over it); --markdown writes the page")
+    b.add_argument("--partial", action="store_true", help="with --async: each K > 0 measured twice, without and "
+                   "with partial rollouts (rollout.partial: responses under way continue under weights that arrive)")
     b.add_argument("--workers", type=int, metavar="N", help="with --suite-ray: CPUs of the Ray head, one "
                    "cell each at a time (default 2)")
 
@@ -221,10 +223,20 @@ def async_command(args, console) -> int:
         over["model"] = {"name": args.model[0]}
     if args.task:
         over["task"] = args.task
-    load_config(args.preset or "default", tuple(args.config), over)  # bad settings: one line, before any work
     preset = args.preset or "default"
-    console.print(f"[bold]bench --async[/bold] {','.join(map(str, ks))} preset={preset} algo={args.algo}")
-    res = bench_overlap.async_benchmark(preset, tuple(args.config), over, ks, args.algo, log=console.print)
+    load_config(preset, tuple(args.config), over)  # bad settings: one line, before any work
+    if args.partial:
+        if not any(k > 0 for k in ks):
+            raise ConfigError(f"--partial measures partial rollouts at each K > 0; --async {given} has none")
+        from gspo_bench.rollout.engines import check_engine
+
+        # an engine that cannot continue a response: one line now, not a failed run after the others
+        check_engine(load_config(preset, tuple(args.config), deep_merge(over, {"rollout": {"max_staleness": 1,
+                                                                                           "partial": True}})))
+    console.print(f"[bold]bench --async[/bold] {','.join(map(str, ks))}{' with and without partial rollouts' if args.partial else ''} "
+                  f"preset={preset} algo={args.algo}")
+    res = bench_overlap.async_benchmark(preset, tuple(args.config), over, ks, args.algo, log=console.print,
+                                        partial=args.partial)
     res.update(command="python -m gspo_bench " + shlex.join(args.argv), commit=git_commit())
     console.print(bench_overlap.summary(res), soft_wrap=True)
     write_outputs(args, console, res, bench_overlap.markdown)
