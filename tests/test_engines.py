@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
@@ -157,3 +158,46 @@ def test_an_unregistered_engine_is_one_line_exit_2_before_any_work(tmp_path, arg
     assert proc.returncode == 2 and len(out.splitlines()) == 1, out
     assert "unknown engine 'sglang'" in out and "fast" in out, out
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "no store, cache or output is made"
+
+
+# -- an engine's own settings ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("given, says", [
+    ({"vllm": {"kv": 1}}, "rollout.engine_options.vllm: unknown option 'kv' (engine vllm takes "
+                          "gpu_memory_utilization, kv_cache_mb, enforce_eager)"),
+    ({"vllm": {"kv_cache_mb": 0}}, "rollout.engine_options.vllm.kv_cache_mb=0 must be a positive int (MiB)"),
+    ({"vllm": {"gpu_memory_utilization": 1.5}}, "gpu_memory_utilization=1.5 must be a number in (0, 1]"),
+    ({"vllm": {"enforce_eager": "yes"}}, "enforce_eager='yes' must be true, false or null"),
+    ({"fast": {"x": 1}}, "rollout.engine_options.fast: engine fast takes no options"),
+    ({"nope": {}}, "rollout.engine_options: no engine 'nope' (engines: fast, compiled, hf, vllm"),
+])
+def test_engine_options_are_checked_by_their_engine_before_any_work(given, says, capsys):
+    from gspo_bench.cli.main import main
+    from gspo_bench.rollout.engines import check_engine
+
+    with pytest.raises(ConfigError) as e:
+        check_engine(load_config("smoke", overrides={"rollout": {"engine_options": given}}))
+    assert says in str(e.value)
+    import yaml
+
+    text = yaml.safe_dump(given, default_flow_style=True).strip()
+    assert main(["run", "--preset", "smoke", "--set", f"rollout.engine_options={text}",
+                 "--tracking-uri", "sqlite:////nonexistent/never.db"]) == 2
+    out = capsys.readouterr()
+    assert says in (out.out + out.err) and len((out.out + out.err).strip().splitlines()) == 1
+
+
+def test_the_vllm_engine_is_built_with_its_own_options(monkeypatch, tmp_path):
+    from gspo_bench.rollout import vllm_engine
+    from gspo_bench.rollout.engines import EngineSetup, engine_options
+
+    s = load_config("smoke", overrides={"rollout": {"engine_options": {"vllm": {"kv_cache_mb": 512,
+                                                                               "enforce_eager": True}}}}).rollout
+    s = dataclasses.replace(s, max_new_tokens=8)
+    assert engine_options("vllm", s).gpu_memory_utilization == 0.3  # the default where none is given
+    assert engine_options("fast", s) is None
+    got = {}
+    monkeypatch.setattr(vllm_engine, "VllmEngine", lambda folder, **kw: got.update(kw) or "built")
+    model, tok = build_builtin("tiny-dense", 0)
+    engine = ENGINES["vllm"](EngineSetup(s, seed=0, model_dir=str(tmp_path), prompts=lambda: ["1+2="]))
+    assert engine.build(model, tok) == "built"
+    assert (got["kv_cache_mb"], got["gpu_memory_utilization"], got["enforce_eager"]) == (512, 0.3, True)

@@ -66,6 +66,12 @@ def list_command(args, console) -> int:
                             _yes(cls.routes_reason() is None), ", ".join(c.devices), _yes(c.needs_model_dir),
                             "-" if c.auto_order is None else str(c.auto_order)))
     console.print(t)
+    from dataclasses import fields
+
+    with_options = {n: cls.Options for n, cls in ENGINES.items() if getattr(cls, "Options", None) is not None}
+    console.print("engine options (rollout.engine_options, e.g. --set 'rollout.engine_options={vllm: {kv_cache_mb: "
+                  "512}}'): " + "; ".join(f"{n}: " + ", ".join(f"{f.name} (default {f.default})" for f in fields(o))
+                                          for n, o in with_options.items()), soft_wrap=True, markup=False)
     def described(name: str) -> str:
         try:
             return f"{name} ({resolve_task_spec(name).description})"

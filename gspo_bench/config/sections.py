@@ -196,13 +196,9 @@ class RolloutConfig:
     verify_timeout: float = 1.0
     """Seconds a verifier may spend on one completion (in a worker process, ``tasks/sandbox.py``); past it the
     reward is 0 and ``verify/timeouts`` counts it. 0 = call the verifier in this process, without a limit."""
-    vllm_gpu_memory_utilization: float = 0.3
-    """engine vllm on a GPU: the fraction of GPU memory vLLM may take (weights, KV cache), beside training."""
-    vllm_kv_cache_mb: int = 256
-    """engine vllm on a CPU: the KV cache's size in MiB."""
-    vllm_enforce_eager: Union[bool, None] = None
-    """engine vllm: true = no CUDA graphs or compilation; null = eager on a CPU (compiling gains nothing there),
-    graphs on a GPU."""
+    engine_options: dict = field(default_factory=dict)
+    """Settings of one engine, by its name: ``{vllm: {kv_cache_mb: 512}}``. Each engine declares its own (its
+    class's ``Options``; ``list`` shows them) and checks them before any work; an engine takes its own only."""
 
     def response_cap(self) -> int | None:
         """``max_new_tokens`` when set, None for auto (the task's own)."""
@@ -275,12 +271,10 @@ class RolloutConfig:
         _check(not self.partial or self.dtype == "float32",
                f"rollout.partial=true loads new weights into the sampler between decode steps, which a cast "
                f"sampler (rollout.dtype={self.dtype}) does not hold: use rollout.dtype=float32")
-        _numbers("rollout", self, "vllm_gpu_memory_utilization", "vllm_kv_cache_mb")
-        _check(0 < self.vllm_gpu_memory_utilization <= 1,
-               f"rollout.vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization} must be in (0, 1]")
-        _check(isinstance(self.vllm_kv_cache_mb, int) and self.vllm_kv_cache_mb >= 1,
-               f"rollout.vllm_kv_cache_mb={self.vllm_kv_cache_mb!r} must be a positive int (MiB)")
-        _choice("rollout.vllm_enforce_eager", self.vllm_enforce_eager, (True, False, None))
+        _check(isinstance(self.engine_options, dict)
+               and all(isinstance(k, str) and isinstance(v, dict) for k, v in self.engine_options.items()),
+               f"rollout.engine_options={self.engine_options!r} must map engine names to their settings, e.g. "
+               "{vllm: {kv_cache_mb: 512}}")
 
 
 def loss_param_type(p: LossParam):

@@ -9,8 +9,8 @@ May import: the rest of rollout, tasks, models, tracking, config, core.
 """
 
 from gspo_bench.rollout.engines.base import (ENGINES, Capabilities, EngineSetup, InProcessEngine, RolloutEngine,
-                                             build_engine, check_engine, engine_class, engine_names, generate,
-                                             partial_check, register_engine, resolve_engine, route_recorders, sharded_engine,
+                                             build_engine, check_engine, engine_class, engine_names, engine_options,
+                                             generate, partial_check, register_engine, resolve_engine, route_recorders, sharded_engine,
                                              unregister_engine)
 import importlib
 import pkgutil
@@ -23,5 +23,6 @@ for _info in pkgutil.iter_modules(__path__):
 from gspo_bench.rollout.engines.vllm import VLLM_AUTO_MIN_PARAMS, prefers_vllm
 
 __all__ = ["ENGINES", "Capabilities", "EngineSetup", "InProcessEngine", "RolloutEngine", "VLLM_AUTO_MIN_PARAMS",
-           "build_engine", "check_engine", "engine_class", "engine_names", "generate", "partial_check", "prefers_vllm",
+           "build_engine", "check_engine", "engine_class", "engine_names", "engine_options", "generate",
+           "partial_check", "prefers_vllm",
            "register_engine", "resolve_engine", "route_recorders", "sharded_engine", "unregister_engine"]

@@ -19,7 +19,7 @@ in the registry's ``auto_order``, instead of a chain of cases.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable, ClassVar, Protocol, runtime_checkable
 
 from gspo_bench.config import ConfigError, RolloutConfig, RunConfig
@@ -60,7 +60,7 @@ class EngineSetup:
     """What building an engine may read: the run's rollout settings and what only some engines need."""
 
     settings: RolloutConfig = field(default_factory=RolloutConfig)
-    """The run's rollout section (``moe_kernel``, ``dtype``, ``max_new_tokens``, the ``vllm_*`` fields)."""
+    """The run's rollout section (``moe_kernel``, ``dtype``, ``max_new_tokens``, ``engine_options``)."""
     seed: int = 0
     """The run's seed (an engine with its own generator seeds it from this)."""
     model_dir: str | None = None
@@ -234,6 +234,7 @@ def check_engine(cfg: RunConfig) -> None:
     Rollout Routing Replay (r3), one that records the experts it routed each token to here; and, for an engine
     that runs in one process only (vLLM: each rank would hold an engine, and its shutdown ends the process group
     the ranks share), one process."""
+    check_engine_options(cfg.rollout)
     name = cfg.rollout.engine
     if name == "auto":
         return
@@ -255,6 +256,32 @@ def check_engine(cfg: RunConfig) -> None:
         others = [n for n in engine_names() if not ENGINES[n].capabilities.one_process]
         raise ConfigError(f"--engine {name} runs in one process for now: use --engine {' or '.join(others)} with "
                           "--devices/--num-nodes")
+
+
+def engine_options(name: str, settings: RolloutConfig):
+    """Engine ``name``'s settings: its class's ``Options`` dataclass built from ``rollout.engine_options[name]``
+    (its defaults where that is absent); None for an engine that declares none. A key it does not declare or a
+    value its ``Options`` refuses is a ConfigError naming the key."""
+    given = settings.engine_options.get(name, {})
+    options = getattr(engine_class(name), "Options", None)
+    if options is None:
+        if given:
+            raise ConfigError(f"rollout.engine_options.{name}: engine {name} takes no options")
+        return None
+    known = [f.name for f in fields(options)]
+    unknown = [k for k in given if k not in known]
+    if unknown:
+        raise ConfigError(f"rollout.engine_options.{name}: unknown option {unknown[0]!r} (engine {name} takes "
+                          f"{', '.join(known)})")
+    return options(**given)
+
+
+def check_engine_options(settings: RolloutConfig) -> None:
+    """Every engine named in ``rollout.engine_options`` is registered and takes the options given it."""
+    for name in settings.engine_options:
+        if name not in ENGINES:
+            raise ConfigError(f"rollout.engine_options: no engine {name!r} (engines: {', '.join(engine_names())})")
+        engine_options(name, settings)
 
 
 def partial_check(name: str, partial: bool) -> None:

@@ -12,9 +12,12 @@ import importlib.util
 import shutil
 import tempfile
 
+from dataclasses import dataclass
+
+from gspo_bench.config import ConfigError
 from gspo_bench.models import is_moe
 from gspo_bench.rollout import vllm_engine
-from gspo_bench.rollout.engines.base import Capabilities, EngineSetup, register_engine
+from gspo_bench.rollout.engines.base import Capabilities, EngineSetup, engine_options, register_engine
 
 VLLM_AUTO_MIN_PARAMS = 10_000_000
 """``engine: auto`` picks vLLM (when installed) for models of at least this many parameters, or any model on a
@@ -32,11 +35,35 @@ def prefers_vllm(model, device: str | None = None) -> bool:
     return on == "cuda" or sum(t.numel() for t in model.parameters()) >= VLLM_AUTO_MIN_PARAMS
 
 
+@dataclass(frozen=True)
+class VllmOptions:
+    """``rollout.engine_options.vllm``: the vLLM engine's own settings."""
+
+    gpu_memory_utilization: float = 0.3
+    """On a GPU: the fraction of its memory vLLM may take (weights, KV cache), beside training."""
+    kv_cache_mb: int = 256
+    """On a CPU: the KV cache's size in MiB."""
+    enforce_eager: bool | None = None
+    """true: no CUDA graphs or compilation; null: eager on a CPU (compiling gains nothing there), graphs on a
+    GPU."""
+
+    def __post_init__(self):
+        where = "rollout.engine_options.vllm"
+        u = self.gpu_memory_utilization
+        if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1:
+            raise ConfigError(f"{where}.gpu_memory_utilization={u!r} must be a number in (0, 1]")
+        if isinstance(self.kv_cache_mb, bool) or not isinstance(self.kv_cache_mb, int) or self.kv_cache_mb < 1:
+            raise ConfigError(f"{where}.kv_cache_mb={self.kv_cache_mb!r} must be a positive int (MiB)")
+        if self.enforce_eager not in (True, False, None):
+            raise ConfigError(f"{where}.enforce_eager={self.enforce_eager!r} must be true, false or null")
+
+
 @register_engine("vllm")
 class VllmRollout:
     """One ``vllm_engine.VllmEngine`` for the run, built at the first ``sample`` (see the module docstring)."""
 
     name = "vllm"
+    Options = VllmOptions
     capabilities = Capabilities(free_logp=True, records_routes=True, needs_model_dir=True, one_process=True,
                                 auto_order=0)
 
@@ -67,6 +94,7 @@ class VllmRollout:
         """The run's vLLM engine, from ``setup.model_dir`` (or a copy of ``model`` saved for it), in
         ``rollout.dtype``, with room for the task's longest prompt plus ``max_new_tokens``."""
         setup, s = self.setup, self.setup.settings
+        o = engine_options(self.name, s)
         folder = setup.model_dir
         if folder is None:
             folder = self.saved = tempfile.mkdtemp(prefix="gspo-bench-vllm-")
@@ -80,9 +108,9 @@ class VllmRollout:
         prompt_cap = min(setup.max_prompt_tokens or context - T, context - T, longest)
         return vllm_engine.VllmEngine(
             folder, dtype=s.dtype, max_model_len=prompt_cap + T, seed=setup.seed,
-            gpu_memory_utilization=s.vllm_gpu_memory_utilization, kv_cache_mb=s.vllm_kv_cache_mb,
+            gpu_memory_utilization=o.gpu_memory_utilization, kv_cache_mb=o.kv_cache_mb,
             # routes where this vLLM returns them (a GPU); on a CPU, moe/routing_mismatch is not logged
-            enforce_eager=s.vllm_enforce_eager, record_routes=setup.record_routes and vllm_engine.routes_supported(),
+            enforce_eager=o.enforce_eager, record_routes=setup.record_routes and vllm_engine.routes_supported(),
             moe_expert_width=getattr(cfg, "moe_intermediate_size", None) if is_moe(model) else None)
 
     def sample(self, model, tokenizer, prompts, *, max_new_tokens, temperature=1.0, greedy=False,
