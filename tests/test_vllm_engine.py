@@ -376,6 +376,27 @@ def test_a_run_with_the_vllm_engine_repeats_exactly_from_its_seed(vllm_ready, mi
     assert history(first[0]) == history(again[0]) and first[0].last["train/loss"] == again[0].last["train/loss"]
 
 
+@pytest.mark.slow
+def test_an_asynchronous_run_samples_in_its_worker_with_vllm(vllm_ready, mixed_task, tmp_path):
+    """rollout.max_staleness = 1 with --engine vllm: the worker builds its own vLLM engine and pushes every
+    version it is handed into it (the rollout's time/weight_sync, which only an engine holding its own copy
+    logs), while the trainer trains."""
+    from gspo_bench.config import load_config
+    from gspo_bench.train.runner import run
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    cfg = load_config("smoke", overrides={**tiny_overrides(
+        mixed_task, uri, rollout={"engine": "vllm", "max_staleness": 1, "seeding": "request"},
+        train={"steps": 3}), "algos": ["grpo"]})
+    [res] = run(cfg, log=lambda *a, **k: None)
+    assert res.status == "FINISHED", res.error
+    client = mlflow.MlflowClient(uri)
+    steps = {k: [m.step for m in client.get_metric_history(res.run_id, k)]
+             for k in ("time/weight_sync", "async/staleness_mean")}
+    assert sorted(steps["time/weight_sync"]) == sorted(steps["async/staleness_mean"]) == [1, 2, 3]
+    assert client.get_run(res.run_id).data.tags["engine"] == "vllm"
+
+
 # -- what only a GPU can check ---------------------------------------------------------------------------------
 @pytest.mark.gpu
 def test_on_a_gpu_vllm_returns_routes_and_r3_replays_them(tmp_path):
