@@ -100,6 +100,7 @@ def test_the_command_writes_the_page_its_figure_and_runs_table_and_reads_them_ba
     assert main(["staleness", "--runs", str(table), "--out", str(out)]) == 0
     page = out.read_text()
     assert command(8, "m2po") in page and "python -m gspo_bench staleness --runs" in page
+    assert "The page reads 6 FINISHED runs, made at commit `?`." in page  # the table holds no git.commit tag
     assert "| naive | grpo | 72.0 (3) | - (0) | - (0) | 62.0 (3) |" in page
     assert "| naive | grpo | 8 | 3 | -10.0 |" in page
     assert (out.parent / "staleness.png").stat().st_size > 0 and (out.parent / "runs.csv.gz").is_file()

@@ -381,7 +381,7 @@ def staleness_command(args, console) -> int:
     rows = st.grid_rows(grid, args.margin)
     figure = st.plot_grid(grid, out.parent / "staleness.png")
     meta = {"command": "python -m gspo_bench " + shlex.join(args.argv), "commit": git_commit(), "margin": args.margin,
-            "machine": machine()}
+            "machine": machine(), "runs": st.provenance(runs)}
     out.write_text(st.markdown(grid, rows, meta, str(figure.relative_to(out.parent))))
     own = out.parent / RUNS_FILE
     if frame is not None and (args.runs is None or Path(args.runs).resolve() != own.resolve()):

@@ -59,6 +59,14 @@ class Row:
     mde: float | None = None
 
 
+def provenance(runs: dict[str, list[RunData]]) -> str:
+    """The runs read, in words: how many FINISHED, and the commits of the code that made them."""
+    mine = [r for rs in runs.values() for r in rs if r.status == "FINISHED"]
+    commits = sorted({r.tags.get("git.commit", "?") for r in mine})
+    return (f"The page reads {len(mine)} FINISHED runs, made at commit{'s' if len(commits) > 1 else ''} "
+            + ", ".join(f"`{c}`" for c in commits) + ".") if mine else "No FINISHED run was read."
+
+
 def collect(runs: dict[str, list[RunData]]) -> dict[tuple[str, str, int], Cell]:
     """(correction, algorithm, eta) -> its Cell, from the runs of each grid experiment (absent ones: empty)."""
     out = {}
@@ -128,7 +136,7 @@ def markdown(grid: dict[tuple[str, str, int], Cell], rows: list[Row], meta: dict
     margin = meta["margin"]
     out = ["# Stale samples: which loss and correction hold their score", "",
            f"Made by `{meta['command']}` at commit `{meta['commit']}` ({meta['machine']}). Margin: {margin:g} "
-           f"points of greedy pass@1.", "",
+           f"points of greedy pass@1. {meta['runs']}", "",
            "The question: as the samples an update trains on grow stale (drawn by the policy of `eta` RL steps "
            "ago, as an asynchronous trainer's are), which combination of loss and correction keeps the score it "
            "reaches on policy, and which falls. The staleness is the deterministic lag `rollout.staleness = eta`, "
