@@ -90,13 +90,21 @@ def summary(d: dict) -> str:
     m = d["model"]
     if m is None:
         return "no synchronous run (K = 0) to compare with"
-    best = max(d["rows"], key=lambda r: r.get("speedup", 0.0))
+    overlapped = [r for r in d["rows"] if r["k"] > 0]
+    if not overlapped:
+        return (f"{d['algo']} on preset {d['preset']} ({d['model_name']}): the synchronous step spends "
+                f"{m['gen_s']:.2f} s generating and {m['train_s']:.2f} s training and evaluating; no K > 0 was run")
+    best = max(overlapped, key=lambda r: r.get("speedup", 0.0))
     how = f"K = {best['k']}" + (" with partial rollouts" if best.get("partial") else "")
+    share = m["gen_s"] / max(m["gen_s"] + m["train_s"], 1e-9)
     return (f"{d['algo']} on preset {d['preset']} ({d['model_name']}): the synchronous step spends "
             f"{m['gen_s']:.2f} s generating and {m['train_s']:.2f} s training and evaluating, so a sampler on a "
             f"device of its own would make a step {m['predicted_speedup']:.2f}x as fast (max(g, t) for g + t); "
-            f"on this CPU, with the cores split, {how} reached {best.get('speedup', 0):.2f}x, its worker "
-            f"generating during {100 * best['overlap']:.0f} % of the training time")
+            f"on this CPU, with the cores split, the best asynchronous setting, {how}, reached "
+            f"{best.get('speedup', 0):.2f}x, its worker generating during {100 * best['overlap']:.0f} % of the "
+            f"training time" + ("" if best.get("speedup", 0) >= 1 else
+                                f" (slower than the synchronous loop: generation is {100 * share:.0f} % of a "
+                                f"synchronous step, and each side runs on half the cores)"))
 
 
 def markdown(d: dict, command: str, commit: str) -> str:

@@ -192,7 +192,8 @@ def bench_command(args, console) -> int:
 
 
 def write_outputs(args, console, res: dict, markdown) -> None:
-    """``--json`` (the measurements) and ``--markdown`` (``markdown(res, command, commit)``), where asked."""
+    """``--json`` (the measurements) and ``--markdown`` (``markdown(res, command, commit)``), where asked; with
+    ``--append`` the page goes below the one already there (the JSON is always the one measurement's)."""
     import json
     from pathlib import Path
 
@@ -200,7 +201,10 @@ def write_outputs(args, console, res: dict, markdown) -> None:
                        (args.markdown, lambda: markdown(res, res["command"], res["commit"]))):
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(text())
+            body = text()
+            if path == args.markdown and getattr(args, "append", False) and Path(path).exists():
+                body = Path(path).read_text().rstrip() + "\n\n" + body
+            Path(path).write_text(body)
             console.print(f"wrote {path}")
 
 
