@@ -25,7 +25,7 @@ from gspo_bench import tables
 from gspo_bench.reporting.claims import ALPHA, measure, select
 from gspo_bench.reporting.frame import RunData
 from gspo_bench.reporting.paired import PairedStat, holm, holm_first_level, mde, paired_summary, region_test
-from gspo_bench.reporting.staleness_grid import CORRECTIONS, ETAS, cells, command, experiment
+from gspo_bench.reporting.staleness_grid import CORRECTIONS, ETAS, cells, commands, experiment
 
 HOLDS, FALLS, UNDECIDED = "holds", "falls", "not decided"
 
@@ -156,7 +156,7 @@ def markdown(grid: dict[tuple[str, str, int], Cell], rows: list[Row], meta: dict
     out += ["", "## Commands", "", "Each (eta, correction) is one experiment, `staleness-e<eta>-<correction>`, "
             "one store for all of them; every command ran with `--tracking-uri` naming it, one seed at a time "
             "(a stopped job resumes with `--resume`):", "", "```bash"]
-    out += [command(eta, corr) for eta, corr in cells()]
+    out += [c for eta, corr in cells() for c in commands(eta, corr)]
     out += ["```", "", "## Final greedy pass@1 by staleness", "",
             "Mean over seeds (seeds in brackets).", ""]
     table = [["correction", "algorithm", *(f"eta {e}" for e in ETAS)]]

@@ -23,6 +23,15 @@ from dataclasses import dataclass
 
 ETAS = (0, 2, 4, 8)
 SEEDS = "0,1,2,3"  # the first round's seeds, fixed before any run
+# The second round, written here before any of its runs: the cells the stale-sample claims read, grown to 12
+# seeds. ``claims --target-mde 3`` on the first round put the undecided parts at 4 to 8 seeds from their observed
+# sd (whose 95 % interval reaches 61); 12 leaves room for that sd's spread, as the MoE round did. Each part is
+# then tested once, at its 12 seeds, as a fixed-size design. Only the algorithms the claims' parts compare run.
+ROUND2_SEEDS = "4,5,6,7,8,9,10,11"
+ROUND2 = {"staleness-e0-naive": ("grpo", "gspo", "cispo"), "staleness-e4-naive": ("grpo", "gspo"),
+          "staleness-e8-naive": ("grpo", "gspo", "cispo"), "staleness-e0-tis": ("grpo",),
+          "staleness-e4-tis": ("grpo",), "staleness-e0-m2po": ("grpo", "cispo"),
+          "staleness-e8-m2po": ("grpo", "cispo")}
 
 
 @dataclass(frozen=True)
@@ -49,12 +58,19 @@ def experiment(eta: int, correction: str) -> str:
     return f"staleness-e{eta}-{correction}"
 
 
-def command(eta: int, correction: str, seeds: str = SEEDS) -> str:
-    """The ``run`` command of one (eta, correction) experiment."""
+def command(eta: int, correction: str, seeds: str = SEEDS, algos: tuple[str, ...] | None = None) -> str:
+    """The ``run`` command of one (eta, correction) experiment (``algos``: its correction's, unless given)."""
     c = CORRECTIONS[correction]
     sets = "".join(f" --set {s}" for s in (f"rollout.staleness={eta}", *c.sets))
-    return f"python -m gspo_bench run --algos {','.join(c.algos)} --experiment {experiment(eta, correction)}{sets} " \
-           f"--seed {seeds}"
+    return f"python -m gspo_bench run --algos {','.join(algos or c.algos)} --experiment " \
+           f"{experiment(eta, correction)}{sets} --seed {seeds}"
+
+
+def commands(eta: int, correction: str) -> tuple[str, ...]:
+    """Every command that made the runs of one experiment: the first round's, then the second's where it grew."""
+    name = experiment(eta, correction)
+    second = (command(eta, correction, ROUND2_SEEDS, ROUND2[name]),) if name in ROUND2 else ()
+    return (command(eta, correction), *second)
 
 
 def cells() -> list[tuple[int, str]]:
@@ -67,4 +83,4 @@ def experiments() -> dict[str, tuple[str, tuple[str, ...]]]:
     return {experiment(eta, c): (
         f"the default preset (tiny-dense on arith, 40 RL steps) trained on samples {eta} RL steps stale "
         f"(`rollout.staleness={eta}`), {CORRECTIONS[c].text}; every cell of a seed from the same warm start",
-        (command(eta, c),)) for eta, c in cells()}
+        commands(eta, c)) for eta, c in cells()}
