@@ -344,6 +344,18 @@ def add_staleness_parser(sub, default_uri: str) -> None:
                    help=f"points of pass@1 a cell may lose and still hold (default {DEFAULT_MARGIN:g})")
     c.add_argument("--out", default="results/staleness/README.md", help="the page to write; its figure and runs "
                    "table go beside it (default results/staleness/README.md)")
+    c.add_argument("--run", action="store_true", help="first train the grid's cells into --tracking-uri, seed by "
+                   "seed, skipping FINISHED runs and continuing stopped ones (the same command resumes; more "
+                   "seeds are more --seeds), then write the page")
+    c.add_argument("--seeds", default="0,1,2,3", metavar="S[,S...]", help="with --run: the seeds (default 0,1,2,3)")
+    c.add_argument("--eta", default=None, metavar="E[,E...]", help="with --run: these etas only (default 0,2,4,8)")
+    c.add_argument("--corrections", default=None, metavar="C[,C...]",
+                   help="with --run: these corrections only (naive, tis, m2po, is; default all)")
+    c.add_argument("--preset", default="default", help="with --run: the preset every cell starts from (default "
+                   "default)")
+    c.add_argument("--set", action="append", default=[], dest="sets", metavar="[SECTION.]FIELD=VALUE",
+                   help="with --run: a config field over the preset for every cell, repeatable (the cell's own "
+                   "lag and correction go over it)")
 
 
 def staleness_command(args, console) -> int:
@@ -361,6 +373,14 @@ def staleness_command(args, console) -> int:
 
     if not args.margin > 0:
         raise ConfigError(f"--margin must be > 0, got {args.margin}")
+    if args.run:
+        if args.runs:
+            raise ConfigError("--run trains into --tracking-uri; --runs reads a table: give one")
+        ran = _run_staleness_grid(args, console)
+        if ran.get("FINISHED", 0) == 0:
+            raise ConfigError("staleness --run: no run FINISHED; see the lines above")
+    elif args.sets or args.eta or args.corrections or args.seeds != "0,1,2,3":
+        raise ConfigError("--seeds, --eta, --corrections and --set choose what --run trains: add --run")
     names = {experiment(eta, c) for eta, c in cells()}
     table, uris = None, None
     if args.runs:
@@ -390,6 +410,42 @@ def staleness_command(args, console) -> int:
         console.print(line, soft_wrap=True, markup=False)
     console.print(f"wrote {out}, {figure} and {own}", soft_wrap=True, markup=False)
     return 0
+
+
+def _run_staleness_grid(args, console) -> dict[str, int]:
+    """``staleness --run``: every asked-for cell's config built and checked, then trained (``suite/staleness.py``)."""
+    from gspo_bench.config import ConfigError, parse_sets, resolve_tracking_uri
+    from gspo_bench.reporting.staleness_grid import CORRECTIONS, ETAS
+    from gspo_bench.suite import staleness as grid
+    from gspo_bench.train.runner import validate
+
+    def items(flag: str, text: str | None, allowed, cast=str) -> tuple:
+        if text is None:
+            return tuple(allowed)
+        try:
+            got = tuple(cast(x.strip()) for x in text.split(",") if x.strip())
+        except ValueError:
+            got = ()
+        if not got or any(x not in allowed for x in got) or len(set(got)) < len(got):
+            raise ConfigError(f"{flag} {text}: expected distinct values among {', '.join(map(str, allowed))}")
+        return got
+
+    try:
+        seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or len(set(seeds)) < len(seeds) or min(seeds) < 0:
+        raise ConfigError(f"--seeds {args.seeds}: expected distinct whole numbers >= 0, comma-separated")
+    uri = resolve_tracking_uri(args.tracking_uri)
+    cells = grid.grid_cells(seeds, uri, args.preset, parse_sets(args.sets),
+                            items("--eta", args.eta, ETAS, int), items("--corrections", args.corrections, CORRECTIONS))
+    for cell in cells:  # everything cheap to check, for every cell, before the first trains
+        validate(cell.cfg)
+    log = lambda m: console.print(m, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
+    counts = grid.run_grid(cells, log=log)
+    log("staleness --run: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    args.tracking_uri = uri
+    return counts
 
 
 def add_variance_parser(sub) -> None:
