@@ -159,7 +159,8 @@ def markdown(grid: dict[tuple[str, str, int], Cell], rows: list[Row], meta: dict
             "job resumes with `--resume`):", "", "```bash"]
     out += [c for eta, corr in cells() for c in commands(eta, corr)]
     out += ["```", "", "## Final greedy pass@1 by staleness", "",
-            "Mean over seeds (seeds in brackets).", ""]
+            "Mean over seeds (seeds in brackets). Cells may hold different seeds (a second round grows only "
+            "some): compare two cells through the paired table below, which pairs the seeds both hold.", ""]
     table = [["correction", "algorithm", *(f"eta {e}" for e in ETAS)]]
     for corr, c in CORRECTIONS.items():
         for algo in c.algos:
