@@ -24,7 +24,7 @@ from pathlib import Path
 from gspo_bench import tables
 from gspo_bench.reporting.claims import ALPHA, measure, select
 from gspo_bench.reporting.frame import RunData
-from gspo_bench.reporting.paired import PairedStat, holm, holm_first_level, mde, paired_summary, region_test
+from gspo_bench.reporting.paired import PairedStat, seed_key, holm, holm_first_level, mde, paired_summary, region_test
 from gspo_bench.reporting.staleness_grid import CORRECTIONS, ETAS, cells, commands, experiment
 
 HOLDS, FALLS, UNDECIDED = "holds", "falls", "not decided"
@@ -88,7 +88,7 @@ def grid_rows(grid: dict[tuple[str, str, int], Cell], margin: float) -> list[Row
             base = grid[corr, algo, 0]
             for eta in ETAS[1:]:
                 cell = grid[corr, algo, eta]
-                seeds = sorted(set(cell.finals) & set(base.finals), key=_seed_key)
+                seeds = sorted(set(cell.finals) & set(base.finals), key=seed_key)
                 # d_s = final_s(eta) - final_s(0)
                 stat = paired_summary([cell.finals[s] - base.finals[s] for s in seeds])
                 rows.append(Row(cell, base, stat, seeds))
@@ -104,10 +104,6 @@ def grid_rows(grid: dict[tuple[str, str, int], Cell], margin: float) -> list[Row
         if q < ALPHA:
             r.verdict = HOLDS if t[1] else FALLS
     return rows
-
-
-def _seed_key(s: str):
-    return (0, int(s)) if s.lstrip("-").isdigit() else (1, s)
 
 
 def _num(x: float | None, sign: bool = False) -> str:
