@@ -132,7 +132,14 @@ def test_the_hand_helpers_agree_with_the_textbook():
 
 def test_every_claim_names_known_experiments_and_terms():
     specs = claims(2.0)
-    assert len(specs) == 20 and len({c.key for c in specs}) == 20
+    assert len(specs) == 22 and len({c.key for c in specs}) == 22
+    # the multi-turn claims: gspo ahead of grpo on calc; sequence-level TIS behind token-level, by the margin
+    [mt] = next(c for c in specs if c.key == "gspo-multiturn").parts
+    assert mt.region == (2.0, math.inf) and [(t.experiment, t.sign) for t in mt.terms] == [
+        ("multiturn-tools", 1), ("multiturn-tools", -1)]
+    [tis] = next(c for c in specs if c.key == "vcpo-seq-tis").parts
+    assert tis.region == (-math.inf, -2.0) and [dict(t.where)["tuning"] for t in tis.terms] == [
+        "sequence-tis", "token-tis"]
     for c in specs:
         used = {t.experiment for p in c.parts for t in p.terms} | {cv.experiment for cv in c.curves}
         assert used <= set(c.experiments) <= set(EXPERIMENTS), c.key
@@ -531,7 +538,7 @@ def test_page_names_every_command_and_claims_not_run_or_retired():
     page = cl.markdown(results, meta, {})
     assert all(r.verdict == (cl.RETIRED if r.claim.retired else cl.NOT_RUN) for r in results)
     sections = page.split("\n## ")[1:]
-    assert len(sections) == 20
+    assert len(sections) == 22
     sapo = next(s for s in sections if s.startswith("9. SAPO's soft gate"))
     assert "**Verdict: not run.**" in sapo and "arXiv 2511.20347" in sapo
     # each command of an experiment is its own item under it

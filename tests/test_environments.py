@@ -42,15 +42,15 @@ class GuessANumber:
 
 @pytest.fixture
 def guess():
-    register_environment("guess")(GuessANumber)
+    register_environment("guess_twice")(GuessANumber)
     try:
         yield
     finally:
-        ENVIRONMENTS.pop("guess", None)
+        ENVIRONMENTS.pop("guess_twice", None)
 
 
 def test_a_two_turn_environment_by_hand(guess):
-    env = make_environment("guess", task=None)
+    env = make_environment("guess_twice", task=None)
     assert isinstance(env, Environment) and not isinstance(env, BatchEnvironment)
     assert env.reset({"prompt": "3+4=", "answer": "7"}) == "3+4= guess:"
     assert env.step("5") == Step(" higher", 0.0, False)
@@ -60,7 +60,7 @@ def test_a_two_turn_environment_by_hand(guess):
     assert env.step("20") == Step(" lower", 0.0, False)
     assert env.step("17") == Step(None, 0.0, True, {"finish_reason": "out_of_tries"})
     # params reach the factory
-    one = make_environment("guess", task=None, tries=1)
+    one = make_environment("guess_twice", task=None, tries=1)
     one.reset({"prompt": "1+1=", "answer": "2"})
     assert one.step("3").done
 
@@ -107,7 +107,7 @@ def test_single_turn_steps_once_per_episode_and_on_text(arith):
 def test_an_unknown_environment_names_the_registered_ones(arith):
     with pytest.raises(ValueError) as e:
         make_environment("chess", arith)
-    assert str(e.value) == "unknown environment 'chess' (allowed: single_turn)"
+    assert str(e.value) == "unknown environment 'chess' (allowed: calc, guess, single_turn)"
     with pytest.raises(ValueError, match="'single_turn' is registered already"):
         register_environment("single_turn")(SingleTurn)
 
@@ -143,3 +143,48 @@ def test_a_new_environment_is_one_file_in_the_package(capsys):
         sys.modules.pop("gspo_bench.tasks.environments.toy_countdown_env", None)
         environments.ENVIRONMENTS.clear()
         environments.ENVIRONMENTS.update(saved)
+
+
+@pytest.mark.parametrize("sets, needle", [
+    (["env.max_turns=0"], "env.max_turns=0 must be an int >= 1"),
+    (["env.name=maze"], "unknown environment 'maze'"),
+    (["env.tool_format=xml"], "env.tool_format='xml' is not allowed"),
+    (["env.max_tool_tokens=0"], "env.max_tool_tokens=0 must be an int >= 1"),
+    (["rollout.max_staleness=1", "rollout.partial=true"], "rollout.partial=true is not supported with the "
+                                                            "multi-turn environment 'calc'"),
+])
+def test_bad_environment_settings_are_one_line_exit_2(sets, needle, tmp_path, capsys):
+    from gspo_bench.cli.main import main
+
+    args = ["run", "--task", "calc", "--tracking-uri", f"sqlite:///{tmp_path}/m.db", "--no-progress"]
+    for s in sets:
+        args += ["--set", s]
+    code = main(args)
+    out = capsys.readouterr()
+    text = (out.out + out.err).strip()
+    assert code == 2 and len(text.splitlines()) == 1 and needle in text, text
+    assert not (tmp_path / "m.db").exists()
+
+
+def test_a_tool_environment_with_a_tokenizer_that_cannot_write_a_call_is_exit_2(tmp_path, capsys):
+    """A checkpoint whose vocabulary has digits and + * = only: it could never write ``[`` or ``]``."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from gspo_bench.cli.main import main
+    from gspo_bench.models.builtin import _one_char_per_token
+
+    tok = _one_char_per_token(["<pad>", "<bos>", "<eos>", *"0123456789+-*="])
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                         head_dim=16, max_position_embeddings=128, pad_token_id=0,
+                                         bos_token_id=1, eos_token_id=2))
+    folder = tmp_path / "digits"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    code = main(["run", "--task", "calc", "--model", str(folder), "--tracking-uri", f"sqlite:///{tmp_path}/m.db",
+                 "--no-progress"])
+    out = capsys.readouterr()
+    text = (out.out + out.err).strip()
+    assert code == 2 and len(text.splitlines()) == 1, text
+    assert "environment 'calc'" in text and "cannot write a compact tool call" in text
+    assert not (tmp_path / "m.db").exists()

@@ -16,14 +16,14 @@ loads neither torch nor anything of the layers above.
 from gspo_bench.config.loading import (PRESET_DIR, deep_merge, flatten, load_config, load_yaml, parse_sets, presets,
                                        read_yaml, resolve_config_file, to_dict, yaml_file)
 from gspo_bench.config.sections import (AUTO, CONNECT_TIMEOUT_S, LOGIT_CHUNK_TOKENS, CollapseConfig, ConfigError,
-                                        LossConfig,
+                                        EnvConfig, LossConfig,
                                         LossSettings, ModelConfig,
                                         MoEConfig, Recipe, Resolved, RolloutConfig, RunConfig, TaskOptions,
                                         TrackingConfig, TrainConfig, WarmStartConfig)
 from gspo_bench.config.uris import DEFAULT_TRACKING_URI, resolve_tracking_uri
 
 __all__ = ["AUTO", "CONNECT_TIMEOUT_S", "LOGIT_CHUNK_TOKENS", "DEFAULT_TRACKING_URI", "PRESET_DIR", "CollapseConfig",
-           "ConfigError",
+           "ConfigError", "EnvConfig",
            "LossConfig", "LossSettings",
            "ModelConfig", "MoEConfig", "Recipe", "Resolved", "RolloutConfig", "RunConfig", "TaskOptions",
            "TrackingConfig", "TrainConfig",

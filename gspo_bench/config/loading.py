@@ -15,7 +15,7 @@ from typing import Any, Union
 
 import yaml
 
-from gspo_bench.config.sections import (CollapseConfig, ConfigError, LossConfig, ModelConfig, MoEConfig,
+from gspo_bench.config.sections import (CollapseConfig, ConfigError, EnvConfig, LossConfig, ModelConfig, MoEConfig,
                                         RolloutConfig, RunConfig, TaskOptions, TrackingConfig, TrainConfig,
                                         WarmStartConfig, _choice)
 
@@ -100,7 +100,7 @@ def _build(cls, data: dict, where: str):
 def _section_type(cls, name: str):
     hints = {"model": ModelConfig, "warmstart": WarmStartConfig, "rollout": RolloutConfig, "loss": LossConfig,
              "train": TrainConfig, "collapse": CollapseConfig, "moe": MoEConfig, "tracking": TrackingConfig,
-             "task_options": TaskOptions}
+             "env": EnvConfig, "task_options": TaskOptions}
     return hints.get(name) if cls is RunConfig else None
 
 

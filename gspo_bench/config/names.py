@@ -25,3 +25,7 @@ GPU_ACCELERATORS = ("gpu", "cuda")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true")
 """``train.precision``, Lightning's names: ``*-mixed`` autocasts the forward and keeps float32 master weights and
 optimiser states; ``*-true`` casts the weights themselves."""
+
+TOOL_FORMATS = ("auto", "compact", "chat")
+"""``env.tool_format`` (``tasks/environments/tools.py``): auto (chat where the tokenizer's chat template renders
+tool calls, else compact)."""

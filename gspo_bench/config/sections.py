@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from gspo_bench.config.names import (ACCELERATORS, CHAT_MODES, LR_SCHEDULES, MOE_KERNELS, PRECISIONS, REPLAY_MODES,
-                                     PROX_LOGPS, ROLLOUT_DTYPES, SEEDINGS, STALE_POLICIES)
+                                     PROX_LOGPS, ROLLOUT_DTYPES, SEEDINGS, STALE_POLICIES,
+                                     TOOL_FORMATS)
 from gspo_bench.config.resolved import SPREAD, LossParamFields, LossSettings, Recipe, Resolved
 from gspo_bench.core.loss_params import PARAMS, LossParam, check_relations
 from gspo_bench.core.names import (ADVANTAGE_BASELINES, ADVANTAGE_ESTIMATOR_NAMES, ADVANTAGE_SCALES,
@@ -491,6 +492,32 @@ class MoEConfig:
 
 
 @dataclass
+class EnvConfig:
+    """How an episode of a multi-turn environment (the task's ``environment``: calc, guess) is played; a
+    single-turn task ignores it."""
+
+    name: Union[str, None] = None
+    """The environment the task is played in, by name (``list`` shows them); null = the task spec's own."""
+    max_turns: int = 4
+    """The model's turns per episode at most (tool calls included): a call in the last one ends the episode."""
+    max_tool_tokens: int = 32
+    """Tokens of one environment answer at most; a longer one is cut to this."""
+    tool_format: str = "auto"
+    """How tool calls are written: auto (chat where the tokenizer's chat template renders tool calls, else
+    compact) | compact (``[12*34]`` and ``=408``: the built-in models) | chat (``<tool_call>`` JSON and the
+    template's tool turn)."""
+
+    def __post_init__(self):
+        _check(self.name is None or (isinstance(self.name, str) and self.name.strip() != ""),
+               f"env.name={self.name!r} must be an environment's name (see `list`), or null")
+        for key, low in (("max_turns", 1), ("max_tool_tokens", 1)):
+            v = getattr(self, key)
+            _check(isinstance(v, int) and not isinstance(v, bool) and v >= low,
+                   f"env.{key}={v!r} must be an int >= {low}")
+        _choice("env.tool_format", self.tool_format, TOOL_FORMATS)
+
+
+@dataclass
 class TaskOptions:
     """Settings over the task spec's own (``--set task.FIELD=...`` is short for ``task_options.FIELD``);
     null = the spec's value."""
@@ -586,6 +613,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
     moe: MoEConfig = field(default_factory=MoEConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self):

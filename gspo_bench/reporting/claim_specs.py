@@ -137,6 +137,27 @@ EXPERIMENTS: dict[str, tuple[str, tuple[str, ...]]] = {
          _run(f"--algos grpo --experiment claims-truncation {PINNED} --set rollout.max_new_tokens=3 "
               "--set rollout.mask_truncated=true --set tuning=cap-3-masked"))),
 }
+# the multi-turn claims' seeds: the `tools` scenario's first round, registered before any of its runs
+TOOLS_SEEDS = "0,1,2,3,4,5,6,7"
+EXPERIMENTS.update({
+    "multiturn-tools": (
+        "the `tools` scenario: tiny-dense on calc (three 2-digit numbers, two of + - *, at least one product), "
+        "the model calling a calculator in the compact form ([37*58], answered =2146) and answering after up "
+        "to 4 turns; warm start on the scripted solver's transcripts accepted on the dev split at 40-43 %, 32 "
+        "prompts x 8 episodes, 30 RL steps, 4 minibatches, lr 4e-4 decayed linearly; every algorithm from the "
+        "same warm start per seed",
+        (f"python -m gspo_bench suite --scenarios tools --algos all --seed {TOOLS_SEEDS} --experiment-prefix "
+         "multiturn --out results/multiturn",)),
+    "claims-tools-tis": (
+        "the `tools` scenario with the sampler in bfloat16 (training in float32: a real sampler/trainer "
+        "mismatch), grpo with truncated importance sampling (cap 2) at the token level (tuning tag token-tis) "
+        "or over the whole trajectory's model tokens (sequence-tis); same warm starts as multiturn-tools",
+        (_run("--preset tools --algos grpo --experiment claims-tools-tis --set rollout.dtype=bfloat16 --set "
+              "rollout.correction=tis --set rollout.correction_level=token --set tuning=token-tis", TOOLS_SEEDS),
+         _run("--preset tools --algos grpo --experiment claims-tools-tis --set rollout.dtype=bfloat16 --set "
+              "rollout.correction=tis --set rollout.correction_level=sequence --set tuning=sequence-tis",
+              TOOLS_SEEDS))),
+})
 # the staleness grid's cells the claims read (the whole grid is ``staleness_grid``'s page)
 STALENESS_CLAIMED = ("staleness-e0-naive", "staleness-e4-naive", "staleness-e8-naive", "staleness-e0-tis",
                      "staleness-e4-tis", "staleness-e0-m2po", "staleness-e8-m2po")
@@ -483,6 +504,37 @@ def claims(delta: float = DEFAULT_MARGIN) -> tuple[Claim, ...]:
               (Curve("grpo", "claims-truncation", _w("grpo", tuning="cap-3")),
                Curve("grpo, truncated masked", "claims-truncation", _w("grpo", tuning="cap-3-masked")))),
         *staleness_claims(greater, at_least),
+        *tools_claims(greater),
+    )
+
+
+def tools_claims(greater: tuple[float, float]) -> tuple[Claim, ...]:
+    """The multi-turn claims, on the `tools` scenario (registered with ``TOOLS_SEEDS`` before any of its runs
+    was read). Both are paired by seed: a seed's runs share one warm start and prompt order."""
+    mt, tis = "multiturn-tools", "claims-tools-tis"
+    below = (-INF, -greater[0])  # falls behind: below by more than the margin
+    return (
+        Claim("gspo-multiturn", "On multi-turn tool use, GSPO's sequence-level ratio beats GRPO's token-level one.",
+              "GSPO (Zheng et al. 2025, arXiv 2507.18071) and the Qwen team's account of it: token-level ratios "
+              "add noise token by token, and as multi-turn agentic RL becomes common that accumulation should "
+              "grow, widening the sequence-level ratio's advantage",
+              "every algorithm on calc with a calculator tool, over up to 4 model turns, about a third of each "
+              "trajectory's response written by the environment (never in the loss); gspo's ratio is the "
+              "geometric mean over the model's tokens of the whole trajectory. gspo against grpo, final greedy "
+              "pass@1, 'beats' read as: ahead by more than the margin.",
+              (mt,),
+              (Part("calc: final pass@1, gspo - grpo", _diff(mt, _w("gspo"), _w("grpo")), greater),),
+              tuple(Curve(a, mt, _w(a)) for a in ("grpo", "gspo"))),
+        Claim("vcpo-seq-tis", "On multi-turn tool use, sequence-level importance correction falls behind.",
+              "VCPO (arXiv 2602.17616): sequence-level truncated importance sampling collapses on multi-turn "
+              "tool use, where a finer-grained correction keeps training",
+              "grpo on calc with the sampler in bfloat16 and truncated importance sampling (cap 2), the weight "
+              "taken over the whole trajectory's model tokens (sequence) against per token (token); final greedy "
+              "pass@1, 'falls behind' read as: below the token-level run by more than the margin.",
+              (tis,),
+              (Part("calc, bf16 sampler: final pass@1, sequence TIS - token TIS",
+                    _diff(tis, _w("grpo", tuning="sequence-tis"), _w("grpo", tuning="token-tis")), below),),
+              tuple(Curve(f"grpo, {lvl} TIS", tis, _w("grpo", tuning=f"{lvl}-tis")) for lvl in ("token", "sequence"))),
     )
 
 

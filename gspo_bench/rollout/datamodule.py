@@ -24,7 +24,8 @@ from gspo_bench.core import collectives as ddp
 from gspo_bench.core.rng import set_rng_state
 from gspo_bench.config import RolloutConfig
 from gspo_bench.rollout.draws import StreamDraws
-from gspo_bench.rollout.engine import Generation
+from gspo_bench.rollout.engine import Generation, eos_ids
+from gspo_bench.rollout.episodes import TURN_STRIDE, Episodes, play
 from gspo_bench.rollout.engines import Capabilities, EngineSetup, RolloutEngine
 from gspo_bench.rollout.evaluation import Evaluator
 from gspo_bench.rollout.overlap import OverlappedRollouts, WorkerSpec, split_cores
@@ -50,7 +51,8 @@ class RolloutDataModule(L.LightningDataModule):
                  engine: RolloutEngine | None = None, evaluator: Evaluator | None = None, record_routes: bool = False,
                  group_advantages: bool = True, sampler_logp: bool = False, resume: dict | None = None,
                  eval_prompts: int = 256,
-                 eval_samples: int = 0, eval_batch: int = 256, model_dir: str | None = None):
+                 eval_samples: int = 0, eval_batch: int = 256, model_dir: str | None = None,
+                 episodes: Episodes | None = None):
         """What it samples and scores with, from whoever builds the run (``train.assembly.rollout_data``):
 
         - ``policy``: the model rollouts sample (the policy module's; the engine samples a cast of it);
@@ -63,7 +65,9 @@ class RolloutDataModule(L.LightningDataModule):
           log-probs whatever the settings (a loss weighted against the sampler, rollout_is);
         - ``resume``: a checkpoint's datamodule part (``train.checkpoint.rollout_part``), loaded in ``setup``,
           from rank 0 on several processes;
-        - ``model_dir``: the policy's starting weights in Hugging Face format (an engine that needs them).
+        - ``model_dir``: the policy's starting weights in Hugging Face format (an engine that needs them);
+        - ``episodes``: how the task's multi-turn environment is played (``episodes.Episodes``; None: one
+          completion per prompt, the verifier's reward), by the rollouts and the evaluation alike.
 
         Its rank among the processes is its own to read, in ``setup``."""
         super().__init__()
@@ -80,7 +84,7 @@ class RolloutDataModule(L.LightningDataModule):
 
         self.producer = RolloutProducer(task, tokenizer, settings, seed=seed, handle=handle("train"), model=policy,
                                         record_routes=record_routes, group_advantages=group_advantages,
-                                        sampler_logp=sampler_logp)
+                                        sampler_logp=sampler_logp, episodes=episodes)
         self.model_dir = model_dir
         self.overlap: OverlappedRollouts | None = None  # rollout.max_staleness > 0: the worker, at the first rollout
         self.eval_engine = handle("eval")
@@ -159,6 +163,24 @@ class RolloutDataModule(L.LightningDataModule):
         """Verifier rewards (``RolloutProducer.score``)."""
         return self.producer.score(texts, answers)
 
+    def play(self, model, prompts: list[str], answers: list[str], *, max_new_tokens: int,
+             rows: list[int] | None = None, step: int = 0, **kwargs) -> torch.Tensor | None:
+        """Each prompt's return in the task's multi-turn environment, one episode each, sampled from ``model``
+        through the evaluation's engine handle (None for a single-turn task: ``generate`` and ``score``)."""
+        episodes = self.producer.episodes
+        if episodes is None:
+            return None
+        keys = list(range(len(prompts))) if rows is None else rows
+
+        def sample(contexts, idx, turn, max_new):
+            return self.eval_engine.generate(model, contexts, step=step, max_new_tokens=max_new,
+                                             rows=[keys[i] + turn * TURN_STRIDE for i in idx], **kwargs)
+
+        trajs = play(episodes, self.tokenizer, [{"prompt": p, "answer": a} for p, a in zip(prompts, answers)],
+                     sample, max_new_tokens=max_new_tokens, eos=eos_ids(model, self.tokenizer),
+                     version=kwargs.get("version", 0))
+        return torch.tensor([t.reward for t in trajs], dtype=torch.float32)
+
     def loader_generator(self) -> torch.Generator:
         """The run's stream on CPU: every data loader of the run draws its iterator's base seed from it, so
         nothing in the run draws from torch's global generator."""
@@ -211,7 +233,7 @@ class RolloutDataModule(L.LightningDataModule):
         _, worker = split_cores()
         return WorkerSpec(self.task, self.tokenizer, self.s, self.seed, self.model_dir, p.record_routes,
                           p.group_advantages, p.sampler_logp, start, self.steps, worker,
-                          VERIFIERS.get(self.task.spec.verifier))
+                          VERIFIERS.get(self.task.spec.verifier), p.episodes)
 
     # -- Lightning hooks ---------------------------------------------------------------------------
     def train_dataloader(self):

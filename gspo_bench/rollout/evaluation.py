@@ -31,6 +31,10 @@ class Sampling(Protocol):
 
     def score(self, texts: list[str], answers: list[str]) -> torch.Tensor: ...
 
+    def play(self, model, prompts: list[str], answers: list[str], **kwargs) -> torch.Tensor | None:
+        """A multi-turn environment's returns, one episode per prompt (None: the task is single-turn)."""
+        ...
+
     def loader_generator(self) -> torch.Generator | None:
         """The generator a data loader's iterator draws its base seed from (None: torch's global one)."""
         ...
@@ -85,19 +89,15 @@ class Evaluator:
         """Greedy pass@1 hits, and over ``samples`` samples per prompt the mean reward and the sampled pass@1
         (fully correct), for a batch of eval rows, of the policy after ``step`` RL steps."""
         prompts, answers = rows["prompt"], rows["answer"]
-        greedy = data.generate(policy, prompts, max_new_tokens=self.s.max_new_tokens, greedy=True, version=step,
-                               step=step)
-        out = {"pass1": data.score(greedy.texts, answers)}
+        out = {"pass1": self.rewards(data, policy, prompts, answers, greedy=True, version=step, step=step)}
         k = self.samples
         self.completions += len(prompts) * (1 + k)
         if k:
             # completion j of eval row i is the step's completion i * k + j (a per-request seed's key)
-            sampled = data.generate(policy, [p for p in prompts for _ in range(k)],
-                                    max_new_tokens=self.s.max_new_tokens, temperature=self.s.temperature,
-                                    return_logp=False, version=step, step=step,
-                                    rows=[i * k + j for i in rows.get("index", range(len(prompts)))
-                                          for j in range(k)])
-            reward = data.score(sampled.texts, [a for a in answers for _ in range(k)])
+            reward = self.rewards(data, policy, [p for p in prompts for _ in range(k)],
+                                  [a for a in answers for _ in range(k)], temperature=self.s.temperature,
+                                  return_logp=False, version=step, step=step,
+                                  rows=[i * k + j for i in rows.get("index", range(len(prompts))) for j in range(k)])
             out["reward"] = reward
             # pass@1 estimated from k samples: the fraction of sampled completions that fully verify
             out["pass1_sampled"] = (reward >= 1.0).float()
@@ -109,6 +109,15 @@ class Evaluator:
                 # mean@j: a prompt's mean reward over its first j samples (what a j-sample evaluation reports)
                 out[f"mean_at_{j}"] = per_prompt[:, :j].float().mean(-1)
         return out
+
+    def rewards(self, data: Sampling, policy, prompts: list[str], answers: list[str], **kwargs) -> torch.Tensor:
+        """Each prompt's reward: its episode's return in a multi-turn environment (``data.play``), else its
+        completion's verifier score; ``kwargs``: the engine call's (greedy, temperature, version, rows)."""
+        played = data.play(policy, prompts, answers, max_new_tokens=self.s.max_new_tokens, **kwargs)
+        if played is not None:
+            return played
+        gen = data.generate(policy, prompts, max_new_tokens=self.s.max_new_tokens, **kwargs)
+        return data.score(gen.texts, answers)
 
     def run(self, data: Sampling, policy, rank: int = 0, world: int = 1, step: int = 0) -> dict[str, float] | None:
         """``eval/*`` of ``policy`` (after ``step`` RL steps) over this process's share of the rows (torchmetrics'

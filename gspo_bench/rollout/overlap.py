@@ -63,6 +63,8 @@ class WorkerSpec:
     verifier: object = None
     """The task's verifier function (by reference: the worker imports its module), for one registered in this
     process only (a script's own, a test's)."""
+    episodes: object = None
+    """How a multi-turn environment is played (``episodes.Episodes``); None: single-turn."""
 
 
 def split_cores() -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -104,7 +106,7 @@ def _serve(spec: WorkerSpec, weights: mp.Queue, out: mp.Queue, stop, busy) -> No
                           stream=StreamDraws())
     producer = RolloutProducer(spec.task, spec.tokenizer, s, seed=spec.seed, handle=handle, model=model,
                                record_routes=spec.record_routes, group_advantages=spec.group_advantages,
-                               sampler_logp=spec.sampler_logp)
+                               sampler_logp=spec.sampler_logp, episodes=spec.episodes)
     have = -1  # the version of the weights it holds; -1: none yet
     synced: dict[str, float] = {}  # the last hand-over's seconds, from the trainer's copy to the worker's load
     if s.partial:  # between two decode steps: newer weights if any came, and the responses continue under them

@@ -34,6 +34,7 @@ from gspo_bench.core import advantages as adv
 from gspo_bench.core import collectives as ddp
 from gspo_bench.rollout.draws import Draws, RequestDraws, StreamDraws
 from gspo_bench.rollout.engine import Generation, eos_ids, prompt_ids
+from gspo_bench.rollout.episodes import TURN_STRIDE, Episodes, as_generation, episode_stats, play
 from gspo_bench.rollout.engines import (ENGINES, Capabilities, EngineSetup, RolloutEngine, build_engine,
                                         resolve_engine)
 from gspo_bench.rollout.precision import SamplerWeights
@@ -191,15 +192,18 @@ class RolloutProducer:
 
     def __init__(self, task: Task, tokenizer, settings: RolloutConfig, *, seed: int, handle: EngineHandle,
                  model=None, record_routes: bool = False, group_advantages: bool = True, sampler_logp: bool = False,
-                 capacity: int = 1):
+                 capacity: int = 1, episodes: Episodes | None = None):
         """``handle``: the engine it samples with; ``model``: the module the engine runs (the policy itself when
         the producer shares the trainer's process; ``sync_weights`` loads other weights into it);
         ``record_routes``: keep the sampler's MoE experts; ``group_advantages``: compute advantages here
         (False for an algorithm with its own, PPO's GAE); ``sampler_logp``: keep the sampler's log-probs
-        whatever the settings (a loss weighted against the sampler)."""
+        whatever the settings (a loss weighted against the sampler); ``episodes``: a multi-turn environment's
+        (``episodes.Episodes``), whose episodes are played turn by turn (None: one completion per prompt, scored
+        by the task's verifier)."""
         self.task, self.tokenizer, self.s, self.seed = task, tokenizer, settings, seed
         self.handle, self.model = handle, model
         self.environment = SingleTurn(task)  # what scores the completions: the task's verifier, batch by batch
+        self.episodes = episodes
         self.record_routes, self.group_advantages, self.sampler_logp = record_routes, group_advantages, sampler_logp
         self.sampler = SamplerWeights(settings.dtype, settings.staleness)
         self.version = 0  # the RL steps behind the weights it holds
@@ -268,13 +272,26 @@ class RolloutProducer:
         rows = self.task.train.select(idx)
         return [{"prompt": p, "answer": a} for p, a in zip(list(rows["prompt"]), list(rows["answer"]))], first
 
-    def _sample(self, step: int, round_: int) -> tuple[Generation, list[str]]:
+    def _sample(self, step: int, round_: int) -> tuple[Generation, list[str], list[Trajectory] | None]:
         rows, first = self.prompts_for(step, round_)
         G = self.s.group_size
         prompts = [r["prompt"] for r in rows for _ in range(G)]
         answers = [r["answer"] for r in rows for _ in range(G)]
         extra = {"record_routes": True} if self.record_routes else {}
         version = self.sampled_version()
+        if self.episodes is not None:  # a multi-turn environment: each completion an episode, turn by turn
+            sampler = self.sampler(self.model)
+
+            def sample(contexts, idx, turn, max_new):
+                return self.handle.generate(sampler, contexts, version=version, step=step, round_=round_,
+                                            rows=[first * G + i + turn * TURN_STRIDE for i in idx],
+                                            max_new_tokens=max_new, temperature=self.s.temperature,
+                                            return_logp=self.wants_rollout_logp())
+
+            trajs = play(self.episodes, self.tokenizer, [r for r in rows for _ in range(G)], sample,
+                         max_new_tokens=self.s.max_new_tokens, eos=eos_ids(self.model, self.tokenizer),
+                         version=version)
+            return as_generation(trajs, self.tokenizer, self.tokenizer.pad_token_id)[0], answers, trajs
         if self.refresh is not None:  # partial: the responses under way continue under newer weights
             refresh = self.refresh
             extra["swap"] = lambda: self.version if refresh() else None
@@ -286,7 +303,7 @@ class RolloutProducer:
         if gen.versions is None:  # one version sampled every token
             gen.versions = torch.full(gen.response_mask.shape, version, dtype=torch.long,
                                       device=gen.response_mask.device)
-        return gen, answers
+        return gen, answers, None
 
     def produce(self, step: int) -> None:
         """Sample RL step ``step``'s rollout into the buffer; RuntimeError when ``capacity`` wait already."""
@@ -309,14 +326,16 @@ class RolloutProducer:
             raise RuntimeError("the rollout producer has no weights to sample: build it with model=")
         t0 = time.perf_counter()
         G, want = self.s.group_size, self.s.prompts_per_step // self.world
-        kept_gens, kept_answers, kept_scores, kept_rewards = [], [], [], []
+        kept_gens, kept_answers, kept_scores, kept_rewards, kept_trajs = [], [], [], [], []
         dropped = rounds = n_groups = 0
         n_tokens = 0.0
         all_scores = []
         while rounds < (self.s.max_gen_batches if self.s.dynamic_sampling else 1):
-            gen, answers = self._sample(step, rounds)
+            gen, answers, trajs = self._sample(step, rounds)
             rounds += 1
-            scores = self.score(gen.texts, answers)
+            # the environment's returns (a multi-turn episode's, played already), else the verifier's scores
+            scores = self.score(gen.texts, answers) if trajs is None else torch.tensor(
+                [t.reward for t in trajs], dtype=torch.float32)
             all_scores.append(scores)
             n_tokens += float(gen.response_mask.sum())
             rewards = scores.clone()
@@ -339,6 +358,8 @@ class RolloutProducer:
             idx = (groups[:, None] * G + torch.arange(G)).flatten()
             kept_gens.append(select(gen, idx.to(gen.input_ids.device)))
             kept_answers += [answers[i] for i in idx.tolist()]
+            if trajs is not None:
+                kept_trajs += [trajs[i] for i in idx.tolist()]
             kept_scores.append(scores[idx])
             kept_rewards.append(rewards[idx])
             n_groups += len(groups)
@@ -359,6 +380,8 @@ class RolloutProducer:
         last_tok = gen.input_ids[:, gen.prompt_len:].gather(1, (lengths.long() - 1).clamp(min=0)[:, None])[:, 0]
         eos = torch.tensor(eos_ids(self.model, self.tokenizer), device=last_tok.device)
         truncated = (lengths >= self.s.max_new_tokens) & ~torch.isin(last_tok, eos)
+        if self.episodes is not None:  # an episode that reached the cap, whatever its last token
+            truncated = torch.tensor([t.finish_reason == "length" for t in kept_trajs], device=lengths.device)
         sampled = torch.cat(all_scores)
         self.sampled += len(sampled)
         stats = {
@@ -389,12 +412,14 @@ class RolloutProducer:
         sync = self.handle.take_sync_time()
         if sync is not None:
             stats["time/weight_sync"] = sync
+        if self.episodes is not None:
+            stats.update(episode_stats(kept_trajs, self.episodes.max_turns))
         if self.s.dynamic_sampling:
             stats.update({"dynamic/dropped_groups": float(dropped), "dynamic/gen_batches": float(rounds),
                           "dynamic/kept_groups": float(n_groups)})
         # the record: one trajectory per row, its response one model segment whose every token carries the
         # version of the weights that drew it; the batch is their layout (the generation's, column for column)
-        trajs = trajectories_from(gen, truncated)
+        trajs = trajectories_from(gen, truncated) if self.episodes is None else kept_trajs
         for t, r in zip(trajs, scores.tolist()):
             t.reward = r
         laid = collate(trajs, self.tokenizer.pad_token_id, prompt_len=gen.prompt_len,

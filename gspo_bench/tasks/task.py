@@ -89,6 +89,9 @@ class TaskSpec:
     system: str | None = None
     """System message before each prompt when the chat template renders it; with ``chat: false`` (raw prompts,
     no template) it could never be seen, so that is an error."""
+    environment: str = "single_turn"
+    """The environment an episode is played in (``tasks/environments``): single_turn (one completion, the
+    verifier's reward) or a multi-turn one (calc, guess); ``env.name`` overrides it."""
 
     def __post_init__(self):
         self.params = self.params or {}

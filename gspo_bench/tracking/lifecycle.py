@@ -46,11 +46,15 @@ NOT_HASHED = ("tracking.", "train.progress", "train.checkpoint_every", "resolved
 
 def hashed_settings(resolved: dict) -> dict:
     """A run's resolved settings, flat (``train.lr``), without the ones in ``NOT_HASHED``; a task option left
-    at null (the spec's own) stays out, so the digests of runs made before the options existed still match."""
-    from gspo_bench.config import flatten
+    at null (the spec's own) and an ``env`` setting at its default stay out, so the digests of runs made before
+    those existed still match."""
+    from gspo_bench.config import EnvConfig, flatten, to_dict
 
+    # the env section at its defaults stays out too: runs made before it existed keep their digests
+    env_defaults = {f"env.{k}": v for k, v in to_dict(EnvConfig()).items()}
     return {k: v for k, v in flatten(resolved).items()
-            if not k.startswith(NOT_HASHED) and not (k.startswith("task_options.") and v is None)}
+            if not k.startswith(NOT_HASHED) and not (k.startswith("task_options.") and v is None)
+            and not (k in env_defaults and v == env_defaults[k])}
 
 
 def config_digest(resolved: dict) -> str:

@@ -25,6 +25,7 @@ from gspo_bench import algorithms
 from gspo_bench.core.losses import LOSSES
 from gspo_bench.rollout.datamodule import RolloutDataModule
 from gspo_bench.rollout.engines import EngineSetup, build_engine, resolve_engine
+from gspo_bench.rollout.episodes import episodes_for
 from gspo_bench.rollout.evaluation import Evaluator
 from gspo_bench.train.checkpoint import rollout_part
 
@@ -36,6 +37,7 @@ def rollout_data(module, task, tokenizer, *, steps: int, seed: int, device: str,
     its engine resolved for the policy sampling on ``device`` (``cpu``, ``cuda``: where the trainer puts
     it), built from ``model_dir`` where the engine needs a folder; the first ``eval_prompts`` eval rows with
     ``eval_samples`` samples each (``eval_batch`` prompts per engine call) and pass@k for each k of ``eval_k``;
+    the task's episodes played as ``env`` says where its environment is multi-turn;
     ``resume_state``: the checkpoint
     the run continues from (the datamodule gets its part)."""
     s = module.settings.rollout
@@ -51,7 +53,7 @@ def rollout_data(module, task, tokenizer, *, steps: int, seed: int, device: str,
                              group_advantages=module.group_advantages, resume=rollout_part(resume_state),
                              # a loss weighted against the sampler itself (rollout_is) needs its log-probs
                              sampler_logp="rollout_logp" in LOSSES[module.name].inputs,
-                             model_dir=model_dir)
+                             model_dir=model_dir, episodes=episodes_for(task, module.cfg.env, tokenizer))
 
 
 @dataclass

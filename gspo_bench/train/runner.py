@@ -37,10 +37,11 @@ from gspo_bench.core.loss_params import check_relations
 from gspo_bench.config import ConfigError, Resolved, RunConfig, to_dict
 from gspo_bench.tracking.lifecycle import config_digest, hashed_settings
 from gspo_bench.tracking.runs import quiet
-from gspo_bench.models import classify_model_ref
+from gspo_bench.models import classify_model_ref, tokenizer_and_context
 from gspo_bench.tracking.redact import redact_nested
 from gspo_bench.rollout.engines import check_engine
-from gspo_bench.tasks import load_task, resolve_task_spec
+from gspo_bench.tasks import ENVIRONMENTS, is_multi_turn, load_task, resolve_task_spec, uses_tool
+from gspo_bench.tasks.environments.tools import tool_format
 from gspo_bench.tasks.task import check_chat, check_task_data
 from gspo_bench.tracking.provenance import git_commit
 from gspo_bench.train.warmstart import WarmStart, for_model, warm_start
@@ -108,6 +109,28 @@ def check_loss_controls(cfg: RunConfig, algo: str) -> None:
                           "statistics over every token of a minibatch, and a part of one sees only its own")
 
 
+def check_environment(spec, cfg: RunConfig) -> None:
+    """The environment the task is played in (``env.name``, else the spec's) is registered; a multi-turn one
+    with a tool needs a tokenizer that can write its calls in ``env.tool_format``, and is not yet played with partial
+    rollouts or with Rollout Routing Replay (r3): a one-line ValueError."""
+    name = spec.environment if cfg.env.name is None else cfg.env.name
+    if name not in ENVIRONMENTS:
+        raise ValueError(f"env.name: unknown environment {name!r} (allowed: {', '.join(ENVIRONMENTS)})")
+    if not is_multi_turn(name):
+        return
+    for on, what in ((cfg.rollout.partial, "rollout.partial=true"), (cfg.moe.routing_replay == "r3",
+                                                                    "moe.routing_replay=r3")):
+        if on:
+            raise ValueError(f"{what} is not supported with the multi-turn environment {name!r} yet")
+    if not uses_tool(name):
+        return
+    tok, _ = tokenizer_and_context(cfg.model.name, cfg.model.trust_remote_code)
+    try:
+        tool_format(tok, cfg.env.tool_format)
+    except ValueError as e:
+        raise ValueError(f"environment {name!r} with model {cfg.model.name!r}: {e}") from None
+
+
 def validate(cfg: RunConfig, here: bool = True) -> str:
     """Check everything cheap to check before any run exists; returns the tracking URI. ``here``: the run
     trains in this process's machine (not a suite's Ray cluster), whose device is checked too."""
@@ -123,6 +146,7 @@ def validate(cfg: RunConfig, here: bool = True) -> str:
         check_task_data(spec)  # its data files or data set read once, before the header line and any warm start
         classify_model_ref(cfg.model.name)
         check_chat(spec, cfg.model)
+        check_environment(spec, cfg)
     except (ValueError, ImportError) as e:  # ImportError: the task's verifier needs an extra not installed
         raise ConfigError(str(e)) from None
     check_engine(cfg)
@@ -354,7 +378,7 @@ def run(cfg: RunConfig, log=print, keep_modules: bool = False, resume: bool = Fa
                 raise ConfigError(str(e)) from None
             try:
                 ws = warm_start(task, cfg.model, cfg.warmstart, seed, task.spec.max_new_tokens,
-                                progress=cfg.train.progress and launch_rank_zero(), log=log)
+                                progress=cfg.train.progress and launch_rank_zero(), log=log, env=cfg.env)
             except signals.Interrupted as e:
                 e.where = e.where or f"during the warm start of seed {seed}"
                 raise

@@ -53,11 +53,13 @@ from filelock import FileLock
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gspo_bench import tables
-from gspo_bench.config import ModelConfig, TaskOptions, WarmStartConfig
+from gspo_bench.config import EnvConfig, ModelConfig, TaskOptions, WarmStartConfig
+from gspo_bench.rollout.engine import eos_ids
 from gspo_bench.rollout.engines import generate
+from gspo_bench.rollout.episodes import Episodes, episodes_for, play
 from gspo_bench.models import BUILTIN_MODELS, build_builtin, classify_model_ref, load_pretrained
 from gspo_bench.paths import cache_dir
-from gspo_bench.tasks import Task
+from gspo_bench.tasks import Task, environment_name, is_multi_turn, scripted
 
 CACHE_VERSION = 3  # 2: fine stop checks, target 40 %, overshoots undone; 3: accepted on a dev split, not the eval
 DEV_SHARE = 4  # the dev split takes at most a quarter of the train split
@@ -73,13 +75,14 @@ class WarmStart:
     dev_pass1: float | None = None  # greedy pass@1 on the dev split, where it was accepted (None: not fine-tuned)
 
 
-def cache_key(task: Task, model_cfg: ModelConfig, ws: WarmStartConfig, seed: int) -> str:
+def cache_key(task: Task, model_cfg: ModelConfig, ws: WarmStartConfig, seed: int, env: EnvConfig | None = None) -> str:
     payload = {
         "v": CACHE_VERSION,
         # a field left at its default (null) stays out, so keys made before it existed still match; chat and
         # system count through what they did to the prompts (prompt_format, below), not as written
         "task": {k: v for k, v in asdict(task.spec).items()
-                 if not (k == "max_prompt_tokens" and v is None) and k not in ("chat", "system")},
+                 if not (k == "max_prompt_tokens" and v is None) and k not in ("chat", "system")
+                 and not (k == "environment" and v == "single_turn")},
         "model": model_cfg.name,
         "dtype": model_cfg.dtype,
         "warmstart": asdict(for_model(ws, model_cfg.name)),  # what warm_start does with it
@@ -87,6 +90,9 @@ def cache_key(task: Task, model_cfg: ModelConfig, ws: WarmStartConfig, seed: int
     }
     if task.prompt_format is not None:  # prompts rendered through a chat template: its digest
         payload["prompt_format"] = task.prompt_format
+    env = env or EnvConfig()
+    if is_multi_turn(environment_name(task, env.name)):  # how its episodes are played: transcripts, checks
+        payload["env"] = asdict(env)
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
     slug = Path(model_cfg.name).name.replace("/", "_")
     return f"{task.name}-{slug}-s{seed}-{digest}"
@@ -122,9 +128,10 @@ def dev_split(task: Task):
 
 
 def greedy_pass1(model, tok, task: Task, n: int | None, max_new_tokens: int, batch: int = 512,
-                 rows=None) -> float:
+                 rows=None, episodes: Episodes | None = None) -> float:
     """Fraction of the first ``n`` prompts of ``rows`` (a split of ``task``; default its eval split; all when
-    ``n`` is None) whose greedy completion verifies."""
+    ``n`` is None) whose greedy completion verifies; with ``episodes`` (a multi-turn environment), the mean
+    return of their greedy episodes."""
     rows = task.eval if rows is None else rows
     rows = rows if n is None else rows.select(range(min(n, len(rows))))
     was_training = model.training
@@ -132,6 +139,12 @@ def greedy_pass1(model, tok, task: Task, n: int | None, max_new_tokens: int, bat
     hits = 0.0
     for i in range(0, len(rows), batch):
         chunk = rows.select(range(i, min(i + batch, len(rows))))
+        if episodes is not None:
+            trajs = play(episodes, tok, [{"prompt": p, "answer": a} for p, a in zip(chunk["prompt"], chunk["answer"])],
+                         lambda ctx, idx, turn, m: generate("auto", model, tok, ctx, max_new_tokens=m, greedy=True),
+                         max_new_tokens=max_new_tokens, eos=eos_ids(model, tok))
+            hits += sum(t.reward for t in trajs)
+            continue
         gen = generate("auto", model, tok, list(chunk["prompt"]), max_new_tokens=max_new_tokens, greedy=True)
         hits += sum(task.score(gen.texts, list(chunk["answer"]))[0])  # each call under the default time limit
     model.train(was_training)
@@ -154,21 +167,60 @@ def sft_batch(tok, prompts: list[str], targets: list[str], device) -> dict:
     return {"input_ids": ids.to(device), "attention_mask": attn.to(device), "labels": labels.to(device)}
 
 
+def transcript_batch(tok, episodes: Episodes, rows: list[dict], device) -> dict:
+    """The scripted solver's episodes on ``rows`` (``tasks.scripted``), right-padded, token in and token out as a
+    rollout lays them out: the prompt, then each segment encoded on its own (an environment's answer cut to
+    ``env.max_tool_tokens``), and an eos after a final answer (an episode that ends on a call ends at its
+    marker); labels on the model's segments only, never on the prompt or the environment's."""
+    seqs, labels = [], []
+    for row in rows:
+        env = episodes.make()
+        segments, _ = scripted(env, row)
+        ids = list(tok(row["prompt"], add_special_tokens=False)["input_ids"])
+        lab = [-100] * len(ids)
+        for who, text in segments:
+            part = tok(text, add_special_tokens=False)["input_ids"]
+            if who == "environment":
+                part = part[:episodes.max_tool_tokens]
+            ids += part
+            lab += part if who == "model" else [-100] * len(part)
+        if episodes.tools is None or episodes.tools.parse(env.tool, segments[-1][1]) is None:
+            ids.append(tok.eos_token_id)
+            lab.append(tok.eos_token_id)
+        seqs.append(ids)
+        labels.append(lab)
+    width = max(map(len, seqs))
+    out = {"input_ids": torch.full((len(seqs), width), tok.pad_token_id, dtype=torch.long),
+           "attention_mask": torch.zeros((len(seqs), width), dtype=torch.long),
+           "labels": torch.full((len(seqs), width), -100, dtype=torch.long)}
+    for i, (ids, lab) in enumerate(zip(seqs, labels)):
+        out["input_ids"][i, :len(ids)] = torch.tensor(ids)
+        out["attention_mask"][i, :len(ids)] = 1
+        out["labels"][i, :len(ids)] = torch.tensor(lab)
+    return {k: v.to(device) for k, v in out.items()}
+
+
 def finetune(model, tok, task: Task, ws: WarmStartConfig, seed: int, max_new_tokens: int,
-             progress: bool = True, device: str | torch.device = "cpu") -> tuple[float, int]:
+             progress: bool = True, device: str | torch.device = "cpu",
+             episodes: Episodes | None = None) -> tuple[float, int]:
     """Supervised steps until a check lands in [target, target + tolerance] (or ``max_steps``).
 
     A check past the band's top is undone: model and optimiser go back to the
     last check below the target and continue at ``lr * backoff`` (compounded),
     checking every third as many steps (down to every step); after
     ``max_backoffs`` of those the next check past the target is accepted.
+    With ``episodes`` (a multi-turn environment) it trains on the scripted solver's transcripts
+    (``transcript_batch``; on the data's ``target`` for an environment without a solver) and checks the greedy
+    episodes' mean return.
     Returns (the last check's score, optimiser steps taken, undone ones included).
     """
     model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
     sft, dev = dev_split(task)
-    score = greedy_pass1(model, tok, task, ws.eval_prompts, max_new_tokens, rows=dev)
+    # a multi-turn environment with a scripted solver: its transcripts, whose environment tokens get no label
+    transcripts = episodes is not None and hasattr(episodes.make(), "solver")
+    score = greedy_pass1(model, tok, task, ws.eval_prompts, max_new_tokens, rows=dev, episodes=episodes)
     step = backoffs = since_check = 0
     every = ws.eval_every
     below = _snapshot(model, opt, score)  # the last state whose check was below the target
@@ -179,7 +231,9 @@ def finetune(model, tok, task: Task, ws: WarmStartConfig, seed: int, max_new_tok
         while score < ws.target_pass1 and step < ws.max_steps:
             idx = torch.randint(len(sft), (ws.batch_size,), generator=gen).tolist()
             rows = sft.select(idx)
-            loss = model(**sft_batch(tok, list(rows["prompt"]), list(rows["target"]), device)).loss
+            batch = (transcript_batch(tok, episodes, [dict(r) for r in rows], device) if transcripts else
+                     sft_batch(tok, list(rows["prompt"]), list(rows["target"]), device))
+            loss = model(**batch).loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -188,7 +242,7 @@ def finetune(model, tok, task: Task, ws: WarmStartConfig, seed: int, max_new_tok
             since_check += 1
             if since_check == every:
                 since_check = 0
-                score = greedy_pass1(model, tok, task, ws.eval_prompts, max_new_tokens, rows=dev)
+                score = greedy_pass1(model, tok, task, ws.eval_prompts, max_new_tokens, rows=dev, episodes=episodes)
                 if score > ws.target_pass1 + ws.tolerance and backoffs < ws.max_backoffs:
                     # overshoot: undo the steps since the last check below the target; then smaller steps,
                     # checked more often (near the transition a few steps move greedy pass@1 by points)
@@ -215,11 +269,14 @@ def _restore(model, opt, snap: dict) -> None:
 
 
 def warm_start(task: Task, model_cfg: ModelConfig, ws: WarmStartConfig, seed: int, max_new_tokens: int,
-               progress: bool = True, device: str | torch.device = "cpu", log=print) -> WarmStart:
-    """Return the cached warm-start checkpoint for this key, creating it if needed."""
+               progress: bool = True, device: str | torch.device = "cpu", log=print,
+               env: EnvConfig | None = None) -> WarmStart:
+    """Return the cached warm-start checkpoint for this key, creating it if needed. ``env``: how a multi-turn
+    task's episodes are played (default ``EnvConfig()``)."""
     ws = for_model(ws, model_cfg.name)
+    env = env or EnvConfig()
     root = cache_dir() / "warmstart"
-    path = root / cache_key(task, model_cfg, ws, seed)
+    path = root / cache_key(task, model_cfg, ws, seed, env)
     if (cached := _cached(path)) is not None:
         return cached
     locks = cache_dir() / "locks"
@@ -228,7 +285,7 @@ def warm_start(task: Task, model_cfg: ModelConfig, ws: WarmStartConfig, seed: in
     with FileLock(str(locks / f"warmstart-{path.name}.lock")):
         if (cached := _cached(path)) is not None:
             return cached
-        return _fine_tune(task, model_cfg, ws, seed, max_new_tokens, progress, device, log, root, path)
+        return _fine_tune(task, model_cfg, ws, seed, max_new_tokens, progress, device, log, root, path, env)
 
 
 def _cached(path: Path) -> WarmStart | None:
@@ -239,18 +296,20 @@ def _cached(path: Path) -> WarmStart | None:
     return WarmStart(path, meta["pass1"], meta["steps"], meta["seconds"], cached=True, dev_pass1=meta.get("dev_pass1"))
 
 
-def _fine_tune(task, model_cfg, ws, seed, max_new_tokens, progress, device, log, root: Path, path: Path) -> WarmStart:
+def _fine_tune(task, model_cfg, ws, seed, max_new_tokens, progress, device, log, root: Path, path: Path,
+               env: EnvConfig) -> WarmStart:
     torch.manual_seed(seed)
     model, tok = load_base(model_cfg, seed)
+    episodes = episodes_for(task, env, tok)
     t0 = time.perf_counter()
     steps, dev_pass1 = 0, None
     if ws.enabled:
         log(f"warm start: supervised fine-tune of {model_cfg.name} on {task.name} "
             f"until greedy pass@1 lands in [{ws.target_pass1:.0%}, {ws.target_pass1 + ws.tolerance:.0%}] "
             f"(at most {ws.max_steps} steps)")
-        dev_pass1, steps = finetune(model, tok, task, ws, seed, max_new_tokens, progress, device)
+        dev_pass1, steps = finetune(model, tok, task, ws, seed, max_new_tokens, progress, device, episodes)
     seconds = time.perf_counter() - t0
-    pass1 = greedy_pass1(model, tok, task, len(task.eval), max_new_tokens)
+    pass1 = greedy_pass1(model, tok, task, len(task.eval), max_new_tokens, episodes=episodes)
     # write to a temp dir and rename, so concurrent workers never read a half-written checkpoint
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))

@@ -104,7 +104,7 @@ def prepare(req: TuneRequest, cfg: RunConfig, uri: str, storage, log) -> Shared:
     seed = cfg.seeds[0]
     task = load_task(cfg.task, seed, cfg.model, cfg.rollout.response_cap(), log, cfg.task_options)
     ws = warm_start(task, cfg.model, cfg.warmstart, seed, task.spec.max_new_tokens, progress=cfg.train.progress,
-                    log=log)
+                    log=log, env=cfg.env)
     if ws.cached:
         log(f"warm start (cached): greedy pass@1 {ws.pass1:.1%} -> {ws.path}")
     return Shared(req, cfg, uri, storage, client, exp_id, task, ws, log)

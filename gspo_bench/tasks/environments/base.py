@@ -24,6 +24,7 @@ not a message list, and the conversation's tokens are the caller's.)
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Union, runtime_checkable
 
@@ -92,3 +93,52 @@ def make_environment(name: str, task: Task, **params) -> Environment:
     if name not in ENVIRONMENTS:
         raise ValueError(f"unknown environment {name!r} (allowed: {', '.join(ENVIRONMENTS)})")
     return ENVIRONMENTS[name](task, **params)
+
+
+def environment_name(task: Task, name: str | None = None) -> str:
+    """The environment a task is played in: ``name`` (``env.name``) when given, else the task spec's own; an
+    unknown one is a one-line ValueError."""
+    chosen = name or task.spec.environment
+    if chosen not in ENVIRONMENTS:
+        raise ValueError(f"unknown environment {chosen!r} (allowed: {', '.join(ENVIRONMENTS)})")
+    return chosen
+
+
+def is_multi_turn(name: str) -> bool:
+    """Whether environment ``name`` plays episodes turn by turn: every environment but one that scores a whole
+    batch of one-turn episodes at once (``BatchEnvironment``: ``single_turn``)."""
+    return not hasattr(ENVIRONMENTS[name], "score")
+
+
+def uses_tool(name: str) -> bool:
+    """Whether environment ``name`` has a tool the model calls (its class declares ``tool``): its turns end at a
+    call as well as at an eos, and it is built with the run's tool format."""
+    return getattr(ENVIRONMENTS[name], "tool", None) is not None
+
+
+def build_kwargs(name: str, **offered) -> dict:
+    """The keywords of ``offered`` (``tools``, ``max_turns``) that environment ``name``'s factory takes."""
+    try:
+        params = inspect.signature(ENVIRONMENTS[name]).parameters
+    except (TypeError, ValueError):
+        return {}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return offered
+    return {k: v for k, v in offered.items() if k in params}
+
+
+def scripted(env: Environment, row: dict) -> tuple[list[tuple[str, str]], float]:
+    """The scripted solver's episode on ``row`` (``env.solver``): its segments as ``(who, text)``, ``who``
+    ``model`` or ``environment``, and its return."""
+    observation = env.reset(row)
+    policy = env.solver(row)
+    out, total, last = [], 0.0, None
+    while True:
+        action = policy(last)
+        out.append(("model", action))
+        step = env.step(action)
+        total += step.reward
+        if step.done:
+            return out, total
+        out.append(("environment", step.observation))
+        last = step.observation

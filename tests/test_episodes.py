@@ -1,0 +1,172 @@
+"""Multi-turn episodes (``rollout/episodes.py``): turns cut at a call's marker, environment answers appended as
+ids the loss never sees, caps, metrics; the gradient on environment tokens' logits is exactly zero for every
+algorithm; every algorithm trains on ``calc`` through the real loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gspo_bench import algorithms
+from gspo_bench.algorithms.base import StepTrace
+from gspo_bench.config import EnvConfig, load_config
+from gspo_bench.core.metrics import StepStats
+from gspo_bench.models.builtin import char_tokenizer
+from gspo_bench.rollout.engine import Generation
+from gspo_bench.rollout.episodes import as_generation, episode_stats, episodes_for, play, turn_end
+from gspo_bench.rollout.producer import RolloutBatch
+from gspo_bench.rollout.trajectory import collate
+from gspo_bench.tasks import load_task
+from gspo_bench.train.runner import run
+from tests.conftest import saved_builtin, tiny_overrides
+
+TOK = char_tokenizer()
+EOS = TOK.eos_token_id
+
+
+def ids(text: str) -> list[int]:
+    return TOK(text, add_special_tokens=False)["input_ids"]
+
+
+class Scripted:
+    """An engine stand-in: row r's turn k samples ``turns[r][k]`` (text; ``$`` = eos), its log-probs -0.1 per
+    token, after checking that the context is the prompt and every segment so far, token for token."""
+
+    def __init__(self, turns: list[list[str]]):
+        self.turns, self.calls = turns, []
+
+    def __call__(self, contexts, rows, turn, max_new):
+        self.calls.append((list(rows), turn, max_new, [list(c) for c in contexts]))
+        outs = [(ids(self.turns[r][turn].replace("$", "")) + ([EOS] if "$" in self.turns[r][turn] else []))[:max_new]
+                for r in rows]
+        T = max(len(o) for o in outs)
+        P = max(len(c) for c in contexts)
+        B = len(contexts)
+        input_ids = torch.full((B, P + T), TOK.pad_token_id)
+        attn = torch.zeros((B, P + T), dtype=torch.long)
+        mask = torch.zeros((B, T))
+        for b, (c, o) in enumerate(zip(contexts, outs)):
+            input_ids[b, P - len(c):P] = torch.tensor(c)
+            input_ids[b, P:P + len(o)] = torch.tensor(o)
+            attn[b, P - len(c):P + len(o)] = 1
+            mask[b, :len(o)] = 1
+        return Generation(input_ids, attn, P, mask, -0.1 * mask, [""] * B)
+
+
+@pytest.fixture(scope="module")
+def calc():
+    return episodes_for(load_task("calc", 0), EnvConfig(max_turns=4, max_tool_tokens=4), TOK)
+
+
+def test_a_turn_ends_at_the_first_closing_marker_or_eos():
+    assert turn_end(TOK, ids("[1+2]=3]"), "]", {EOS}) == 5
+    assert turn_end(TOK, ids("12") + [EOS], "]", {EOS}) is None
+    assert turn_end(TOK, ids("1]2"), "]", {EOS}) == 2
+
+
+def test_episodes_append_answers_as_environment_segments_token_in_token_out(calc):
+    rows = [{"prompt": "24+99*13=", "answer": "1311"}, {"prompt": "1+2*3=", "answer": "7"}]
+    # row 0: the solver, with tokens sampled past each call's marker (dropped); row 1: a malformed call, then
+    # a wrong answer
+    engine = Scripted([["[99*13]zz", "[24+1287]", "1311$"], ["[2*]", "8$"]])
+    trajs = play(calc, TOK, rows, engine, max_new_tokens=48, eos=[EOS], version=3)
+    t0, t1 = trajs
+    assert [(s.source, TOK.decode(list(s.tokens))) for s in t0.segments] == [
+        ("model", "[99*13]"), ("environment", "=128"), ("model", "[24+1287]"), ("environment", "=131"),
+        ("model", "1311<eos>")]  # the answers cut to env.max_tool_tokens = 4
+    assert (t0.reward, t0.finish_reason) == (1.0, "stop")
+    assert t0.info == {"turns": 3, "tool_calls": 2, "tool_errors": 0, "turn_lengths": [7, 9, 5]}
+    assert t0.loss_mask == [1] * 7 + [0] * 4 + [1] * 9 + [0] * 4 + [1] * 5
+    assert t0.versions == [3] * 7 + [-1] * 4 + [3] * 9 + [-1] * 4 + [3] * 5
+    assert t0.behaviour_logp == pytest.approx([-0.1] * 7 + [0.0] * 4 + [-0.1] * 9 + [0.0] * 4 + [-0.1] * 5)
+    assert [(s.source, TOK.decode(list(s.tokens))) for s in t1.segments] == [
+        ("model", "[2*]"), ("environment", "=err"), ("model", "8<eos>")]
+    assert (t1.reward, t1.info["tool_errors"]) == (0.0, 1)
+    # each round samples the episodes still going, from their whole history as ids
+    assert [(rows_, turn) for rows_, turn, _, _ in engine.calls] == [([0, 1], 0), ([0, 1], 1), ([0], 2)]
+    assert engine.calls[2][3][0] == ids("24+99*13=") + list(t0.segments[0].tokens) + list(
+        t0.segments[1].tokens) + list(t0.segments[2].tokens) + list(t0.segments[3].tokens)
+    stats = episode_stats(trajs, 4)
+    assert stats["env/turns_mean"] == 2.5 and stats["env/tool_calls_mean"] == 1.5
+    assert stats["env/tool_errors_frac"] == pytest.approx(1 / 3)
+    # env tokens / response tokens, per trajectory, averaged: 8/29 and 4/10
+    assert stats["env/env_tokens_frac"] == pytest.approx((8 / 29 + 4 / 10) / 2)
+    assert stats["env/turn1_length_mean"] == 5.5 and stats["env/turn3_length_mean"] == 5
+    gen, loss_mask = as_generation(trajs, TOK, TOK.pad_token_id)
+    assert torch.equal(loss_mask[0, :29], torch.tensor(t0.loss_mask, dtype=torch.float32))
+    assert gen.response_mask.sum().item() == 29 + 10
+
+
+def test_the_response_cap_counts_both_sides_and_the_turn_cap_ends_a_calling_model(calc):
+    row = {"prompt": "24+99*13=", "answer": "1311"}
+    [cut] = play(calc, TOK, [row], Scripted([["[99*13]", "[24+1287]", "131111111$"]]), max_new_tokens=22,
+                 eos=[EOS])
+    # 7 + 4 (the answer) + 9 + 2 (the answer, cut to the 2 tokens left): no room for a third turn
+    assert cut.finish_reason == "length" and len(cut.response_ids) == 22 and cut.reward == 0.0
+    assert cut.info["turn_lengths"] == [7, 9] and TOK.decode(list(cut.segments[-1].tokens)) == "=1"
+    caller = Scripted([["[1+1]"] * 4])
+    [t] = play(calc, TOK, [row], caller, max_new_tokens=48, eos=[EOS])
+    assert t.finish_reason == "max_turns" and t.info["turns"] == 4 and t.reward == 0.0
+    assert t.segments[-1].source == "model"  # no answer is appended after the last call
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return saved_builtin("tiny-dense", tmp_path_factory.mktemp("tiny-dense"))
+
+
+@pytest.mark.parametrize("algo", algorithms.names())
+def test_environment_tokens_logits_get_exactly_zero_gradient(algo, model_dir, calc):
+    """The logits that predict environment tokens get a gradient of exactly 0 (and the model's tokens' do
+    not), through the module's own forward and loss, with a KL to the reference and an entropy bonus on."""
+    cls = algorithms.get(algo)
+    cfg = load_config("smoke", overrides={"loss": {"kl_coef": 0.05, "entropy_coef": 0.01},
+                                          "train": {"forward": "hf", "logit_chunk_tokens": 0}})
+    rows = [{"prompt": "24+99*13=", "answer": "1311"}, {"prompt": "1+2*3=", "answer": "7"}] * 2
+    engine = Scripted([["[99*13]", "[24+1287]", "1311$"], ["[2*3]", "[1+6]", "7$"],
+                       ["[99*13]", "1287$"], ["[2*3]", "6$"]])
+    trajs = play(calc, TOK, rows, engine, max_new_tokens=48, eos=[EOS])
+    laid = collate(trajs, TOK.pad_token_id)
+    B, T = laid.loss_mask.shape
+    torch.manual_seed(0)
+    module = cls(cfg, model_dir, 0, cfg.resolve(algo, cls.recipe, 48))
+    module.manual_backward = lambda loss: loss.backward()
+    rewards = torch.tensor([t.reward for t in trajs])
+    adv = torch.tensor([1.0, 1.0, -1.0, -1.0]) if cls.group_advantages else None
+    batch = RolloutBatch(laid.input_ids, laid.attention_mask, laid.prompt_len, laid.response_mask,
+                         laid.rollout_logp, rewards, rewards, adv, [""] * B, [""] * B, loss_mask=laid.loss_mask,
+                         versions=laid.versions, trajectories=trajs)
+    prep = module.prepare(batch, StepStats())
+    prep["old_logp"] = (prep["old_logp"] + 0.1 * torch.randn(B, T)) * laid.loss_mask
+    module.trace = StepTrace(old_logp=prep["old_logp"])
+    seen = []
+
+    def keep(mod, args, out):  # the LM head's logits (B, P+T, V), their gradient kept
+        if out.requires_grad:
+            out.retain_grad()
+            seen.append(out)
+
+    hook = module.policy.get_output_embeddings().register_forward_hook(keep)
+    try:
+        assert module.minibatch_backward(batch, prep, torch.arange(B), StepStats(), None)
+    finally:
+        hook.remove()
+    [logits] = seen
+    P = laid.prompt_len
+    grad_BT = logits.grad[:, P - 1:P - 1 + T].abs().amax(-1)  # the logits at P-1+t predict response token t
+    env = (laid.response_mask > 0) & (laid.loss_mask == 0)
+    assert env.sum() > 0 and torch.all(grad_BT[env] == 0), algo
+    assert grad_BT[laid.loss_mask > 0].max() > 0, algo
+
+
+def test_every_algorithm_trains_on_calc_through_the_loop(tmp_path, tracking_uri):
+    o = tiny_overrides("calc", tracking_uri, rollout={"max_new_tokens": 24},
+                       train={"steps": 1, "eval_every": 1, "eval_prompts": 4, "eval_samples": 1},
+                       tracking={"experiment": "calc-all"})
+    o["algos"] = algorithms.names()
+    results = run(load_config("smoke", overrides=o), log=lambda *a: None)
+    assert all(r.status == "FINISHED" for r in results), [(r.algo, r.error) for r in results if r.error]
+    for r in results:
+        assert {"env/turns_mean", "env/tool_calls_mean", "env/env_tokens_frac", "env/turn1_length_mean"} <= set(
+            r.last)
+        assert r.last["env/turns_mean"] >= 1 and r.eval_end is not None
