@@ -10,8 +10,8 @@ import pytest
 
 from gspo_bench.models.builtin import _one_char_per_token, char_tokenizer
 from gspo_bench.tasks.environments.tools import (ChatTools, CompactTools, Tool, check_tool_format,
-                                                 render_tool_prompt, template_has_tools, tool_format,
-                                                 tool_response_suffix)
+                                                 template_has_tools, tool_format, tool_response_suffix)
+from gspo_bench.tasks.prompts import render_prompts
 
 TOOL = Tool("calc", "expression", "Evaluate an expression.")
 
@@ -64,7 +64,7 @@ def test_the_chat_format_follows_the_template_around_the_result(chat_tok):
     assert tools.parse(TOOL, "<tool_call>{not json}</tool_call>").error.startswith("the call is not JSON")
     assert "no tool named 'rm'" in tools.parse(TOOL, '<tool_call>{"name": "rm", "arguments": {}}</tool_call>').error
     assert "no 'expression'" in tools.parse(TOOL, '<tool_call>{"name": "calc", "arguments": {}}</tool_call>').error
-    prompt = render_tool_prompt(chat_tok, "12*34+5=", TOOL)
+    [prompt] = render_prompts(["12*34+5="], chat_tok, True, tools=[TOOL.schema()])
     assert '"name": "calc"' in prompt and prompt.endswith("<|im_start|>assistant\n")
 
 
@@ -81,3 +81,43 @@ def test_a_vocabulary_that_cannot_spell_a_call_is_refused_in_one_line():
     with pytest.raises(ValueError, match="cannot write a compact tool call") as e:
         check_tool_format(digits, CompactTools())
     assert "\n" not in str(e.value)
+
+
+def test_a_checkpoint_with_a_tool_template_plays_calc_in_the_chat_form(chat_tok, tmp_path, tracking_uri):
+    """A local checkpoint whose tokenizer's chat template renders tool calls: its prompts list the calculator,
+    the solver's transcripts are in <tool_call> JSON with the template's tool turns, and a run trains on calc."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from gspo_bench.config import EnvConfig, ModelConfig, TaskOptions, load_config
+    from gspo_bench.rollout.episodes import episodes_for
+    from gspo_bench.tasks import load_task
+    from gspo_bench.train.runner import run
+    from gspo_bench.train.warmstart import transcript_batch
+    from tests.conftest import tiny_overrides
+
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(chat_tok), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                         head_dim=16, max_position_embeddings=1024,
+                                         pad_token_id=chat_tok.pad_token_id, bos_token_id=chat_tok.bos_token_id,
+                                         eos_token_id=chat_tok.eos_token_id))
+    folder = tmp_path / "chat-ckpt"
+    model.save_pretrained(folder)
+    chat_tok.save_pretrained(folder)
+    task = load_task("calc", 0, ModelConfig(name=str(folder)), 64, log=lambda *a: None,
+                     options=TaskOptions(chat=True))
+    prompt = task.train[0]["prompt"]
+    assert '"name": "calc"' in prompt and prompt.endswith("24+99*13=<|im_end|>\n<|im_start|>assistant\n")
+    episodes = episodes_for(task, EnvConfig(), chat_tok)
+    assert isinstance(episodes.tools, ChatTools)
+    batch = transcript_batch(chat_tok, episodes, [{"prompt": "24+99*13=", "answer": "1311"}], "cpu")
+    text = chat_tok.decode(batch["input_ids"][0])
+    assert '<tool_call>\n{"name": "calc", "arguments": {"expression": "99*13"}}\n</tool_call><|im_end|>' in text
+    assert "<tool_response>\n1287\n</tool_response>" in text and text.endswith("1311<eos>")
+    trained = chat_tok.decode(batch["input_ids"][0][batch["labels"][0] >= 0])
+    assert "tool_response" not in trained and "1287\n" not in trained  # the template's tool turn is not trained
+    o = tiny_overrides("calc", tracking_uri, rollout={"max_new_tokens": 64}, train={"steps": 1},
+                       tracking={"experiment": "calc-chat"}, task_options={"chat": True})
+    o["algos"], o["model"] = ["grpo"], {"name": str(folder)}
+    [r] = run(load_config("smoke", overrides=o), log=lambda *a: None)
+    assert r.status == "FINISHED", r.error
+    assert r.last["env/turns_mean"] >= 1

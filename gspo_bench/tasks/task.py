@@ -41,7 +41,7 @@ from gspo_bench.tasks.generators import (
     register_generator,
 )
 from gspo_bench.paths import builtin_dir
-from gspo_bench.tasks.prompts import render_prompts, rendering_key, uses_chat
+from gspo_bench.tasks.prompts import TOOL_SCHEMAS, render_prompts, rendering_key, uses_chat
 from gspo_bench.tasks.sandbox import DEFAULT_TIMEOUT, VerifierSandbox
 from gspo_bench.tasks.verifiers import (
     VERIFIER_REQUIRES,
@@ -286,13 +286,15 @@ def load_task(ref: str, seed: int, model=None, max_new_tokens: int | None = None
 
 def render_for(task: Task, tok) -> Task:
     """The task with its prompts as ``tok``'s model sees them (``prompts.render_prompts``: raw, or through the
-    chat template per ``spec.chat``); a bad ``chat`` / template is a one-line ValueError naming the task."""
+    chat template per ``spec.chat``, with its environment's tool where it has one); a bad ``chat`` / template is
+    a one-line ValueError naming the task."""
+    tools = TOOL_SCHEMAS.get(task.spec.environment)
     try:
-        key = rendering_key(tok, task.spec.chat, task.spec.system)
+        key = rendering_key(tok, task.spec.chat, task.spec.system, tools)
         if key is None:
             return task
         splits = [split.remove_columns("prompt").add_column(
-            "prompt", render_prompts(list(split["prompt"]), tok, task.spec.chat, task.spec.system))
+            "prompt", render_prompts(list(split["prompt"]), tok, task.spec.chat, task.spec.system, tools))
             for split in (task.train, task.eval)]
     except ValueError as e:
         raise ValueError(f"task {task.name!r}: {e}") from None

@@ -28,6 +28,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Union, runtime_checkable
 
+from gspo_bench.tasks.prompts import TOOL_SCHEMAS
 from gspo_bench.tasks.task import Task
 
 Observation = Union[str, list[int]]
@@ -76,13 +77,16 @@ ENVIRONMENTS: dict[str, Callable[..., Environment]] = {}
 
 
 def register_environment(name: str):
-    """Decorator: add the class (or factory) below to ``ENVIRONMENTS`` under ``name``. A name is registered
-    once."""
+    """Decorator: add the class (or factory) below to ``ENVIRONMENTS`` under ``name``; a class with a ``tool``
+    has its schema put in ``prompts.TOOL_SCHEMAS``, for the prompts a chat template renders. A name is
+    registered once."""
 
     def add(factory):
         if name in ENVIRONMENTS:
             raise ValueError(f"environment {name!r} is registered already")
         ENVIRONMENTS[name] = factory
+        if getattr(factory, "tool", None) is not None:  # a chat template lists it in the prompts
+            TOOL_SCHEMAS[name] = [factory.tool.schema()]
         return factory
 
     return add

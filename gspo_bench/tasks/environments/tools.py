@@ -10,7 +10,7 @@ appends the environment's answer, as token ids, before the model's next turn. Tw
 - ``chat``, for a checkpoint whose chat template renders tool calls (Qwen3, Hermes-style templates):
   ``<tool_call>{"name": "calc", "arguments": {"expression": "12*34"}}</tool_call>``, and the result as the
   template renders a ``tool`` message after it, up to the opening of the assistant's next turn. The tool's
-  schema reaches the prompt through ``apply_chat_template(tools=...)`` (``render_tool_prompt``).
+  schema reaches the prompt through ``apply_chat_template(tools=...)`` (``prompts.render_chat``).
 
 A malformed call (no opening marker, JSON that does not parse, another tool's name) is the environment's to
 answer with an error observation (``error``); it never raises. ``check_tool_format`` says, before any work,
@@ -182,10 +182,3 @@ def check_tool_format(tokenizer, fmt: ToolFormat) -> None:
             raise ValueError(f"the model's tokenizer cannot write a {fmt.name} tool call: {text!r} comes back as "
                              f"{tokenizer.decode(ids)!r} (use a tokenizer that can spell it, or env.tool_format="
                              f"{'compact' if fmt.name == 'chat' else 'chat'})")
-
-
-def render_tool_prompt(tokenizer, prompt: str, tool: Tool, system: str | None = None) -> str:
-    """A prompt through the chat template with ``tool``'s schema (``apply_chat_template(tools=...)``), ending
-    with the opening of the assistant's turn."""
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    return tokenizer.apply_chat_template(messages, tools=[tool.schema()], add_generation_prompt=True, tokenize=False)
