@@ -46,6 +46,8 @@ PACKAGE = ROOT / "gspo_bench"
 TUNE_ONLY = ("tune/",)
 # logged by asynchronous runs only (tests/test_overlap.py reads them back from one)
 ASYNC_ONLY = ("async/", "time/weight_sync_s", "time/wait_rollout_s", "throughput/train_tokens_per_s")
+# logged by multi-turn environments only (tests/test_episodes.py reads them back from runs on calc)
+ENV_ONLY = ("env/",)
 
 
 # -- the metrics table ----------------------------------------------------------------------------------------
@@ -104,13 +106,15 @@ def test_collapse_placeholder_names_every_kind():
     assert "collapse/<kind>" in rows
     kinds = set(re.findall(r"`([a-z_]+)`", rows["collapse/<kind>"]))
     assert kinds == set(COLLAPSE_KINDS)
-    assert [n for n in rows if _is_placeholder(n)] == ["eval/pass_at_<k>", "eval/mean_at_<k>", "collapse/<kind>"]
+    assert [n for n in rows if _is_placeholder(n)] == ["eval/pass_at_<k>", "eval/mean_at_<k>", "env/turn<k>_length_mean",
+                                                       "collapse/<kind>"]
 
 
 def test_every_documented_metric_is_logged(logged):
     seen = set().union(*logged)
     missing = [name for name, _ in documented_metrics()
-               if not _is_placeholder(name) and not name.startswith(TUNE_ONLY + ASYNC_ONLY) and name not in seen]
+               if not _is_placeholder(name) and not name.startswith(TUNE_ONLY + ASYNC_ONLY + ENV_ONLY)
+               and name not in seen]
     assert not missing, f"documented in docs/algorithms.md but logged by no run: {missing}"
     # the forced collapse shows up under its kind's name, pass@k under its k (the smoke preset's 2 samples: 1)
     assert "collapse/entropy_collapse" in seen and "eval/pass_at_1" in seen and "eval/mean_at_1" in seen
@@ -309,6 +313,33 @@ def _layout_example(heading: str) -> str:
     text = (ROOT / "docs" / "layout.md").read_text()
     section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_environments_doc_s_one_file_environment_plays_as_written(tmp_path):
+    from gspo_bench.tasks import GENERATORS, load_task, make_environment, scripted
+    from gspo_bench.tasks import environments
+    from gspo_bench.tasks.environments.tools import CompactTools
+    from gspo_bench.tasks.prompts import TOOL_SCHEMAS
+
+    text = (ROOT / "docs" / "environments.md").read_text()
+    section = text.split("## Bringing your own environment\n", 1)[1]
+    code, spec = (re.search(rf"```{kind}\n(.*?)```", section, re.S).group(1) for kind in ("python", "yaml"))
+    exec(code, {})
+    try:
+        (tmp_path / "double.yaml").write_text(spec)
+        task = load_task(str(tmp_path / "double.yaml"), 0)
+        assert TOOL_SCHEMAS["double"][0]["function"]["name"] == "add"
+        env = make_environment("double", task, tools=CompactTools(), max_turns=3)
+        segments, reward = scripted(env, task.eval[0])
+        assert reward == 1.0 and "".join(t for _, t in segments) == task.eval[0]["target"] == "[10+10]=20\n20"
+        env.reset(task.eval[0])
+        bad = env.step("[ten+ten]")
+        assert (bad.observation, bad.done, bad.info["tool_error"]) == ("=error\n", False, True)
+        assert env.step("21").reward == 0.0
+    finally:
+        environments.ENVIRONMENTS.pop("double", None)
+        GENERATORS.pop("double", None)
+        TOOL_SCHEMAS.pop("double", None)
 
 
 def test_the_layout_doc_s_one_file_estimator_and_environment_run_as_written():

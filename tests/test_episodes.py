@@ -4,6 +4,9 @@ algorithm; every algorithm trains on ``calc`` through the real loop."""
 
 from __future__ import annotations
 
+import re
+
+import mlflow
 import pytest
 import torch
 
@@ -19,6 +22,7 @@ from gspo_bench.rollout.trajectory import collate
 from gspo_bench.tasks import load_task
 from gspo_bench.train.runner import run
 from tests.conftest import saved_builtin, tiny_overrides
+from tests.test_docs import ENV_ONLY, documented_metrics
 
 TOK = char_tokenizer()
 EOS = TOK.eos_token_id
@@ -166,7 +170,11 @@ def test_every_algorithm_trains_on_calc_through_the_loop(tmp_path, tracking_uri)
     o["algos"] = algorithms.names()
     results = run(load_config("smoke", overrides=o), log=lambda *a: None)
     assert all(r.status == "FINISHED" for r in results), [(r.algo, r.error) for r in results if r.error]
+    documented = {n for n, _ in documented_metrics() if n.startswith(ENV_ONLY)}
+    client = mlflow.MlflowClient(tracking_uri)
     for r in results:
-        assert {"env/turns_mean", "env/tool_calls_mean", "env/env_tokens_frac", "env/turn1_length_mean"} <= set(
-            r.last)
+        logged = {k for k in client.get_run(r.run_id).data.metrics if k.startswith(ENV_ONLY)}
+        # every env/* row of the metrics table is logged, and every env/* metric logged is in it
+        assert {n for n in documented if "<" not in n} <= logged, r.algo
+        assert all(k in documented or re.fullmatch(r"env/turn\d+_length_mean", k) for k in logged), logged
         assert r.last["env/turns_mean"] >= 1 and r.eval_end is not None

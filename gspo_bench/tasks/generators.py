@@ -40,14 +40,18 @@ def check_sizes(kind: str, n_train: int, n_eval: int) -> None:
         raise ValueError(f"{kind} needs n_eval >= 1 and n_train >= 0, got n_eval={n_eval}, n_train={n_train}")
 
 
-def _split(rows: list[dict], n_eval: int) -> tuple[datasets.Dataset, datasets.Dataset]:
+def split_rows(rows: list[dict], n_eval: int) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """(train, eval) data sets of ``rows`` (``prompt``, ``answer``, ``target``): the first ``n_eval`` are the eval
+    split, the rest the train split."""
+
     def table(rs: list[dict]) -> datasets.Dataset:
         return datasets.Dataset.from_dict({k: [r[k] for r in rs] for k in ("prompt", "answer", "target")})
 
     return table(rows[n_eval:]), table(rows[:n_eval])
 
 
-def _distinct(draw: Callable[[], tuple[Hashable, dict]], n_total: int, max_misses: int | None = None) -> list[dict]:
+def distinct_rows(draw: Callable[[], tuple[Hashable, dict]], n_total: int,
+                  max_misses: int | None = None) -> list[dict]:
     """``n_total`` rows from ``draw()``, skipping any whose key was drawn before.
 
     ``max_misses`` consecutive repeats mean the problem space is (nearly) used
@@ -126,7 +130,7 @@ def generate_arith(
         target = column_addition(a, b) if scratchpad else str(a + b)
         return (a, b), {"prompt": f"{a}+{b}=", "answer": str(a + b), "target": target}
 
-    return _split(_distinct(draw, min(space, n_eval + n_train)), n_eval)
+    return split_rows(distinct_rows(draw, min(space, n_eval + n_train)), n_eval)
 
 
 # ----------------------------------------------------------------------------- countdown
@@ -233,7 +237,7 @@ def generate_countdown(
         }
         return (tuple(sorted(numbers)), target), row
 
-    return _split(_distinct(draw, n_eval + n_train, max_misses=MAX_TRIES), n_eval)
+    return split_rows(distinct_rows(draw, n_eval + n_train, max_misses=MAX_TRIES), n_eval)
 
 
 # ----------------------------------------------------------------------------- local files

@@ -20,7 +20,7 @@ from typing import Callable
 
 from gspo_bench.tasks.environments.base import Observation, Step, register_environment
 from gspo_bench.tasks.environments.tools import CompactTools, Tool, ToolFormat
-from gspo_bench.tasks.generators import _distinct, _split, check_sizes, register_generator
+from gspo_bench.tasks.generators import check_sizes, distinct_rows, register_generator, split_rows
 from gspo_bench.tasks.task import Task
 from gspo_bench.tasks.verifiers import evaluate, parse_expression
 
@@ -92,7 +92,7 @@ def generate_calc(seed: int, n_train: int = 20000, n_eval: int = 512, min_value:
                 continue
             return expr, {"prompt": f"{expr}=", "answer": calculate(expr), "target": target}
 
-    return _split(_distinct(draw, n_eval + n_train), n_eval)
+    return split_rows(distinct_rows(draw, n_eval + n_train), n_eval)
 
 
 @register_environment("calc")

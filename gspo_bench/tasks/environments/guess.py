@@ -19,7 +19,7 @@ from typing import Callable
 
 from gspo_bench.tasks.environments.base import Observation, Step, register_environment
 from gspo_bench.tasks.environments.tools import CompactTools, Tool, ToolFormat
-from gspo_bench.tasks.generators import _split, check_sizes, register_generator
+from gspo_bench.tasks.generators import check_sizes, register_generator, split_rows
 from gspo_bench.tasks.task import Task
 
 TOOL = Tool("guess", "number", "Guess the hidden number; the answer says whether it is higher or lower.")
@@ -58,7 +58,7 @@ def generate_guess(seed: int, n_train: int = 20000, n_eval: int = 512, low: int 
         target = "".join(tools.call(TOOL, str(g)) + ("" if said is None else tools.result(said))
                          for g, said in bisect(low, high, secret))
         rows.append({"prompt": f"guess {low}-{high}:", "answer": str(secret), "target": target})
-    return _split(rows, n_eval)
+    return split_rows(rows, n_eval)
 
 
 @register_environment("guess")
