@@ -54,7 +54,9 @@ class Scripted:
             input_ids[b, P:P + len(o)] = torch.tensor(o)
             attn[b, P - len(c):P + len(o)] = 1
             mask[b, :len(o)] = 1
-        return Generation(input_ids, attn, P, mask, -0.1 * mask, [""] * B)
+        # a stand-in for the MoE routes of every token the call read or wrote: its own id, on 1 layer, 1 slot
+        routes = torch.where(attn.bool(), input_ids, -1)[None, :, :, None]
+        return Generation(input_ids, attn, P, mask, -0.1 * mask, [""] * B, routes)
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +101,11 @@ def test_episodes_append_answers_as_environment_segments_token_in_token_out(calc
     gen, loss_mask = as_generation(trajs, TOK, TOK.pad_token_id)
     assert torch.equal(loss_mask[0, :29], torch.tensor(t0.loss_mask, dtype=torch.float32))
     assert gen.response_mask.sum().item() == 29 + 10
+    # each token's routes come from the last round, which read every token before: in the layout, column by
+    # column, they are the token's own (the stand-in's), and -1 on padding
+    real = gen.attention_mask.bool()
+    assert torch.equal(gen.routes[0, :, :, 0][real], gen.input_ids[real])
+    assert bool((gen.routes[0, :, :, 0][~real] == -1).all())
 
 
 def test_the_response_cap_counts_both_sides_and_the_turn_cap_ends_a_calling_model(calc):
@@ -178,3 +185,14 @@ def test_every_algorithm_trains_on_calc_through_the_loop(tmp_path, tracking_uri)
         assert {n for n in documented if "<" not in n} <= logged, r.algo
         assert all(k in documented or re.fullmatch(r"env/turn\d+_length_mean", k) for k in logged), logged
         assert r.last["env/turns_mean"] >= 1 and r.eval_end is not None
+
+
+def test_routing_replay_r3_replays_every_round_s_experts_on_calc(tracking_uri):
+    """tiny-moe on calc under r3: the trainer's router, before any update, makes the sampler's choices on every
+    token of the multi-turn trajectories (float32 on both sides), so the routes were laid out where they belong."""
+    o = tiny_overrides("calc", tracking_uri, rollout={"max_new_tokens": 32}, moe={"routing_replay": "r3"},
+                       train={"steps": 1, "eval_samples": 0}, tracking={"experiment": "calc-r3"})
+    o["algos"], o["model"] = ["grpo"], {"name": "tiny-moe"}
+    [r] = run(load_config("smoke", overrides=o), log=lambda *a: None)
+    assert r.status == "FINISHED", r.error
+    assert r.last["env/tool_calls_mean"] > 0 and r.last["moe/routing_mismatch"] < 0.01

@@ -127,6 +127,9 @@ def play(episodes: Episodes, tokenizer, rows: list[dict], sample: Sample, *, max
             keep = n if keep is None else keep
             if keep > budget[i]:  # past this episode's own cap (the call's is the largest of the episodes')
                 keep, ended = budget[i], False
+            if gen.routes is not None:  # this round's context held every token before: its routes are the record's
+                n_ctx = len(t.prompt_ids) + len(t.response_ids)
+                t.routes = gen.routes[:, j, P - n_ctx:P + keep].clone()
             logp = None if gen.rollout_logp is None else gen.rollout_logp[j, :keep].tolist()
             vers = version if gen.versions is None else gen.versions[j, :keep].tolist()
             t.segments.append(Segment.model(ids[:keep], logp, vers))
@@ -181,8 +184,18 @@ def episode_stats(trajs: list[Trajectory], max_turns: int) -> dict[str, float]:
 
 
 def as_generation(trajs: list[Trajectory], tokenizer, pad_id: int) -> tuple[Generation, torch.Tensor]:
-    """The trajectories in the engines' layout (``collate``), with their decoded responses, and their loss mask."""
+    """The trajectories in the engines' layout (``collate``), with their decoded responses and their MoE routes
+    (when every one has them), and their loss mask."""
     laid = collate(trajs, pad_id)
     texts = [t.text(tokenizer) for t in trajs]
+    routes = None
+    if trajs and all(t.routes is not None for t in trajs):
+        # (layers, B, P + T, k) in the layout's columns: trajectory b's tokens start at P - len(prompt); tokens
+        # the last round never read (an answer appended after it) stay -1
+        L, _, k = trajs[0].routes.shape
+        routes = torch.full((L, len(trajs), laid.input_ids.shape[1], k), -1, dtype=trajs[0].routes.dtype)
+        for b, t in enumerate(trajs):
+            start = laid.prompt_len - len(t.prompt_ids)
+            routes[:, b, start:start + t.routes.shape[1]] = t.routes
     return (Generation(laid.input_ids, laid.attention_mask, laid.prompt_len, laid.response_mask, laid.rollout_logp,
-                       texts, None, laid.versions), laid.loss_mask)
+                       texts, routes, laid.versions), laid.loss_mask)

@@ -286,7 +286,7 @@ class RolloutProducer:
                 return self.handle.generate(sampler, contexts, version=version, step=step, round_=round_,
                                             rows=[first * G + i + turn * TURN_STRIDE for i in idx],
                                             max_new_tokens=max_new, temperature=self.s.temperature,
-                                            return_logp=self.wants_rollout_logp())
+                                            return_logp=self.wants_rollout_logp(), **extra)
 
             trajs = play(self.episodes, self.tokenizer, [r for r in rows for _ in range(G)], sample,
                          max_new_tokens=self.s.max_new_tokens, eos=eos_ids(self.model, self.tokenizer),

@@ -25,7 +25,9 @@ weights after ``v`` RL steps. A response can span versions when new weights reac
 is generating; environment tokens and padding are -1. A sample's staleness at the RL step that trains
 on it is that step's version minus its oldest token's.
 
-The sampler's MoE routes stay on the batch (``RolloutBatch.routes``) for now, outside this record.
+A single-turn rollout's MoE routes stay on the batch (``RolloutBatch.routes``), outside this record; a multi-turn
+episode keeps its own (``Trajectory.routes``), taken from its last round, whose context held every token
+before.
 """
 
 from __future__ import annotations
@@ -104,6 +106,10 @@ class Trajectory:
     """``stop`` (the model ended it: an eos), ``length`` (the token cap), or the environment's reason."""
     info: dict = field(default_factory=dict)
     """What the environment recorded."""
+    routes: torch.Tensor | None = None
+    """(layers, prompt + response tokens, k): the experts the sampler's MoE router chose for each of the
+    trajectory's tokens, in order (-1: none recorded); kept for a multi-turn episode (``episodes.play``), whose
+    rounds each route part of it. None: not recorded, or on the batch (``RolloutBatch.routes``)."""
 
     @property
     def response_ids(self) -> list[int]:

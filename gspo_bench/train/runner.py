@@ -112,16 +112,14 @@ def check_loss_controls(cfg: RunConfig, algo: str) -> None:
 def check_environment(spec, cfg: RunConfig) -> None:
     """The environment the task is played in (``env.name``, else the spec's) is registered; a multi-turn one
     with a tool needs a tokenizer that can write its calls in ``env.tool_format``, and is not yet played with partial
-    rollouts or with Rollout Routing Replay (r3): a one-line ValueError."""
+    rollouts: a one-line ValueError."""
     name = spec.environment if cfg.env.name is None else cfg.env.name
     if name not in ENVIRONMENTS:
         raise ValueError(f"env.name: unknown environment {name!r} (allowed: {', '.join(ENVIRONMENTS)})")
     if not is_multi_turn(name):
         return
-    for on, what in ((cfg.rollout.partial, "rollout.partial=true"), (cfg.moe.routing_replay == "r3",
-                                                                    "moe.routing_replay=r3")):
-        if on:
-            raise ValueError(f"{what} is not supported with the multi-turn environment {name!r} yet")
+    if cfg.rollout.partial:
+        raise ValueError(f"rollout.partial=true is not supported with the multi-turn environment {name!r} yet")
     if not uses_tool(name):
         return
     tok, _ = tokenizer_and_context(cfg.model.name, cfg.model.trust_remote_code)
