@@ -196,3 +196,55 @@ def test_routing_replay_r3_replays_every_round_s_experts_on_calc(tracking_uri):
     [r] = run(load_config("smoke", overrides=o), log=lambda *a: None)
     assert r.status == "FINISHED", r.error
     assert r.last["env/tool_calls_mean"] > 0 and r.last["moe/routing_mismatch"] < 0.01
+
+
+@pytest.mark.parametrize("engine", ["fast", "compiled", "hf"])
+def test_each_in_process_engine_plays_calc_token_in_token_out(engine, tracking_uri):
+    """One RL step on calc with each engine. The sampler's log-probs of the model's tokens agree with the
+    trainer's recompute over the same ids (``mismatch/kl``, both in float32). A context decoded and encoded
+    again, or tokens laid in the wrong columns, would not."""
+    o = tiny_overrides("calc", tracking_uri, rollout={"engine": engine, "max_new_tokens": 32, "correction": "tis"},
+                       train={"steps": 1, "eval_samples": 0}, tracking={"experiment": f"calc-{engine}"})
+    o["algos"] = ["grpo"]
+    [r] = run(load_config("smoke", overrides=o), log=lambda *a: None)
+    assert r.status == "FINISHED", r.error
+    assert r.last["env/tool_calls_mean"] > 0 and r.last["env/env_tokens_frac"] > 0
+    assert r.last["mismatch/kl"] < 1e-4, r.last["mismatch/kl"]
+
+
+@pytest.mark.parametrize("algo", ["grpo", "gspo", "cispo"])
+def test_micro_batches_on_multi_turn_trajectories_give_the_whole_minibatch_s_gradients(algo, model_dir, calc):
+    """Trajectories of several segments, one of them truncated and masked out (``rollout.mask_truncated``), a
+    token-level TIS correction on: the gradients of the minibatch backpropagated in micro-batches of at most 40
+    tokens equal those of one pass."""
+    cls = algorithms.get(algo)
+    rows = [{"prompt": "24+99*13=", "answer": "1311"}, {"prompt": "1+2*3=", "answer": "7"}] * 2
+    engine = Scripted([["[99*13]", "[24+1287]", "1311$"], ["[2*3]", "[1+6]", "7$"],
+                       ["[99*13]", "1287$"], ["[2*3]", "66666666666666666666666"]])
+    trajs = play(calc, TOK, rows, engine, max_new_tokens=26, eos=[EOS])
+    assert [t.finish_reason for t in trajs] == ["length", "stop", "stop", "length"]
+    laid = collate(trajs, TOK.pad_token_id)
+    B, T = laid.loss_mask.shape
+    grads = []
+    for limit in (None, 40):
+        cfg = load_config("smoke", overrides={"rollout": {"correction": "tis", "mask_truncated": True},
+                                              "train": {"micro_batch_tokens": limit}})
+        torch.manual_seed(0)
+        module = cls(cfg, model_dir, 0, cfg.resolve(algo, cls.recipe, 26))
+        module.manual_backward = lambda loss: loss.backward()
+        rewards = torch.tensor([t.reward for t in trajs])
+        batch = RolloutBatch(laid.input_ids, laid.attention_mask, laid.prompt_len, laid.response_mask,
+                             laid.rollout_logp, rewards, rewards, torch.tensor([1.0, -1.0, 0.5, -0.5]), [""] * B,
+                             [""] * B, loss_mask=laid.loss_mask, versions=laid.versions, trajectories=trajs,
+                             truncated=torch.tensor([t.finish_reason == "length" for t in trajs]))
+        prep = module.prepare(batch, StepStats())
+        g = torch.Generator().manual_seed(1)
+        prep["old_logp"] = (prep["old_logp"] + 0.1 * torch.randn(B, T, generator=g)) * laid.loss_mask
+        assert torch.equal(prep["mask"][0], torch.zeros(T)) and prep["mask"][1].sum() > 0  # the truncated are out
+        module.trace = StepTrace(old_logp=prep["old_logp"])
+        assert module.minibatch_backward(batch, prep, torch.arange(B), StepStats(), None)
+        grads.append({n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None})
+    whole, split = grads
+    assert whole.keys() == split.keys() and whole
+    for name, g in whole.items():
+        assert float((split[name] - g).abs().max()) <= 1e-5 * float(g.abs().max()) + 1e-8, name

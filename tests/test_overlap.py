@@ -246,3 +246,19 @@ def test_a_run_whose_worker_was_killed_resumes_with_every_step_logged_once(mixed
     for key in ("reward/mean", "async/staleness_mean", "train/loss"):
         steps = [m.step for m in client.get_metric_history(done.run_id, key)]
         assert sorted(steps) == [1, 2, 3, 4, 5], (key, steps)  # every step once: in-flight rollouts sampled again
+
+
+def test_an_asynchronous_run_plays_multi_turn_episodes_in_its_worker(tracking_uri):
+    """calc with max_staleness 1: the worker plays the episodes turn by turn (env/* from its rollouts), the
+    trainer trains on them one version stale."""
+    cfg = load_config("smoke", overrides={**tiny_overrides(
+        "calc", tracking_uri, rollout={"max_staleness": 1, "max_new_tokens": 24},
+        train={"steps": 2, "eval_samples": 0},
+        tracking={"experiment": "async-calc"}), "algos": ["grpo"]})
+    [res] = run(cfg, log=lambda *a: None)
+    assert res.status == "FINISHED", res.error
+    client = mlflow.MlflowClient(tracking_uri)
+    history = {k: [m.value for m in sorted(client.get_metric_history(res.run_id, k), key=lambda m: m.step)]
+               for k in ("async/staleness_mean", "env/turns_mean")}
+    assert history["async/staleness_mean"] == [0.0, 1.0]
+    assert len(history["env/turns_mean"]) == 2 and all(v >= 1 for v in history["env/turns_mean"])

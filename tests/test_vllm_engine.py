@@ -456,3 +456,19 @@ def test_the_cpu_experts_are_packed_again_whatever_subclass_vllm_picked():
                                  moe_layer(Other()), torch.nn.Linear(2, 2)])
     assert vllm_engine._repack_cpu_experts(model) == 2
     assert packed == [model[0], model[1]]
+
+
+def test_vllm_plays_calc_episodes_token_in_token_out(vllm_ready, tmp_path):
+    """One RL step on calc with the vLLM engine: each round's contexts go in as token ids, the model's tokens come
+    back with log-probs that agree with the trainer's recompute over the same ids."""
+    from gspo_bench.config import load_config
+    from gspo_bench.train.runner import run
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    cfg = load_config("smoke", overrides={**tiny_overrides(
+        "calc", uri, rollout={"engine": "vllm", "max_new_tokens": 32, "correction": "tis"},
+        train={"steps": 1, "eval_samples": 0}), "algos": ["grpo"]})
+    [r] = run(cfg, log=lambda *a, **k: None)
+    assert r.status == "FINISHED", r.error
+    assert r.last["env/tool_calls_mean"] > 0 and r.last["env/env_tokens_frac"] > 0
+    assert r.last["mismatch/kl"] < 1e-3, r.last["mismatch/kl"]
