@@ -26,9 +26,9 @@ from typing import Callable
 
 import torch
 
+from gspo_bench.config import EnvConfig
 from gspo_bench.rollout.engine import Generation, prompt_ids
 from gspo_bench.rollout.trajectory import Segment, Trajectory, collate
-from gspo_bench.config import EnvConfig
 from gspo_bench.tasks import Environment, Task, make_environment
 from gspo_bench.tasks.environments import build_kwargs, environment_name, is_multi_turn, uses_tool
 from gspo_bench.tasks.environments.tools import tool_format
@@ -37,8 +37,8 @@ TURN_STRIDE = 1 << 24
 """Round ``k`` of an episode keys its completion generator at ``row + k * TURN_STRIDE`` (request seeding)."""
 
 Sample = Callable[[list[list[int]], list[int], int, int], Generation]
-"""``sample(contexts, rows, round, max_new_tokens)``: one engine call on the contexts (token ids) of the
-episodes ``rows`` (their indices among the call's), in round ``round``."""
+"""``sample(contexts, rows, round, max_new_tokens)``: one engine call on ``contexts`` (token ids), those of the
+episodes ``rows`` (their indices among ``play``'s rows), in round ``round`` of the episodes."""
 
 
 @dataclass
@@ -48,11 +48,14 @@ class Episodes:
     environment: str
     """The environment's registered name."""
     task: Task
+    """The task it is played over (its verifier scores answers)."""
     tools: object
     """The tool format (``tasks.environments.tools``: compact or chat); None for an environment without a tool
     (its turns end at an eos only)."""
     max_turns: int
+    """``env.max_turns``: the model's turns per episode at most."""
     max_tool_tokens: int
+    """``env.max_tool_tokens``: an environment answer's tokens at most."""
     params: dict = field(default_factory=dict)
     """More of the environment's own constructor arguments."""
 

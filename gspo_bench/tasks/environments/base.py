@@ -134,7 +134,7 @@ def build_kwargs(name: str, **offered) -> dict:
 def scripted(env: Environment, row: dict) -> tuple[list[tuple[str, str]], float]:
     """The scripted solver's episode on ``row`` (``env.solver``): its segments as ``(who, text)``, ``who``
     ``model`` or ``environment``, and its return."""
-    observation = env.reset(row)
+    env.reset(row)
     policy = env.solver(row)
     out, total, last = [], 0.0, None
     while True:
