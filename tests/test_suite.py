@@ -124,6 +124,11 @@ def test_warm_start_key_is_the_runs_own_and_a_dry_run_with_warm_starts_plans(tmp
     text = capsys.readouterr().out
     assert "8 cells: 0 already done, 8 to run" in text and "warm start" in text
     assert not (tmp_path / "mlflow.db").exists()
+    # a multi-turn scenario: the key carries how its episodes are played, as the run's own does
+    tools = scenario_config("tools", SuiteRequest(), ["grpo"])
+    task = load_task(tools.task, 3, model=tools.model, options=tools.task_options, log=lambda *_: None)
+    assert warmstart_key(tools, 3) == cache_key(task, tools.model, tools.warmstart, 3, tools.env)
+    assert warmstart_key(tools, 3) != cache_key(task, tools.model, tools.warmstart, 3)  # env.max_tool_tokens=16
 
 
 def test_a_model_that_is_never_warm_started_is_charged_no_warm_start(tmp_path, monkeypatch):

@@ -49,14 +49,15 @@ def cell_seconds(cfg: RunConfig, algo: str) -> float:
 
 
 @functools.lru_cache(maxsize=32)
-def _prompt_format(model: str, trust_remote_code: bool, chat, system: str | None) -> str | None:
-    """How a model's tokenizer renders a task's prompts (``prompts.rendering_key``), loaded once per plan rather
-    than once per scenario and seed."""
+def _prompt_format(model: str, trust_remote_code: bool, chat, system: str | None,
+                   environment: str = "single_turn") -> str | None:
+    """How a model's tokenizer renders a task's prompts (``prompts.rendering_key``, with the tool of the task's
+    environment where it has one), loaded once per plan rather than once per scenario and seed."""
     from gspo_bench.models import tokenizer_and_context
-    from gspo_bench.tasks.prompts import rendering_key
+    from gspo_bench.tasks.prompts import TOOL_SCHEMAS, rendering_key
 
     tok, _ = tokenizer_and_context(model, trust_remote_code)
-    return rendering_key(tok, chat, system)
+    return rendering_key(tok, chat, system, TOOL_SCHEMAS.get(environment))
 
 
 def warmstart_key(cfg: RunConfig, seed: int) -> str | None:
@@ -68,6 +69,7 @@ def warmstart_key(cfg: RunConfig, seed: int) -> str | None:
     spec = resolve_task_spec(cfg.task, cfg.task_options)
     # cache_key reads the task's name, its spec and how its prompts were rendered for the model (raw, or
     # through the chat template), so the tokenizer decides; the data themselves are not loaded
-    fmt = _prompt_format(cfg.model.name, cfg.model.trust_remote_code, spec.chat, spec.system)
-    key = cache_key(SimpleNamespace(name=spec.name, spec=spec, prompt_format=fmt), cfg.model, cfg.warmstart, seed)
+    fmt = _prompt_format(cfg.model.name, cfg.model.trust_remote_code, spec.chat, spec.system, spec.environment)
+    key = cache_key(SimpleNamespace(name=spec.name, spec=spec, prompt_format=fmt), cfg.model, cfg.warmstart, seed,
+                    cfg.env)
     return None if (cache_dir() / "warmstart" / key / "warmstart.json").is_file() else key
