@@ -185,6 +185,8 @@ def test_every_algorithm_trains_on_calc_through_the_loop(tmp_path, tracking_uri)
         assert {n for n in documented if "<" not in n} <= logged, r.algo
         assert all(k in documented or re.fullmatch(r"env/turn\d+_length_mean", k) for k in logged), logged
         assert r.last["env/turns_mean"] >= 1 and r.eval_end is not None
+        # the fast engine's log-probs of the model's tokens are the trainer's recompute over the same ids
+        assert r.last["mismatch/kl"] < 1e-4, (r.algo, r.last["mismatch/kl"])
 
 
 def test_routing_replay_r3_replays_every_round_s_experts_on_calc(tracking_uri):
@@ -198,9 +200,9 @@ def test_routing_replay_r3_replays_every_round_s_experts_on_calc(tracking_uri):
     assert r.last["env/tool_calls_mean"] > 0 and r.last["moe/routing_mismatch"] < 0.01
 
 
-@pytest.mark.parametrize("engine", ["fast", "compiled", "hf"])
+@pytest.mark.parametrize("engine", ["compiled", "hf"])
 def test_each_in_process_engine_plays_calc_token_in_token_out(engine, tracking_uri):
-    """One RL step on calc with each engine. The sampler's log-probs of the model's tokens agree with the
+    """One RL step on calc with each engine (the fast one: every algorithm's run above). The sampler's log-probs of the model's tokens agree with the
     trainer's recompute over the same ids (``mismatch/kl``, both in float32). A context decoded and encoded
     again, or tokens laid in the wrong columns, would not."""
     o = tiny_overrides("calc", tracking_uri, rollout={"engine": engine, "max_new_tokens": 32, "correction": "tis"},
