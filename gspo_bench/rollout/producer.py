@@ -418,7 +418,8 @@ class RolloutProducer:
             stats.update({"dynamic/dropped_groups": float(dropped), "dynamic/gen_batches": float(rounds),
                           "dynamic/kept_groups": float(n_groups)})
         # the record: one trajectory per row, its response one model segment whose every token carries the
-        # version of the weights that drew it; the batch is their layout (the generation's, column for column)
+        # version of the weights that drew it (a multi-turn episode: the segments it played); the batch is their
+        # layout (the generation's, column for column)
         trajs = trajectories_from(gen, truncated) if self.episodes is None else kept_trajs
         for t, r in zip(trajs, scores.tolist()):
             t.reward = r
