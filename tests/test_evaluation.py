@@ -130,6 +130,9 @@ def test_the_evaluator_logs_pass_at_k_from_its_samples():
     from gspo_bench.rollout.evaluation import Evaluator
 
     class Data:  # two prompts, 4 samples each: prompt a has 1 correct sample, prompt b 3
+        def play(self, *args, **kw):  # a single-turn task: no episodes to play
+            return None
+
         def generate(self, model, prompts, **kw):
             return Generation(None, None, 0, None, None, list(prompts))
 
@@ -166,6 +169,9 @@ def test_the_evaluator_logs_greedy_pass1_on_the_two_halves_of_its_rows():
     hits = {"a": 1.0, "b": 0.0, "c": 1.0, "d": 1.0, "e": 0.0}
 
     class Data:  # greedy only; prompts a, c, e sit at even indices (0, 2, 4), b and d at odd ones
+        def play(self, *args, **kw):  # a single-turn task: no episodes to play
+            return None
+
         def generate(self, model, prompts, **kw):
             from gspo_bench.rollout.engine import Generation
 
