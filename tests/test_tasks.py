@@ -14,9 +14,12 @@ from gspo_bench.tasks import (
     TaskSpec,
     builtin_tasks,
     generate_arith,
+    is_multi_turn,
     load_jsonl,
     load_task,
+    make_environment,
     resolve_task_spec,
+    scripted,
     verify_exact,
     verify_last_line,
 )
@@ -293,9 +296,19 @@ def test_builtins_include_the_new_tasks():
 
 @pytest.mark.parametrize("name", BUILTINS)
 def test_builtin_targets_verify(loaded, name):
-    """The key check on the SFT targets: every eval row's target earns reward 1.0 against its answer."""
+    """The key check on the SFT targets: every eval row's target earns reward 1.0 against its answer (a
+    multi-turn task's: the scripted solver's episode, whose transcript the target is, earns its full return)."""
     task = loaded(name)
     assert len(task.eval) > 0
+    if is_multi_turn(task.spec.environment):
+        from gspo_bench.tasks.environments.tools import CompactTools
+
+        for row in task.eval.select(range(64)):
+            env = make_environment(task.spec.environment, task, tools=CompactTools())
+            segments, reward = scripted(env, row)
+            assert "".join(t for _, t in segments) == row["target"] and reward > 0.3, (name, row)
+            assert reward == 1.0 or name == "guess"  # guess pays less for every turn past the first
+        return
     scores = [task.verify(t, a) for t, a in zip(task.eval["target"], task.eval["answer"])]
     assert scores == [1.0] * len(task.eval)
     # and a sample of train rows too
@@ -309,12 +322,15 @@ def test_builtin_splits_disjoint_deterministic_and_in_charset(loaded, name):
 
     task = loaded(name)
     tr, ev = list(task.train["prompt"]), list(task.eval["prompt"])
-    assert len(set(ev)) == len(ev) and len(set(tr)) == len(tr)
-    assert not set(tr) & set(ev)
+    if name == "guess":  # one prompt, guess 1-16:, and a secret per row: its rows differ in their answers only
+        assert set(tr) == set(ev) == {"guess 1-16:"} and set(task.eval["answer"]) == {str(i) for i in range(1, 17)}
+    else:
+        assert len(set(ev)) == len(ev) and len(set(tr)) == len(tr)
+        assert not set(tr) & set(ev)
     again = load_task(name, 0)
     assert again.eval.to_dict() == task.eval.to_dict()
     assert list(again.train["prompt"]) == tr
-    assert list(load_task(name, 1).eval["prompt"]) != ev
+    assert load_task(name, 1).eval.to_dict() != task.eval.to_dict()
     allowed = set(CHARSET)
     for ds in (task.train, task.eval):
         for col in ("prompt", "answer", "target"):

@@ -243,3 +243,16 @@ def test_processes_started_together_fine_tune_once_and_the_others_load_it(tmp_pa
         assert p.exitcode == 0
     got = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2)]
     assert sorted(g["cached"] for g in got) == [False, True] and got[0]["path"] == got[1]["path"]
+
+
+def test_a_task_of_one_prompt_keeps_a_dev_split_of_its_own_rows():
+    """guess: every row is "guess 1-16:" with its own secret, so no row's prompt differs from the eval split's;
+    the dev split keeps its held-out train rows rather than none (a warm start checked on nothing would never
+    stop), still apart from the rows it trains on."""
+    from gspo_bench.tasks import load_task
+    from gspo_bench.train.warmstart import dev_split
+
+    task = load_task("guess", 0)
+    sft, dev = dev_split(task)
+    assert len(dev) == min(len(task.eval), len(task.train) // 4) and len(sft) + len(dev) == len(task.train)
+    assert list(dev["answer"]) == list(task.train["answer"])[-len(dev):]

@@ -117,12 +117,15 @@ def dev_split(task: Task):
     """(the rows the warm start trains on, the dev split it is accepted on): the dev split is the last
     min(len(eval), len(train) // DEV_SHARE) rows of the train split (at least one), less any whose prompt is an
     eval prompt, so it is disjoint from the eval split even for data whose splits share prompts; the warm start
-    trains on the rest."""
+    trains on the rest. A task whose every row has one prompt (``guess``: the rows differ in their hidden
+    answers) keeps those rows: no split of it can differ in prompts."""
     train = task.train
     n = max(1, min(len(task.eval), len(train) // DEV_SHARE))
     held = set(range(len(train) - n, len(train)))
     evals = set(task.eval["prompt"])
     dev = [i for i in sorted(held) if train[i]["prompt"] not in evals]
+    if not dev and len(evals) == 1:  # one prompt for every row (guess): its rows differ in their answers only
+        dev = sorted(held)
     rest = [i for i in range(len(train)) if i not in held]
     return train.select(rest), train.select(dev)
 
