@@ -212,10 +212,12 @@ def test_unknown_subcommand_exits_2():
 def test_list_shows_every_algorithm_task_model_and_preset(capsys):
     assert main(["list"]) == 0
     text = capsys.readouterr().out
-    for word in [*LOSSES, "arith", "tiny-dense", "tiny-moe", "smoke", "default"]:
+    for word in [*LOSSES, "arith", "calc", "guess", "tiny-dense", "tiny-moe", "smoke", "default", "tools"]:
         assert word in text
     assert "advantage estimators (rollout.advantage_estimator): group" in text
-    assert "environments (a rollout meets its task through one): single_turn (One prompt, one completion" in text
+    assert ("environments (a rollout meets its task through one): calc (An expression to evaluate, with a "
+            "calculator" in text)
+    assert "single_turn (One prompt, one completion" in text and "guess (A hidden number" in text
 
 
 def test_list_prints_the_extras_to_install_as_written(capsys, monkeypatch):
