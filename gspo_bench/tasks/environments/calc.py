@@ -18,10 +18,9 @@ import random
 import re
 from typing import Callable
 
-from gspo_bench.tasks.environments.base import Observation, Step, register_environment
-from gspo_bench.tasks.environments.tools import CompactTools, Tool, ToolFormat
+from gspo_bench.tasks.environments.base import Step, register_environment
+from gspo_bench.tasks.environments.tools import CompactTools, Tool, ToolEnvironment, ToolFormat
 from gspo_bench.tasks.generators import check_sizes, distinct_rows, register_generator, split_rows
-from gspo_bench.tasks.task import Task
 from gspo_bench.tasks.verifiers import evaluate, parse_expression
 
 TOOL = Tool("calc", "expression", "Evaluate an arithmetic expression of integers with + - * / and parentheses.")
@@ -96,28 +95,15 @@ def generate_calc(seed: int, n_train: int = 20000, n_eval: int = 512, min_value:
 
 
 @register_environment("calc")
-class Calc:
+class Calc(ToolEnvironment):
     """An expression to evaluate, with a calculator; the final answer's correctness is the reward."""
 
     tool = TOOL
-
-    def __init__(self, task: Task, *, tools: ToolFormat, max_turns: int = 4):
-        self.task, self.tools, self.max_turns = task, tools, max_turns
-        self.row: dict | None = None
-        self.turns = 0
-
-    def reset(self, row: dict) -> Observation:
-        self.row, self.turns = row, 0
-        return row["prompt"]
+    default_turns = 4
 
     def step(self, action: str | list[int]) -> Step:
         """One model turn: a call (answered with its result, or an error) or the final answer (scored)."""
-        if self.row is None:
-            raise RuntimeError("calc: step() before reset(), or after the episode ended")
-        if not isinstance(action, str):
-            raise TypeError("calc reads text: decode the turn's token ids before step()")
-        self.turns += 1
-        call = self.tools.parse(self.tool, action)
+        call = self.take_turn(action)
         if call is None:  # no call: the answer
             answer, self.row = self.row["answer"], None
             return Step(None, self.task.verify(action, answer), True, {"finish_reason": "stop"})

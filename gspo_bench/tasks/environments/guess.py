@@ -17,10 +17,9 @@ import random
 import re
 from typing import Callable
 
-from gspo_bench.tasks.environments.base import Observation, Step, register_environment
-from gspo_bench.tasks.environments.tools import CompactTools, Tool, ToolFormat
+from gspo_bench.tasks.environments.base import Step, register_environment
+from gspo_bench.tasks.environments.tools import CompactTools, Tool, ToolEnvironment
 from gspo_bench.tasks.generators import check_sizes, register_generator, split_rows
-from gspo_bench.tasks.task import Task
 
 TOOL = Tool("guess", "number", "Guess the hidden number; the answer says whether it is higher or lower.")
 HIGHER, LOWER = "higher", "lower"
@@ -62,29 +61,16 @@ def generate_guess(seed: int, n_train: int = 20000, n_eval: int = 512, low: int 
 
 
 @register_environment("guess")
-class Guess:
+class Guess(ToolEnvironment):
     """A hidden number (the row's answer) in the prompt's range; "higher" / "lower" after each wrong guess."""
 
     tool = TOOL
-
-    def __init__(self, task: Task, *, tools: ToolFormat, max_turns: int = 6):
-        self.task, self.tools, self.max_turns = task, tools, max_turns
-        self.row: dict | None = None
-        self.turns = 0
-
-    def reset(self, row: dict) -> Observation:
-        self.row, self.turns = row, 0
-        return row["prompt"]
+    default_turns = 6
 
     def step(self, action: str | list[int]) -> Step:
         """One guess: right (done, rewarded by the turns used), wrong (higher / lower), or none (done, 0)."""
-        if self.row is None:
-            raise RuntimeError("guess: step() before reset(), or after the episode ended")
-        if not isinstance(action, str):
-            raise TypeError("guess reads text: decode the turn's token ids before step()")
-        self.turns += 1
+        call = self.take_turn(action)
         secret = int(self.row["answer"])
-        call = self.tools.parse(self.tool, action)
         if call is None:  # the model stopped without guessing
             self.row = None
             return Step(None, 0.0, True, {"finish_reason": "stop"})

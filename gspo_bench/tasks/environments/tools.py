@@ -182,3 +182,33 @@ def check_tool_format(tokenizer, fmt: ToolFormat) -> None:
             raise ValueError(f"the model's tokenizer cannot write a {fmt.name} tool call: {text!r} comes back as "
                              f"{tokenizer.decode(ids)!r} (use a tokenizer that can spell it, or env.tool_format="
                              f"{'compact' if fmt.name == 'chat' else 'chat'})")
+
+
+class ToolEnvironment:
+    """The shared part of an environment with one tool (``calc``, ``guess``): built with the run's tool format and
+    turn cap, an episode per ``reset``, and ``take_turn``, which counts a model's turn and reads the call it makes.
+    A subclass sets ``tool`` and ``default_turns`` and writes ``step`` and ``solver``."""
+
+    tool: Tool
+    default_turns = 4
+    """The turn cap when none is given (``env.max_turns`` gives it in a run)."""
+
+    def __init__(self, task, *, tools: ToolFormat, max_turns: int | None = None):
+        self.task, self.tools = task, tools
+        self.max_turns = self.default_turns if max_turns is None else max_turns
+        self.row: dict | None = None  # the episode's row, None between episodes
+        self.turns = 0
+
+    def reset(self, row: dict) -> str:
+        self.row, self.turns = row, 0
+        return row["prompt"]
+
+    def take_turn(self, action) -> Call | None:
+        """Count one model turn and read its call (None: it makes none, it is an answer)."""
+        name = type(self).__name__.lower()
+        if self.row is None:
+            raise RuntimeError(f"{name}: step() before reset(), or after the episode ended")
+        if not isinstance(action, str):
+            raise TypeError(f"{name} reads text: decode the turn's token ids before step()")
+        self.turns += 1
+        return self.tools.parse(self.tool, action)
