@@ -464,7 +464,7 @@ def test_the_vllm_engine_is_sized_for_the_tasks_longest_prompt_not_the_models_co
     from gspo_bench.rollout import vllm_engine
 
     got = {}
-    monkeypatch.setattr(vllm_engine, "VllmEngine", lambda folder, **kw: got.update(kw))
+    monkeypatch.setattr(vllm_engine, "lease", lambda folder, **kw: got.update(kw))  # what builds it
     model, tok = policy
     wide = copy.copy(model.config)
     wide.max_position_embeddings = 40_960

@@ -196,7 +196,7 @@ def test_the_vllm_engine_is_built_with_its_own_options(monkeypatch, tmp_path):
     assert engine_options("vllm", s).gpu_memory_utilization == 0.3  # the default where none is given
     assert engine_options("fast", s) is None
     got = {}
-    monkeypatch.setattr(vllm_engine, "VllmEngine", lambda folder, **kw: got.update(kw) or "built")
+    monkeypatch.setattr(vllm_engine, "lease", lambda folder, **kw: got.update(kw) or "built")  # what builds it
     model, tok = build_builtin("tiny-dense", 0)
     engine = ENGINES["vllm"](EngineSetup(s, seed=0, model_dir=str(tmp_path), prompts=lambda: ["1+2="]))
     assert engine.build(model, tok) == "built"

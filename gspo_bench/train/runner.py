@@ -275,7 +275,7 @@ def run_one(cfg: RunConfig, algo: str, seed: int, task, ws: WarmStart, uri: str,
             try:
                 trainer.fit(module, datamodule=dm)
             finally:
-                dm.close_engine()  # what the engine holds (vLLM's: one lives at a time)
+                dm.close_engine()  # what the engine holds (vLLM's is kept for the next run on its folder)
         result.status = "FINISHED"
         if logger.run_id is not None:  # rank 0 holds the run (and its checkpoint)
             checkpoint.discard(logger.experiment, logger.run_id)

@@ -106,7 +106,9 @@ class VllmRollout:
         # whose KV cache outgrows its budget (Qwen3-0.6B's 40,960 positions need 8.75 GiB of it)
         longest = max(map(len, tokenizer(setup.prompts(), add_special_tokens=False)["input_ids"]), default=1)
         prompt_cap = min(setup.max_prompt_tokens or context - T, context - T, longest)
-        return vllm_engine.VllmEngine(
+        # a folder of the run's own (the warm start's, a checkpoint's) may serve the process's next run too: kept at
+        # the end of this one (``close``); a copy saved for this run alone is not
+        return vllm_engine.lease(
             folder, dtype=s.dtype, max_model_len=prompt_cap + T, seed=setup.seed,
             gpu_memory_utilization=o.gpu_memory_utilization, kv_cache_mb=o.kv_cache_mb,
             # routes where this vLLM returns them (a GPU); on a CPU, moe/routing_mismatch is not logged
@@ -133,9 +135,10 @@ class VllmRollout:
         return None if self.engine is None else self.engine.take_sync_time()
 
     def close(self) -> None:
-        """Shut vLLM's engine down (one lives at a time) and remove the copy saved for it."""
+        """Release vLLM's engine (kept for the process's next run on the same folder and settings, unless it was
+        built on a copy saved for this run: then shut down) and remove that copy."""
         if self.engine is not None:
-            self.engine.close()
+            vllm_engine.release(self.engine, keep=self.saved is None)
             self.engine = None
         if self.saved:
             shutil.rmtree(self.saved, ignore_errors=True)
