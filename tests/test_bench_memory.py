@@ -59,3 +59,21 @@ def test_optimiser_states_are_allocated_and_no_weight_moves():
         state = opt.state[p]
         assert state["exp_avg"].shape == p.shape and torch.count_nonzero(state["exp_avg_sq"]) == 0
     assert [g["lr"] for g in opt.param_groups] == [0.1]  # the rate is back
+
+
+def test_a_profiled_measurement_writes_the_step_s_phases_then_its_operators(tmp_path):
+    """``--profile``: a second step under torch.profiler, in micro-batches here: one forward, loss and backward
+    per micro-batch, one metrics pass for the minibatch, one prepare and one optimiser step."""
+    from gspo_bench.config import parse_sets
+
+    path = tmp_path / "micro-2p.txt"
+    sets = [*bm.DEFAULT_SETTINGS, "model.name=tiny-dense", "rollout.prompts_per_step=2", "train.micro_batch_tokens=64"]
+    result = bm.measure_step("default", parse_sets(sets), "grpo", profile=str(path))
+    assert result["seconds"] > 0 and result["rows"] == 8
+    text = path.read_text()
+    calls = {line.split()[0]: int(line.split()[1]) for line in text.splitlines() if line.startswith("step/")}
+    assert set(calls) == set(bm.PHASES)
+    parts = calls["step/forward"]
+    assert parts >= 2 and calls["step/loss"] == calls["step/backward"] == parts
+    assert calls["step/prepare"] == calls["step/metrics"] == calls["step/optimizer"] == 1
+    assert "aten::mm" in text and "Self CPU" in text  # then torch.profiler's own table of operators

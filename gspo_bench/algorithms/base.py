@@ -49,6 +49,7 @@ from typing import ClassVar
 
 import lightning as L
 import torch
+from torch.profiler import record_function
 from transformers import AutoModelForCausalLM
 
 from gspo_bench.core import collectives as ddp
@@ -315,7 +316,8 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         t0 = time.perf_counter()
         stats = StepStats()
         # 1. old log-probs (and reference log-probs, advantages), before any update
-        prep = self.prepare(batch, stats)
+        with record_function("step/prepare"):  # a phase of the profiler's table (``bench --memory --profile``)
+            prep = self.prepare(batch, stats)
         # 1 where the loss's mask left no token (truncation, rejection): the step trains on nothing (on W > 1
         # processes the ranks' mean: 1 only where no rank had one)
         stats.add({"train/masked_all": (prep["mask"].sum() == 0).float()})
@@ -337,7 +339,8 @@ class PolicyModule(HeldOutEval, L.LightningModule):
             # minibatch's loss, x W), unless the loss is NaN/Inf (on any rank: all ranks skip together)
             finite = self.minibatch_backward(batch, prep, rows, stats, units)
             # 5. clip and step
-            self.clip_and_step(stats, finite)
+            with record_function("step/optimizer"):
+                self.clip_and_step(stats, finite)
         # 6. logging, with the RL step as the step (metrics reduced over ranks: every rank logs the same)
         self.rl_step += 1
         metrics = {**batch.stats, **stats.reduce()}
@@ -424,8 +427,10 @@ class PolicyModule(HeldOutEval, L.LightningModule):
             last = i == len(parts) - 1
             # after a NaN/Inf nothing more is backpropagated: the later parts' forwards only complete the metrics
             with torch.set_grad_enabled(finite and torch.is_grad_enabled()):
-                out = self.minibatch_forward(batch, prep, part)
-                loss, st = self.minibatch_loss(batch, prep, part, out, shares)
+                with record_function("step/forward"):
+                    out = self.minibatch_forward(batch, prep, part)
+                with record_function("step/loss"):
+                    loss, st = self.minibatch_loss(batch, prep, part, out, shares)
             finite = finite and bool(torch.isfinite(loss))
             if last:  # one vote per minibatch on every rank, however many parts each rank's rows make
                 finite = ddp.all_true(finite, loss.device)
@@ -433,7 +438,8 @@ class PolicyModule(HeldOutEval, L.LightningModule):
                 # DDP all-reduces in the backward of a minibatch's last micro-batch; the others accumulate on this
                 # rank (no_sync), so each rank all-reduces once per minibatch, whatever its number of parts
                 quiet = not last and self.world > 1
-                with self.trainer.strategy.block_backward_sync() if quiet else contextlib.nullcontext():
+                with self.trainer.strategy.block_backward_sync() if quiet else contextlib.nullcontext(), \
+                        record_function("step/backward"):
                     self.manual_backward(loss)
             outs.append({k: v.detach() for k, v in out.items()})
             # L = sum over parts of L_part, each part's sum over its units / the minibatch's count
@@ -444,7 +450,7 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         if len(parts) > 1:
             # the metrics of the whole minibatch (means, spreads, extremes over all its rows), from the parts'
             # detached outputs: the same values as one pass over it, at the cost of one loss without a forward
-            with torch.no_grad():
+            with torch.no_grad(), record_function("step/metrics"):
                 whole = {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
                 _, st = self.minibatch_loss(batch, prep, rows, whole, None if units is None else shares)
         stats.add({**st, "train/loss": total})

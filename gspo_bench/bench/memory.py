@@ -118,6 +118,44 @@ class StepMemory(L.Callback):
                        "device": str(pl_module.device)}
 
 
+PHASES = ("step/prepare", "step/forward", "step/loss", "step/backward", "step/metrics", "step/optimizer")
+"""The RL step's phases, as ``algorithms/base.py`` labels them for the profiler (``torch.profiler.record_function``):
+old and reference log-probs; each micro-batch's forward, loss and backward; the whole minibatch's metrics from
+its parts; clipping and the optimiser step."""
+
+
+class StepProfile(L.Callback):
+    """``torch.profiler`` over training step ``index`` (0-based; a step after the measured one, so the
+    profiler's own cost is in neither the memory nor the seconds measured): its table written to ``path``."""
+
+    def __init__(self, index: int, path: str):
+        self.index, self.path, self.prof = index, path, None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx == self.index:
+            self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU] + (
+                [torch.profiler.ProfilerActivity.CUDA] if pl_module.device.type == "cuda" else []))
+            self.prof.__enter__()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx != self.index or self.prof is None:
+            return
+        self.prof.__exit__(None, None, None)
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        Path(self.path).write_text(profile_text(self.prof.key_averages()))
+
+
+def profile_text(events) -> str:
+    """The step's phases (``PHASES``: calls, total CPU ms, share of the phases' sum), then the 30 operators of
+    most self CPU time, as torch.profiler tabulates them."""
+    rows = {e.key: e for e in events if e.key in PHASES}
+    total = sum(e.cpu_time_total for e in rows.values()) or 1.0
+    out = ["phase                 calls   CPU ms   share", *(
+        f"{k:<20} {rows[k].count:>6} {rows[k].cpu_time_total / 1e3:>8.1f} {rows[k].cpu_time_total / total:>6.1%}"
+        for k in PHASES if k in rows), "", events.table(sort_by="self_cpu_time_total", row_limit=30)]
+    return "\n".join(out) + "\n"
+
+
 class AllocateOptimiserStates(L.Callback):
     """Before training starts, one step of every optimiser on gradients of zeros at a learning rate of 0, then
     the gradients freed and the rates put back: AdamW allocates its moments, and both its update and its
@@ -137,9 +175,10 @@ class AllocateOptimiserStates(L.Callback):
                 group["lr"] = lr
 
 
-def measure_step(preset: str, overrides: dict, algo: str) -> dict:
+def measure_step(preset: str, overrides: dict, algo: str, profile: str | None = None) -> dict:
     """One measurement (in this process): build the run's objects as ``run`` does, allocate the optimisers'
-    states, take one RL step and measure it."""
+    states, take one RL step and measure it. ``profile``: then a second step under ``torch.profiler``, its
+    table written there (``StepProfile``)."""
     from gspo_bench.config import load_config
     from gspo_bench.tasks import load_task
     from gspo_bench.tracking.runs import quiet
@@ -153,12 +192,14 @@ def measure_step(preset: str, overrides: dict, algo: str) -> dict:
     ws = warm_start(task, cfg.model, cfg.warmstart, cfg.seeds[0], task.spec.max_new_tokens, progress=False,
                     log=lambda *_: None)
     probe = StepMemory(index=0)
-    trainer = L.Trainer(max_epochs=1, logger=False, callbacks=[AllocateOptimiserStates(), probe],
+    extra = [] if profile is None else [StepProfile(1, profile)]
+    trainer = L.Trainer(max_epochs=1, logger=False, callbacks=[AllocateOptimiserStates(), probe, *extra],
                         accelerator=cfg.train.accelerator, devices=1, precision=cfg.train.precision,
                         num_sanity_val_steps=0, enable_checkpointing=False, enable_model_summary=False,
                         enable_progress_bar=False)
     # the held-out evaluation is not part of an RL step
-    run = assemble(cfg, algo, task, ws.path, 0, lambda module: trainer, steps=1, evaluate=False, eval_samples=0)
+    run = assemble(cfg, algo, task, ws.path, 0, lambda module: trainer, steps=1 if profile is None else 2,
+                   evaluate=False, eval_samples=0)
     trainer.fit(run.module, datamodule=run.datamodule)
     return probe.result
 
@@ -172,10 +213,12 @@ def child_overrides(settings: tuple[str, ...], controls: str, prompts: int) -> t
 
 
 def measure(preset: str, settings: tuple[str, ...], controls: str, prompts: int, algo: str,
-            timeout: float = 3600) -> dict:
-    """One measurement in a child process of its own; its result, or its failure and the end of its output."""
+            timeout: float = 3600, profile_dir: str | None = None) -> dict:
+    """One measurement in a child process of its own; its result, or its failure and the end of its output.
+    ``profile_dir``: a profile of a second step too, in ``profile_path``'s file there."""
     sets = child_overrides(settings, controls, prompts)
-    spec = json.dumps({"preset": preset, "sets": sets, "algo": algo})
+    spec = json.dumps({"preset": preset, "sets": sets, "algo": algo,
+                       "profile": None if profile_dir is None else str(profile_path(profile_dir, controls, prompts))})
     # freed blocks over 64 KiB go back to the system, so resident memory is the live tensors' (module docstring)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "MALLOC_MMAP_THRESHOLD_": str(64 * 1024)}
     t0 = time.perf_counter()
@@ -191,6 +234,11 @@ def measure(preset: str, settings: tuple[str, ...], controls: str, prompts: int,
                 " (SIGKILL: most likely out of memory; try fewer --prompts)" if sig == 9 else "")
         return {**row, "error": why}
     return {**row, **json.loads(lines[-1][len("MEMORY "):])}
+
+
+def profile_path(folder: str, controls: str, prompts: int) -> Path:
+    """Where ``bench --memory --profile`` writes one measurement's profile."""
+    return Path(folder) / f"{controls}-{prompts}p.txt"
 
 
 def _gib(n: float) -> str:
@@ -246,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     from gspo_bench.config import parse_sets
 
     spec = json.loads((argv or sys.argv[1:])[0])
-    result = measure_step(spec["preset"], parse_sets(list(spec["sets"])), spec["algo"])
+    result = measure_step(spec["preset"], parse_sets(list(spec["sets"])), spec["algo"], spec.get("profile"))
     print("MEMORY " + json.dumps(result), flush=True)
 
 

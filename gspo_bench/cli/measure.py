@@ -42,7 +42,10 @@ def add_bench_parser(sub, csv, set_flag) -> None:
     b.add_argument("--json", metavar="FILE", help="write the JSON here instead of printing it")
     b.add_argument("--markdown", metavar="FILE", help="also write the tables as Markdown (e.g. results/bench.md)")
     b.add_argument("--figure", metavar="PNG", help="also draw the scaling curve(s)")
-    b.add_argument("--profile", metavar="FILE", help="torch.profiler op table of one full RL step per path")
+    b.add_argument("--profile", metavar="FILE", help="torch.profiler op table of one full RL step per path; with "
+                   "--memory a folder: each measurement then profiles a second step (neither its memory nor its "
+                   "seconds are the ones measured) into DIR/<controls>-<prompts>p.txt, the step's phases first, "
+                   "then the operators of most CPU time")
     b.add_argument("--vs", metavar="trl", help="instead: the full RL step against TRL's GRPOTrainer (extra compare)")
     b.add_argument("--engines", type=csv, metavar="E[,E...]", help="instead: these rollout engines side by side "
                    "(fast, compiled, hf, vllm) on each --model: tokens/s, completions/s, vLLM's start-up and "
@@ -338,10 +341,12 @@ def memory_command(args, console) -> int:
     for size in sizes:
         for c in controls:
             console.print(f"[bench] memory: controls {c}, {size} prompts", markup=False)
-            r = bench_memory.measure(preset, sets, c, size, args.algo)
+            r = bench_memory.measure(preset, sets, c, size, args.algo, profile_dir=args.profile)
             console.print("  " + (f"adds {r['added'] / 2**30:.2f} GiB (peak {r['peak'] / 2**30:.2f} GiB, "
                                   f"{r['response_tokens']} response tokens)" if "added" in r else
                                   "failed: " + r["error"][-300:]), markup=False)
+            if args.profile and "added" in r:
+                console.print(f"  profile: {bench_memory.profile_path(args.profile, c, size)}", markup=False)
             results.append(r)
     group = load_config(preset, (), parse_sets(list(bench_memory.child_overrides(sets, "none", 1)))).rollout.group_size
     table = Table(title="memory one RL step adds")
