@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 import warnings
@@ -16,11 +17,27 @@ if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from hypothesis import settings as hypothesis_settings  # noqa: E402
 
 from gspo_bench.tasks import register_verifier  # noqa: E402
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Under pytest-xdist (``-n 2``: the README's test command) each worker process takes one core: one thread for
+# torch here and for the processes a test starts, unless the test sets its own
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if XDIST_WORKER:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1 if XDIST_WORKER else max(1, min(2, os.cpu_count() or 1)))
 warnings.filterwarnings("ignore")
+
+
+# Property tests run ``examples(n)`` cases: n in the everyday run, 10x under the nightly profile
+# (``python -m pytest --hypothesis-profile=nightly``; docs/testing.md)
+hypothesis_settings.register_profile("nightly", max_examples=1000)
+
+
+def examples(n: int) -> int:
+    """A property test's number of cases: ``n``, scaled by the loaded profile (hypothesis's default runs 100)."""
+    return max(1, n * hypothesis_settings.default.max_examples // 100)
 
 
 @register_verifier("test_even_length")
@@ -35,8 +52,27 @@ def _cache(tmp_path_factory):
     # module-scoped fixtures (which run before any function-scoped one) use it too: a warm start found in
     # ~/.cache may have been trained under other kernels (another CPU, another ATEN_CPU_CAPABILITY)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GSPO_BENCH_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+        # xdist's workers share it (each has a base folder of its own under one parent): a warm start one
+        # trains, the other finds (the cache locks a warm start while it is built)
+        base = tmp_path_factory.getbasetemp()
+        mp.setenv("GSPO_BENCH_CACHE", str((base.parent if XDIST_WORKER else base) / "cache"))
         yield
+
+
+@pytest.fixture(autouse=True)
+def _alone(request, tmp_path_factory):
+    """Under xdist, a test marked ``alone`` runs with no other test beside it (its peak memory, or a timing that
+    another test's load would shift): it takes a lock that every other test shares, exclusively. Fixtures of
+    wider scope set up outside it."""
+    if not XDIST_WORKER:
+        yield
+        return
+    with open(tmp_path_factory.getbasetemp().parent / "alone.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if request.node.get_closest_marker("alone") else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(autouse=True)

@@ -105,7 +105,9 @@ def test_micro_batches_give_the_whole_minibatchs_gradients_and_metrics(algo, mod
             assert gap <= 1e-5 * float(g.abs().max()) + 1e-8, f"{name}: {gap:.2e} off at {limit} tokens"
         assert split_metrics.keys() == metrics.keys()
         for key, value in metrics.items():
-            assert split_metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+            # float32 rounding of forwards of other batch shapes, through a sequence's exp(sum of log-ratios)
+            # (vespo, gmpo): 1.5e-5 relative measured on one thread
+            assert split_metrics[key] == pytest.approx(value, rel=5e-5, abs=1e-7), key
         [(rows, logp)], [(split_rows, split_logp)] = trace, split_trace
         assert torch.equal(rows, split_rows)
         torch.testing.assert_close(split_logp, logp, rtol=1e-5, atol=1e-6)

@@ -8,6 +8,7 @@ import time
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
+from tests.conftest import examples
 from hypothesis import strategies as st
 
 from gspo_bench.config import ConfigError, load_config, parse_sets
@@ -139,14 +140,14 @@ def _scores_in_0_1_within_the_limit(name, completions, pick):
 
 
 @pytest.mark.parametrize("name", sorted(set(ANSWERS) - SLOW))
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(completions=st.lists(COMPLETIONS, min_size=1, max_size=6), pick=st.integers(0, 7))
 def test_any_completion_scores_in_0_1_within_the_limit(name, completions, pick):
     _scores_in_0_1_within_the_limit(name, completions, pick)
 
 
 @pytest.mark.parametrize("name", sorted(set(ANSWERS) & SLOW))
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(5), deadline=None, suppress_health_check=[HealthCheck.too_slow])  # 1-2 s each
 @given(completions=st.lists(COMPLETIONS, min_size=1, max_size=6), pick=st.integers(0, 7))
 def test_any_completion_scores_in_0_1_within_the_limit_slow_verifiers(name, completions, pick):
     _scores_in_0_1_within_the_limit(name, completions, pick)
@@ -161,7 +162,7 @@ VALUES = st.one_of(st.text(max_size=30), st.sampled_from(["null", "true", "[0, 1
                    st.floats(allow_nan=True).map(str), st.integers(-10**20, 10**20).map(str))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @example(items=["train.lr=\x1f\n"])  # found by CI: a raw newline once split the error across lines
 @example(items=["train.lr=\n"])
 @example(items=["tra\nin.lr=1"])
@@ -181,7 +182,7 @@ JSONISH = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-10**6, 1
                        max_leaves=8)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(overrides=st.dictionaries(st.sampled_from(["train", "rollout", "loss", "collapse", "model", "seeds", "algos",
                                                   "tracking", "warmstart", "moe", "junk"]), JSONISH, max_size=3))
 def test_any_override_tree_gives_a_config_or_one_config_error(overrides):

@@ -103,6 +103,7 @@ def test_the_claims_refuse_a_seed_the_rule_counts_two_runs_for():
 
 
 from hypothesis import given, settings  # noqa: E402
+from tests.conftest import examples  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from gspo_bench.reporting.frame import newest_counts  # noqa: E402
@@ -111,7 +112,7 @@ _RUN = st.tuples(st.sampled_from(["grpo", "gspo"]), st.sampled_from(["0", "1"]),
                  st.sampled_from(["FINISHED", "FAILED"]), st.integers(0, 5))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(_RUN, max_size=12), st.booleans())
 def test_newest_counts_keeps_one_finished_run_per_settings_algorithm_and_seed_the_newest(specs, timed):
     runs = [RunData(f"r{i}", status, {"algo": algo, "seed": seed, "gspo_bench.config": digest}, {}, {},

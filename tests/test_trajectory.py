@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from hypothesis import given, settings
+from tests.conftest import examples
 from hypothesis import strategies as st
 
 from gspo_bench.models import build_builtin
@@ -158,7 +159,7 @@ def layouts(draw):
     return gen, extra_p, extra_t
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(layouts(), st.integers(0, 1000))
 def test_any_ragged_layout_round_trips(layout, version):
     gen, extra_p, extra_t = layout
