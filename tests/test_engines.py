@@ -163,10 +163,11 @@ def test_an_unregistered_engine_is_one_line_exit_2_before_any_work(tmp_path, arg
 # -- an engine's own settings ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("given, says", [
     ({"vllm": {"kv": 1}}, "rollout.engine_options.vllm: unknown option 'kv' (engine vllm takes "
-                          "gpu_memory_utilization, kv_cache_mb, enforce_eager)"),
+                          "gpu_memory_utilization, kv_cache_mb, enforce_eager, keep)"),
     ({"vllm": {"kv_cache_mb": 0}}, "rollout.engine_options.vllm.kv_cache_mb=0 must be a positive int (MiB)"),
     ({"vllm": {"gpu_memory_utilization": 1.5}}, "gpu_memory_utilization=1.5 must be a number in (0, 1]"),
     ({"vllm": {"enforce_eager": "yes"}}, "enforce_eager='yes' must be true, false or null"),
+    ({"vllm": {"keep": 1}}, "keep=1 must be true or false"),
     ({"fast": {"x": 1}}, "rollout.engine_options.fast: engine fast takes no options"),
     ({"nope": {}}, "rollout.engine_options: no engine 'nope' (engines: fast, compiled, hf, vllm"),
 ])
@@ -194,6 +195,7 @@ def test_the_vllm_engine_is_built_with_its_own_options(monkeypatch, tmp_path):
                                                                                "enforce_eager": True}}}}).rollout
     s = dataclasses.replace(s, max_new_tokens=8)
     assert engine_options("vllm", s).gpu_memory_utilization == 0.3  # the default where none is given
+    assert engine_options("vllm", s).keep is False  # each run shuts its engine down unless told to keep it
     assert engine_options("fast", s) is None
     got = {}
     monkeypatch.setattr(vllm_engine, "lease", lambda folder, **kw: got.update(kw) or "built")  # what builds it

