@@ -274,7 +274,7 @@ sys.exit(main(sys.argv[1:]))
 def test_run_all_algorithms_smoke_with_the_vllm_engine_finishes_and_logs_the_sync(vllm_ready, tmp_path):
     pushes = tmp_path / "pushes.jsonl"
     proc = _cli(tmp_path, "--algos", "all", "--engine", "vllm", "--experiment", "vllm", "--set",
-                "rollout.engine_options.vllm.keep=true", python=("-c", RECORD_PUSHES), env={"GSPO_PUSH_LOG": str(pushes)})
+                "rollout.engine_options={vllm: {keep: true}}", python=("-c", RECORD_PUSHES), env={"GSPO_PUSH_LOG": str(pushes)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/m.db")
     runs = client.search_runs([client.get_experiment_by_name("vllm").experiment_id])
