@@ -113,7 +113,7 @@ def select(runs: list[RunData], where: tuple[tuple[str, str], ...]) -> dict[str,
     """seed -> the FINISHED run whose tags include ``where``. Several runs of one seed are counted by the rule
     of ``seeds.py``; a seed it still counts more than one run for (runs of different settings, both matching
     ``where``) is a ValueError naming the first two: a term names one setting, and a mean over settings it
-    does not name would test something the claim does not say."""
+    does not name would test something the claim does not say (a ConfigError: the command says it in one line)."""
     mine = [r for r in runs if r.status == FINISHED and r.seed != "?" and all(r.tags.get(k) == v for k, v in where)]
     table = run_table(mine, lambda r: {"run_id": r.run_id})
     counts = per_seed(table, [], values=[])[RUNS]
@@ -121,7 +121,10 @@ def select(runs: list[RunData], where: tuple[tuple[str, str], ...]) -> dict[str,
         # the first seed whose second run comes earliest in ``runs``, as the runs are listed
         seed = table.loc[table.duplicated(SEED), SEED].iloc[0]
         first, second = table.loc[table[SEED] == seed, "run_id"].iloc[:2]
-        raise ValueError(f"two FINISHED runs match {dict(where)} at seed {seed}: {first} and {second}")
+        from gspo_bench.config import ConfigError  # a runs table the page cannot read: one line, exit 2
+
+        raise ConfigError(f"two FINISHED runs match {dict(where)} at seed {seed}: {first} and {second} (runs of "
+                          "other settings, a warm start's outcome included; the page pairs one per seed)")
     return {r.seed: r for r in mine}
 
 
