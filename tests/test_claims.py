@@ -9,6 +9,7 @@ from scipy.stats import t as student_t
 from scipy.stats import ttest_1samp
 
 from gspo_bench.cli.main import main
+from gspo_bench.config import ConfigError
 from gspo_bench.reporting import claims as cl
 from gspo_bench.reporting.claim_specs import (EXPERIMENTS, LOG_SESOI, ROUNDS, SEEDS, STRESS_SEEDS, Claim, Curve, Part,
                                               Term, claims, region_lookup, registered, table_comparison)
@@ -77,6 +78,21 @@ def test_missing_runs_and_duplicates():
     runs["e"].append(_run("gspo", 0, [(0, .4), (40, .5)]))
     with pytest.raises(ValueError, match="two FINISHED runs"):
         cl.evaluate_part(Part("p", (Term("e", (("algo", "gspo"),)),), (0.0, math.inf)), runs)
+
+
+def test_a_pair_across_two_warm_starts_is_refused_in_one_line():
+    # grpo and gspo at seed 5 began from other weights (runs of two machines): no paired difference
+    ws = {"a": {"resolved.warmstart.pass1": "0.48", "resolved.warmstart.dev_pass1": "0.42",
+                "resolved.warmstart.steps": "499"},
+          "b": {"resolved.warmstart.pass1": "0.46", "resolved.warmstart.dev_pass1": "0.43",
+                "resolved.warmstart.steps": "309"}}
+    part = Part("p", (Term("e", (("algo", "gspo"),)), Term("e", (("algo", "grpo"),), sign=-1)), (0.0, math.inf))
+    gspo, grpo = _run("gspo", 5, [(0, .4), (40, .6)]), _run("grpo", 5, [(0, .4), (40, .5)])
+    gspo.params, grpo.params = ws["a"], ws["b"]
+    with pytest.raises(ConfigError, match="at seed 5 began from 2 warm starts .*0.46/0.43/309.*0.48/0.42/499"):
+        cl.evaluate_part(part, {"e": [gspo, grpo]})
+    grpo.params = ws["a"]  # one warm start: paired
+    assert cl.evaluate_part(part, {"e": [gspo, grpo]}).stat.mean == pytest.approx(10.0)
 
 
 def _res(verdict: str, decisive: bool = True) -> cl.PartResult:

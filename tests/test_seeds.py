@@ -131,3 +131,38 @@ def test_newest_counts_keeps_one_finished_run_per_settings_algorithm_and_seed_th
         # the newest: the latest start time, the first listed of equal ones (or of runs without start times)
         keep = max(same, key=lambda j: (runs[j].start_time or 0.0, -j))
         assert r.status == ("FINISHED" if i == keep else SUPERSEDED), (specs, timed)
+
+
+def _outcome(pass1: str, steps: str) -> dict:
+    return {"resolved.warmstart.pass1": pass1, "resolved.warmstart.dev_pass1": "0.42",
+            "resolved.warmstart.steps": steps, "loss.eps_low": "0.2"}
+
+
+def test_a_run_made_again_where_the_warm_start_came_out_otherwise_supersedes_the_older_one():
+    # grpo seed 5 on two machines: one command, two warm-start outcomes, so two digests; the newer counts
+    old = RunData("old", "FINISHED", {"algo": "grpo", "seed": "5", "gspo_bench.config": "aa"},
+                  _outcome("0.48", "499"), {}, start_time=1.0)
+    new = RunData("new", "FINISHED", {"algo": "grpo", "seed": "5", "gspo_bench.config": "bb"},
+                  _outcome("0.46", "309"), {}, start_time=2.0)
+    # another setting (not only the warm start differs): step 2 of the rule, both stay
+    other = RunData("other", "FINISHED", {"algo": "grpo", "seed": "5", "gspo_bench.config": "cc"},
+                    {**_outcome("0.48", "499"), "loss.eps_low": "0.3"}, {}, start_time=0.5)
+    # no warm start logged (runs without params): digests alone decide, as before
+    bare = [RunData(f"b{i}", "FINISHED", {"algo": "gspo", "seed": "5", "gspo_bench.config": d}, {}, {},
+                    start_time=float(i)) for i, d in enumerate(("aa", "bb"))]
+    newest_counts([old, new, other, *bare])
+    assert [r.status for r in (old, new, other, *bare)] == [SUPERSEDED, "FINISHED", "FINISHED", "FINISHED",
+                                                            "FINISHED"]
+
+
+def test_mixed_warm_starts_names_a_seed_whose_runs_began_from_two():
+    from gspo_bench.reporting.frame import mixed_warm_starts
+
+    tags = {"task": "calc", "model": "tiny-dense", "preset": "tools"}
+    runs = [RunData(f"{a}{s}", "FINISHED", {"algo": a, "seed": s, **tags}, _outcome(p, n), {})
+            for a, s, p, n in (("grpo", "4", "0.41", "303"), ("gspo", "4", "0.41", "303"),
+                               ("grpo", "5", "0.46", "309"), ("gspo", "5", "0.48", "499"))]
+    said = mixed_warm_starts(runs)
+    assert "calc/tiny-dense seed 5" in said and "seed 4" not in said
+    runs[3].status = "FAILED"  # only counted runs take part
+    assert mixed_warm_starts(runs) == ""

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from gspo_bench import tables
 from gspo_bench.reporting.claim_specs import EXPERIMENTS, Claim, Part, Term, region_lookup, table_comparison
-from gspo_bench.reporting.frame import FINISHED, RunData
+from gspo_bench.reporting.frame import FINISHED, RunData, warm_start_of
 from gspo_bench.reporting.leaderboard import before_dev_split
 from gspo_bench.reporting.paired import (PairedStat, holm, holm_first_level, mde, paired_summary, region_test,
                                          signed_sum_by_seed, tost_power)
@@ -166,6 +166,14 @@ def evaluate_part(part: Part, runs: dict[str, list[RunData]]) -> PartResult:
                 if all(v is None or not math.isfinite(v) for v in got.values())]
         why = "no seed has every term measured" + (f" (no run has {'; '.join(bare)})" if bare else "")
         return PartResult(part, paired_summary([]), [], NOT_RUN, why)
+    for seed in used:
+        starts = {warm_start_of(chosen[seed]) for _, chosen in picks} - {""}
+        if len(starts) > 1:
+            from gspo_bench.config import ConfigError  # a runs table the page cannot pair: one line, exit 2
+
+            raise ConfigError(f"the runs of part {part.label!r} at seed {seed} began from {len(starts)} warm "
+                              f"starts ({', '.join(sorted(starts))}: pass@1/dev pass@1/steps, made on two "
+                              "machines): a paired difference needs one; run that seed's cells again on one machine")
     stat = paired_summary(diffs)
     old = any(before_dev_split(chosen[seed]) for _, chosen in picks for seed in used)
     if not part.decisive and part.region == (-math.inf, math.inf):

@@ -381,14 +381,33 @@ def settings_key(run: RunData) -> str:
                  sorted((k, v) for k, v in run.tags.items() if not k.startswith(RUN_OWN_TAGS))))
 
 
-def newest_counts(runs: list[RunData]) -> list[RunData]:
-    """``runs`` with every FINISHED run but the newest of its (experiment, leaderboard group, settings, algorithm,
-    seed) marked ``SUPERSEDED``: a second FINISHED run of one seed (a command run twice) is never counted as
-    another seed. Newest: the latest ``start_time``; without one, the first in ``runs`` (MLflow lists runs newest
-    first, and a runs table keeps that order). Step 1 of the rule for several runs of one seed (``seeds.py``)."""
-    finished = pd.DataFrame.from_records(
-        [{"i": i, "key": repr((r.experiment, r.group, settings_key(r), r.algo, r.seed)), "start": r.start_time}
-         for i, r in enumerate(runs) if r.status == FINISHED], columns=["i", "key", "start"])
+# what the supervised warm start reached: resolved when a run starts, never set. The same settings and seed can
+# reach other weights on another CPU (its kernels round otherwise), so two runs of one command on two machines
+# may differ here, and so in their digests, and in nothing else
+WARMSTART_OUTCOME = ("resolved.warmstart.pass1", "resolved.warmstart.dev_pass1", "resolved.warmstart.steps")
+
+
+def warm_start_of(run: RunData) -> str:
+    """The warm start a run began from, as ``pass1/dev_pass1/steps`` ('' for a run that logged none)."""
+    values = [run.params.get(k) for k in WARMSTART_OUTCOME]
+    return "" if all(v is None for v in values) else "/".join(str(v) for v in values)
+
+
+def setup_key(run: RunData) -> str:
+    """What a run was set to do: its params less ``NOT_HASHED`` and the warm start's outcome, and its tags
+    less those each run has of its own. Two runs of one command on two machines share it even when their
+    warm starts, and so their digests, differ."""
+    from gspo_bench.tracking.lifecycle import NOT_HASHED
+
+    return repr((sorted((k, v) for k, v in run.params.items()
+                        if not k.startswith(NOT_HASHED) and k not in WARMSTART_OUTCOME),
+                 sorted((k, v) for k, v in run.tags.items() if not k.startswith(RUN_OWN_TAGS))))
+
+
+def _keep_newest(runs: list[RunData], keys: dict[int, str]) -> None:
+    """Mark ``SUPERSEDED`` every run ``runs[i]`` (i in ``keys``) but the newest of those sharing its key."""
+    finished = pd.DataFrame.from_records([{"i": i, "key": k, "start": runs[i].start_time} for i, k in keys.items()],
+                                         columns=["i", "key", "start"])
     # a key whose runs all have a start time: newest first (a stable sort keeps the first of equal times); a key
     # with a run that lacks one: all NaN, so the listed order stands
     known = finished["start"].notna().groupby(finished["key"]).transform("all")
@@ -396,7 +415,39 @@ def newest_counts(runs: list[RunData]) -> list[RunData]:
     ranked = finished.sort_values("start", ascending=False, kind="stable", na_position="last")
     for i in ranked[ranked.duplicated("key", keep="first")]["i"]:
         runs[i].status = SUPERSEDED
+
+
+def newest_counts(runs: list[RunData]) -> list[RunData]:
+    """``runs`` with every FINISHED run but the newest of its (experiment, leaderboard group, settings, algorithm,
+    seed) marked ``SUPERSEDED``: a second FINISHED run of one seed (a command run twice) is never counted as
+    another seed. Newest: the latest ``start_time``; without one, the first in ``runs`` (MLflow lists runs newest
+    first, and a runs table keeps that order). Step 1 of the rule for several runs of one seed (``seeds.py``).
+
+    Then the same among runs that logged a warm start and differ in nothing but its outcome (``setup_key``): the
+    command run again on another machine, whose warm start came out otherwise. The newer run counts, so a seed's
+    runs can be made again on one machine and pair on one warm start (``mixed_warm_starts`` names seeds that
+    still mix two)."""
+    _keep_newest(runs, {i: repr((r.experiment, r.group, settings_key(r), r.algo, r.seed))
+                        for i, r in enumerate(runs) if r.status == FINISHED})
+    _keep_newest(runs, {i: repr((r.experiment, r.group, setup_key(r), r.algo, r.seed))
+                        for i, r in enumerate(runs) if r.status == FINISHED and warm_start_of(r)})
     return runs
+
+
+def mixed_warm_starts(runs: list[RunData]) -> str:
+    """One sentence naming the seeds whose counted FINISHED runs, in one experiment, task, model and preset,
+    began from more than one warm start (runs made on two machines), or '' when there are none: a paired
+    difference at such a seed compares runs that did not start from the same weights."""
+    starts: dict[tuple, set[str]] = {}
+    for r in runs:
+        if r.status == FINISHED and r.seed != "?" and warm_start_of(r):
+            starts.setdefault((r.experiment, *r.group[:3], r.seed), set()).add(warm_start_of(r))
+    mixed = sorted((k for k, v in starts.items() if len(v) > 1), key=lambda k: (k[:4], len(k[4]), k[4]))
+    if not mixed:
+        return ""
+    where = ", ".join(f"{k[1]}/{k[2]} seed {k[4]}" for k in mixed)
+    return (f"runs from more than one warm start (pass@1/dev pass@1/steps) at {where}: their paired differences "
+            "compare runs that began from other weights; run those seeds' cells again on one machine")
 
 
 def set_aside(runs: list[RunData]) -> str:

@@ -67,7 +67,7 @@ from gspo_bench.tracking.redact import redact
 from gspo_bench.tracking.ui import mark_experiment
 from gspo_bench.reporting.grouping import MISSING, by_slug, check_by, split_values
 from gspo_bench.reporting.frame import (FINISHED, RUNS_FILE, RunData, experiment_id, load_frame, read_frames, runs_of,
-                                        select, set_aside, write_frame)
+                                        mixed_warm_starts, select, set_aside, write_frame)
 from gspo_bench.reporting.leaderboard import (DEFAULT_BASELINE, DEFAULT_EXPERIMENT, NOTES, no_runs_message, render,
                                               slug, summarise)
 from gspo_bench.reporting.paired import seed_key
@@ -436,7 +436,8 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
            + ", ".join(f"`{f}`" for f in files))
           + (f"; filters: task={task!r}, model={model!r}" if task or model else ""),
           f"- runs: {', '.join(f'{n} {s}' for s, n in statuses.items())} (only FINISHED runs are averaged "
-          "or plotted)" + (f"; {set_aside(runs)}" if set_aside(runs) else ""),
+          "or plotted)" + (f"; {set_aside(runs)}" if set_aside(runs) else "")
+          + (f"; **{mixed_warm_starts(runs)}**" if mixed_warm_starts(runs) else ""),
           f"- commit: {commit}",
           f"- machine: {_join(_distinct(runs, lambda r: r.tags.get('machine')), 'not recorded')}", ""]
     if runs:
