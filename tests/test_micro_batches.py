@@ -190,3 +190,40 @@ def test_the_recompute_and_reference_passes_run_in_micro_batches_with_the_same_l
         torch.testing.assert_close(parts[key], whole[key], atol=1e-5, rtol=1e-5)
     if replay != "none":
         assert torch.equal(parts["routes"], whole["routes"])
+
+
+def test_a_part_on_the_transformers_path_runs_only_to_its_own_longest_row(model_dir):
+    """``train.forward=hf`` (padded rows): a part of the rollout whose rows are all shorter than its longest
+    runs over fewer columns, with the log-probs, entropy and gradients of the rollout-wide width, padded back to
+    (b, T) with zeros."""
+    cls = algorithms.get("grpo")
+    cfg = load_config("smoke", overrides={"train": {"forward": "hf"}})
+    ids, attn, P = grouped_batch(5)
+    mask = attn[:, P:].float()
+    B, T = mask.shape
+    module = cls(cfg, model_dir, 0, cfg.resolve("grpo", cls.recipe, T))
+    batch = RolloutBatch(ids, attn, P, mask, None, torch.zeros(B), torch.zeros(B), torch.randn(B), [""] * B,
+                         [""] * B)
+    short = (mask.sum(-1) < mask.sum(-1).max()).nonzero()[:, 0]  # every row but the longest
+    widths = []  # the columns each forward of the decoder stack takes
+    module.policy.base_model.register_forward_pre_hook(
+        lambda _, args, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    logp, ent = module.response_logp(module.policy, batch, short, with_entropy=True, entropy_grad=True)
+    assert logp.shape == ent.shape == (len(short), T)
+    longest = int(mask[short].sum(-1).max())
+    assert widths == [P + longest]  # the part's own length, not the rollout's P + T
+    assert torch.equal(logp[:, longest:], torch.zeros(len(short), T - longest))
+    (logp.sum() + ent.sum()).backward()
+    trimmed = {n: p.grad.clone() for n, p in module.policy.named_parameters()}
+    module.policy.zero_grad(set_to_none=True)
+    # the same rows at the rollout's full width, straight through the engine's forward
+    from gspo_bench.rollout.engine import response_logp
+
+    full_logp, full_ent = response_logp(module.policy, ids[short], attn[short], P, with_entropy=True, forward="hf",
+                                        entropy_grad=True)
+    assert widths[-1] == P + T
+    torch.testing.assert_close(logp, full_logp, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ent, full_ent, rtol=1e-5, atol=1e-6)
+    (full_logp.sum() + full_ent.sum()).backward()
+    for n, p in module.policy.named_parameters():
+        torch.testing.assert_close(trimmed[n], p.grad, rtol=1e-4, atol=1e-6, msg=n)

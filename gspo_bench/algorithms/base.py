@@ -293,6 +293,19 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         """
         ids, attn = (batch.input_ids, batch.attention_mask) if rows is None else (
             batch.input_ids[rows], batch.attention_mask[rows])
+        width = ids.shape[1] - batch.prompt_len  # T, the rollout's response columns
+        if rows is not None and replay is None and record is None and not uses_packed(model, self.cfg.train.forward):
+            # the transformers forward runs over padded rows: a part of the rollout (a minibatch, a micro-batch)
+            # stops at its own longest row, not the rollout's (responses are right-padded, so the columns past
+            # its last real token are padding in every one of its rows); the outputs are padded back to T below
+            real = attn.any(0).nonzero()
+            end = max(int(real.max()) + 1 if len(real) else 0, batch.prompt_len + 1)
+            ids, attn = ids[:, :end], attn[:, :end]
+
+        def widen(out):
+            # (log-probs, entropy) of the kept columns, zeros on the cut ones: (b, T) as the rest of the step
+            return tuple(x if x is None or x.shape[1] == width else torch.nn.functional.pad(x, (0, width - x.shape[1]))
+                         for x in out)
 
         def forward(share: bool):  # a group's rows compute their prompt once, unless routes are replayed
             t = self.cfg.train
@@ -302,7 +315,7 @@ class PolicyModule(HeldOutEval, L.LightningModule):
                                  entropy_grad=entropy_grad)
 
         if not self.is_moe or (replay is None and record is None):
-            return forward(True)
+            return widen(forward(True))
         layout = GridLayout(attn, rows, uses_packed(model, self.cfg.train.forward))
         with RouterHooks(model) as hooks:
             hooks.replay = None if replay is None else layout.gather(replay)
