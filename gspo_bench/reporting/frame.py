@@ -456,7 +456,8 @@ def set_aside(runs: list[RunData]) -> str:
     if not n:
         return ""
     return (f"{n} FINISHED run(s) set aside as {SUPERSEDED}: an older run of the same settings, algorithm and "
-            "seed as a newer one, which alone is counted")
+            "seed as a newer one, which alone is counted (settings that differ only in what the warm start "
+            "reached, the same command on another CPU, count as the same)")
 
 
 def select(frame: pd.DataFrame, experiment: str | None = None, task: str | None = None,
