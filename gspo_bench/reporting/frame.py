@@ -373,11 +373,14 @@ def settings_key(run: RunData) -> str:
     for a run without one, its params less those that change nothing computed (``lifecycle.NOT_HASHED``) and
     its tags less those each run has of its own (``RUN_OWN_TAGS``)."""
     digest = run.tags.get("gspo_bench.config")
-    if digest:
-        return digest
+    return digest or _params_and_tags(run)
+
+
+def _params_and_tags(run: RunData, skip: tuple[str, ...] = ()) -> str:
+    """A run's params less ``NOT_HASHED`` and ``skip``, and its tags less those each run has of its own."""
     from gspo_bench.tracking.lifecycle import NOT_HASHED
 
-    return repr((sorted((k, v) for k, v in run.params.items() if not k.startswith(NOT_HASHED)),
+    return repr((sorted((k, v) for k, v in run.params.items() if not k.startswith(NOT_HASHED) and k not in skip),
                  sorted((k, v) for k, v in run.tags.items() if not k.startswith(RUN_OWN_TAGS))))
 
 
@@ -397,11 +400,7 @@ def setup_key(run: RunData) -> str:
     """What a run was set to do: its params less ``NOT_HASHED`` and the warm start's outcome, and its tags
     less those each run has of its own. Two runs of one command on two machines share it even when their
     warm starts, and so their digests, differ."""
-    from gspo_bench.tracking.lifecycle import NOT_HASHED
-
-    return repr((sorted((k, v) for k, v in run.params.items()
-                        if not k.startswith(NOT_HASHED) and k not in WARMSTART_OUTCOME),
-                 sorted((k, v) for k, v in run.tags.items() if not k.startswith(RUN_OWN_TAGS))))
+    return _params_and_tags(run, skip=WARMSTART_OUTCOME)
 
 
 def _keep_newest(runs: list[RunData], keys: dict[int, str]) -> None:

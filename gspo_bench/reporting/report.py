@@ -437,7 +437,7 @@ def write_report(uri: str, experiment: str = DEFAULT_EXPERIMENT, out: str | Path
           + (f"; filters: task={task!r}, model={model!r}" if task or model else ""),
           f"- runs: {', '.join(f'{n} {s}' for s, n in statuses.items())} (only FINISHED runs are averaged "
           "or plotted)" + (f"; {set_aside(runs)}" if set_aside(runs) else "")
-          + (f"; **{mixed_warm_starts(runs)}**" if mixed_warm_starts(runs) else ""),
+          + (f"; **{mixed}**" if (mixed := mixed_warm_starts(runs)) else ""),
           f"- commit: {commit}",
           f"- machine: {_join(_distinct(runs, lambda r: r.tags.get('machine')), 'not recorded')}", ""]
     if runs:
