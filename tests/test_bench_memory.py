@@ -77,3 +77,39 @@ def test_a_profiled_measurement_writes_the_step_s_phases_then_its_operators(tmp_
     assert parts >= 2 and calls["step/loss"] == calls["step/backward"] == parts
     assert calls["step/prepare"] == calls["step/metrics"] == calls["step/optimizer"] == 1
     assert "aten::mm" in text and "Self CPU" in text  # then torch.profiler's own table of operators
+
+
+def _round(controls, prompts, seconds, gib=2**30):
+    return {"controls": controls, "prompts": prompts, "seconds": seconds, "added": 3 * gib, "peak": 10 * gib,
+            "rows": 16, "response_tokens": 512, "device": "cpu"}
+
+
+def test_rounds_give_medians_and_the_time_bounds_are_taken_round_by_round():
+    # round 2 is a slow spell of the machine: both sides of its ratios are slow alike
+    raw = [_round("none", 4, 40.0), _round("micro", 4, 46.0), _round("all", 4, 70.0),
+           _round("none", 4, 80.0), _round("micro", 4, 88.0), _round("all", 4, 120.0),
+           _round("none", 4, 50.0), _round("micro", 4, 65.0), _round("all", 4, 75.0)]
+    med = bm.medians(raw)
+    assert [(r["controls"], r["seconds"], r["rounds_s"]) for r in med] == [
+        ("none", 50.0, [40.0, 80.0, 50.0]), ("micro", 65.0, [46.0, 88.0, 65.0]), ("all", 75.0, [70.0, 120.0, 75.0])]
+    lines = bm.time_ratios(raw)
+    # micro: 46/40 = 1.15, 88/80 = 1.10, 65/50 = 1.30 -> median 1.15; all: 1.75, 1.50, 1.50 -> median 1.50
+    assert lines == [
+        "4 prompts: `micro` takes 1.15x the uncontrolled step's seconds (median of 3 rounds; rounds 1.10x to 1.30x), "
+        "inside its bound of 1.2x",
+        "4 prompts: `all` takes 1.50x the uncontrolled step's seconds (median of 3 rounds; rounds 1.50x to 1.75x), "
+        "inside its bound of 1.6x"]
+    # the ratio of the medians (65/50 = 1.30) would have put micro over its bound
+    page = bm.markdown(med, 4, "python -m gspo_bench bench --memory none,micro,all --rounds 3", "abc", "cpu", raw=raw)
+    assert "median of 3 rounds" in page and "| micro | 4 | 46.0 | 88.0 | 65.0 |" in page
+    assert "| micro | 4 x 4 | 512 | 3.00 | 10.00 | 65.0 |" in page
+
+
+def test_a_round_that_failed_leaves_the_others_and_a_control_over_its_bound_says_so():
+    failed = {"controls": "micro", "prompts": 16, "error": "killed"}
+    raw = [_round("none", 16, 80.0), _round("micro", 16, 104.0), _round("none", 16, 90.0), failed]
+    med = bm.medians(raw)
+    assert med[1]["rounds_s"] == [104.0] and med[1]["failed_rounds"] == 1
+    assert bm.time_ratios(raw) == ["16 prompts: `micro` takes 1.30x the uncontrolled step's seconds (median of 1 "
+                                   "round), over its bound of 1.2x"]
+    assert bm.medians([failed]) == [failed]

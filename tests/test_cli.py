@@ -289,6 +289,8 @@ def test_the_commit_is_read_before_the_command_writes_anything(monkeypatch):
     # two measurements at once, or a flag without the one it goes with
     (["bench", "--engines", "fast", "--memory", "none"], "--engines and --memory each ask for a measurement"),
     (["bench", "--prompts", "4"], "--prompts goes with --memory"),
+    (["bench", "--rounds", "3"], "--rounds goes with --memory"),
+    (["bench", "--memory", "none", "--rounds", "0"], "--rounds 0: must be >= 1"),
     (["bench", "--workers", "3"], "--workers goes with --suite-ray"),
     (["bench", "--append"], "--append goes with --markdown"),
     (["bench", "--moe-kernels", "loop"], "--moe-kernels goes with --engines"),

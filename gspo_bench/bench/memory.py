@@ -20,7 +20,12 @@ copy of the weights and its own cache), and held-out evaluation is off.
 On a CPU the child runs with glibc's mmap threshold fixed at 64 KiB (``MALLOC_MMAP_THRESHOLD_``): every
 larger block is mapped on its own and returned to the system when freed, so resident memory follows the
 tensors alive rather than what the allocator kept from earlier steps (which would absorb part of the step and
-understate it). Nothing here is asserted by a test; ``results/memory.md`` is what the command wrote.
+understate it).
+
+A step's seconds move by a tenth or more from one process to the next on a shared CPU, so ``--rounds N`` takes every
+measurement N times, round after round; the table gives each one's medians, and the step-time bounds are
+taken round by round, each control against the uncontrolled step of its own round (``time_ratios``). Nothing
+here is asserted by a test; ``results/memory.md`` is what the command wrote.
 """
 
 from __future__ import annotations
@@ -245,10 +250,68 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f}"
 
 
+def _secs(x: float) -> str:
+    return f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
 def rows(results: list[dict], group_size: int) -> list[list[str]]:
     return [[r["controls"], f"{r['prompts']} x {group_size}", str(r.get("response_tokens", "-")),
              _gib(r["added"]) if "added" in r else "failed", _gib(r["peak"]) if "peak" in r else "-",
-             f"{r['seconds']:.1f}" if "seconds" in r else "-"] for r in results]
+             _secs(r["seconds"]) if "seconds" in r else "-"] for r in results]
+
+
+def medians(results: list[dict]) -> list[dict]:
+    """One result per (controls, prompts), in first-seen order, from the rounds of ``--rounds``: the median of
+    its finished rounds' memory and seconds (each a list of one value per round under ``rounds_s``), or its
+    last failure when no round finished."""
+    import statistics
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        groups.setdefault((r["controls"], r["prompts"]), []).append(r)
+    out = []
+    for runs in groups.values():
+        done = [r for r in runs if "added" in r]
+        if not done:
+            out.append(runs[-1])
+            continue
+        merged = {**done[0], "rounds_s": [r["seconds"] for r in done], "failed_rounds": len(runs) - len(done)}
+        for key in ("added", "peak", "seconds"):
+            merged[key] = statistics.median(r[key] for r in done)
+        out.append(merged)
+    return out
+
+
+TIME_BOUNDS = {"micro": 1.2, "all": 1.6}
+"""The step-time bounds the controls are held to against the uncontrolled step: micro-batches at most 1.2x,
+every control at most 1.6x."""
+
+
+def time_ratios(results: list[dict]) -> list[str]:
+    """The step-time bounds as sentences: at each rollout size, each bounded control's step seconds over the
+    uncontrolled step's, round by round (the measurements of one round run one after another, so a slow spell
+    of the machine weighs on both sides of a ratio alike), the median ratio, its range over the rounds, and
+    whether the median is inside its bound."""
+    import statistics
+
+    by: dict[tuple, list[float | None]] = {}
+    for r in results:
+        by.setdefault((r["controls"], r["prompts"]), []).append(r.get("seconds"))
+    out = []
+    for size in sorted({r["prompts"] for r in results}):
+        base = by.get(("none", size), [])
+        for c, bound in TIME_BOUNDS.items():
+            pairs = [(x, n) for x, n in zip(by.get((c, size), []), base) if x and n]
+            if not pairs:
+                continue
+            per_round = [x / n for x, n in pairs]
+            mid = statistics.median(per_round)
+            spread = (f"; rounds {min(per_round):.2f}x to {max(per_round):.2f}x" if len(per_round) > 1 else "")
+            verdict = "inside" if mid <= bound else "over"
+            out.append(f"{size} prompts: `{c}` takes {mid:.2f}x the uncontrolled step's seconds (median of "
+                       f"{len(per_round)} round{'s' * (len(per_round) > 1)}{spread}), {verdict} its bound of "
+                       f"{bound}x")
+    return out
 
 
 def ratios(results: list[dict]) -> list[str]:
@@ -270,7 +333,10 @@ def ratios(results: list[dict]) -> list[str]:
     return out
 
 
-def markdown(results: list[dict], group_size: int, command: str, commit: str, machine: str) -> str:
+def markdown(results: list[dict], group_size: int, command: str, commit: str, machine: str,
+             raw: list[dict] | None = None) -> str:
+    """The page: ``results`` (one row per measurement, or ``medians`` of several rounds, with ``raw`` the rounds'
+    own results, whose ratios the time bounds take round by round)."""
     device = next((r["device"] for r in results if "device" in r), "?")
     what = ("torch's peak allocated GPU memory during the step minus what was allocated at its start"
             if device.startswith("cuda") else
@@ -281,7 +347,16 @@ def markdown(results: list[dict], group_size: int, command: str, commit: str, ma
              "of its own. Settings: "
              f"{', '.join(f'`{s}`' for s in DEFAULT_SETTINGS)}, then the command's `--set`.\n",
              tables.markdown(COLUMNS, rows(results, group_size)), ""]
+    rounds = max((len(r.get("rounds_s", [])) for r in results), default=0)
+    if rounds > 1:
+        lines[-2:-1] = [f"Each row is the median of {rounds} rounds (each round takes every measurement once, in "
+                        "the same order), and the table after it gives each round's seconds:\n",
+                        tables.markdown(COLUMNS, rows(results, group_size)), "",
+                        tables.markdown(["controls", "prompts", *(f"round {i + 1} s" for i in range(rounds))],
+                                        [[r["controls"], str(r["prompts"]),
+                                          *(_secs(s) for s in r.get("rounds_s", []))] for r in results])]
     lines += [f"- {s}" for s in ratios(results)]
+    lines += [f"- {s}" for s in time_ratios(raw or results)]
     for r in results:
         if "error" in r:
             lines.append(f"\n`{r['controls']}` at {r['prompts']} prompts failed:\n\n```\n{r['error'][-800:]}\n```")

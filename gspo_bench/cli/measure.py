@@ -62,6 +62,9 @@ def add_bench_parser(sub, csv, set_flag) -> None:
                    "each in its own process (default model qwen3-0.6b-arch; --set over it)")
     b.add_argument("--prompts", type=csv, default=None, metavar="N[,N...]", help="with --memory: prompts per "
                    "rollout of each measurement (default 4,16)")
+    b.add_argument("--rounds", type=int, default=None, metavar="N", help="with --memory: take every measurement "
+                   "N times, round after round; the table gives medians, and the step-time bounds each control's "
+                   "ratio to the uncontrolled step of the same round (default 1)")
     b.add_argument("--suite-ray", action="store_true", help="instead: the smoke suite's wall time serially against "
                    "`suite --backend ray` on a Ray head of this machine with --workers CPUs, --repeats times each, "
                    "each run a process of its own (bench/suite_ray.py; --set over the suite); --markdown writes the "
@@ -96,6 +99,7 @@ MODES = (("--vs", "vs"), ("--whole", "whole"), ("--engines", "engines"), ("--pre
 """The measurements ``bench`` makes instead of its default one: one at a time."""
 NEEDS = (("--moe-kernels", "moe_kernels", "--engines", "e.g. --engines fast --moe-kernels loop,auto"),
          ("--prompts", "prompts", "--memory", "e.g. --memory none,all --prompts 4,16"),
+         ("--rounds", "rounds", "--memory", "e.g. --memory none,micro,all --rounds 3"),
          ("--workers", "workers", "--suite-ray", "e.g. --suite-ray --workers 2"),
          ("--append", "append", "--markdown", "the page it appends to"))
 """A flag that means something only beside another: (flag, its attribute, the flag it goes with, a hint)."""
@@ -317,6 +321,7 @@ def presets_command(args, console) -> int:
 def memory_command(args, console) -> int:
     """``bench --memory``: each set of controls at each rollout size, each in its own process; a table, and
     Markdown with the command and commit; exit 1 unless every measurement finished."""
+    import itertools
     import shlex
     from pathlib import Path
 
@@ -333,36 +338,41 @@ def memory_command(args, console) -> int:
         raise ConfigError(f"--prompts {','.join(given)!r}: a comma list of prompt counts") from None
     if not sizes or min(sizes) < 1:
         raise ConfigError(f"--prompts {','.join(given)!r}: each count must be >= 1")
+    rounds = 1 if args.rounds is None else args.rounds
+    if rounds < 1:
+        raise ConfigError(f"--rounds {rounds}: must be >= 1")
     preset = args.preset or "default"
     sets = tuple(args.sets)
     for c in controls:  # before any work: every measurement's settings must load
         check_engine(load_config(preset, (), parse_sets(list(bench_memory.child_overrides(sets, c, max(sizes))))))
-    results = []
-    for size in sizes:
-        for c in controls:
-            console.print(f"[bench] memory: controls {c}, {size} prompts", markup=False)
-            r = bench_memory.measure(preset, sets, c, size, args.algo, profile_dir=args.profile)
-            console.print("  " + (f"adds {r['added'] / 2**30:.2f} GiB (peak {r['peak'] / 2**30:.2f} GiB, "
-                                  f"{r['response_tokens']} response tokens)" if "added" in r else
-                                  "failed: " + r["error"][-300:]), markup=False)
-            if args.profile and "added" in r:
-                console.print(f"  profile: {bench_memory.profile_path(args.profile, c, size)}", markup=False)
-            results.append(r)
+    raw = []
+    for k, size, c in itertools.product(range(rounds), sizes, controls):
+        console.print(f"[bench] memory: controls {c}, {size} prompts"
+                      + (f", round {k + 1} of {rounds}" if rounds > 1 else ""), markup=False)
+        # a profile is taken in the first round only (each round would write the same file)
+        r = bench_memory.measure(preset, sets, c, size, args.algo, profile_dir=args.profile if k == 0 else None)
+        console.print("  " + (f"adds {r['added'] / 2**30:.2f} GiB (peak {r['peak'] / 2**30:.2f} GiB, "
+                              f"{r['response_tokens']} response tokens, {r['seconds']:.1f} s)" if "added" in r else
+                              "failed: " + r["error"][-300:]), markup=False)
+        if args.profile and k == 0 and "added" in r:
+            console.print(f"  profile: {bench_memory.profile_path(args.profile, c, size)}", markup=False)
+        raw.append(r)
+    results = bench_memory.medians(raw) if rounds > 1 else raw
     group = load_config(preset, (), parse_sets(list(bench_memory.child_overrides(sets, "none", 1)))).rollout.group_size
-    table = Table(title="memory one RL step adds")
+    table = Table(title="memory one RL step adds" + (f" (medians of {rounds} rounds)" if rounds > 1 else ""))
     for col in bench_memory.COLUMNS:
         table.add_column(col)
     for row in bench_memory.rows(results, group):
         table.add_row(*row)
     console.print(table)
-    for line in bench_memory.ratios(results):
+    for line in [*bench_memory.ratios(results), *bench_memory.time_ratios(raw)]:
         console.print(line, markup=False)
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(args.markdown).write_text(bench_memory.markdown(results, group, "python -m gspo_bench "
-                                                             + shlex.join(args.argv), commit, machine()))
+                                                             + shlex.join(args.argv), commit, machine(), raw=raw))
         console.print(f"wrote {args.markdown}")
-    return 0 if all("added" in r for r in results) else 1
+    return 0 if all("added" in r for r in raw) else 1
 
 
 def suite_ray_command(args, console) -> int:
