@@ -20,20 +20,57 @@ from gspo_bench.rollout.producer import RolloutBatch
 from tests.conftest import nan_loss_on_call, saved_builtin
 from tests.test_fastlm import grouped_batch
 
-# the minibatch: all 8 rows of ``grouped_batch`` (groups sharing a prompt), shuffled; their real tokens
-# (prompt + response) are 9, 9, 12, 4, 9, 3, 2, 6
+# the minibatch: all 8 rows of ``grouped_batch`` (groups sharing a prompt), shuffled. Rows 0-7 have prompts of
+# 3, 7, 1, 5, 3, 7, 1, 3 tokens and responses of 6, 2, 1, 4, 3, 5, 2, 1; groups {0, 4, 7}, {1, 5}, {2, 6}, {3}.
+# The packed forward computes a group's prompt once, so a part costs its responses plus each group's prompt once:
+# the groups cost 3+6+3+1 = 13, 7+2+5 = 14, 1+1+2 = 4, 5+4 = 9.
 ROWS = torch.tensor([3, 0, 5, 7, 1, 6, 2, 4])
-LIMITS = {20: 3, 8: 7}  # micro_batch_tokens -> parts: [9 9] [12 4] [9 3 2 6]; and every row over 8 alone
+# micro_batch_tokens -> parts. 20: {1, 5} + {2, 6} (18), {0, 4, 7} (13), {3} (9). 8: the groups over 8 go row by
+# row, largest response first: [5] (12), [1] (9), [0] (9), [4, 7] (3+3+1), [3] (9), then {2, 6} (4) fits none
+LIMITS = {20: 3, 8: 6}
 
 
-def test_micro_batches_cut_rows_in_order_under_the_limit():
-    rows, tokens = torch.tensor([5, 1, 4, 0, 2]), [3, 4, 9, 2, 2]
-    parts = micro_batches(rows, tokens, 7)
-    assert [p.tolist() for p in parts] == [[5, 1], [4], [0, 2]]  # 9 > 7 is a part of its own
-    assert torch.equal(torch.cat(parts), rows)
-    assert [p.tolist() for p in micro_batches(rows, tokens, 0)] == [rows.tolist()]  # off: one part
-    assert [p.tolist() for p in micro_batches(rows, tokens, 100)] == [rows.tolist()]
-    assert [len(p) for p in micro_batches(rows, tokens, 1)] == [1] * 5
+def test_micro_batches_pack_first_fit_decreasing_under_the_limit():
+    rows = torch.tensor([5, 1, 4, 0])
+    # no groups: rows of 4, 4, 3 and 3 tokens under 7 make two full parts (in order, they would make three)
+    parts = micro_batches(rows, 7, prompt=[1, 1, 1, 1], response=[3, 3, 2, 2])
+    assert [p.tolist() for p in parts] == [[5, 4], [1, 0]]
+    assert [p.tolist() for p in micro_batches(rows, 0, [1] * 4, [3] * 4)] == [rows.tolist()]  # off: one part
+    assert [p.tolist() for p in micro_batches(rows, 100, [1] * 4, [3] * 4)] == [rows.tolist()]
+    assert [len(p) for p in micro_batches(rows, 1, [1] * 4, [3] * 4)] == [1] * 4  # each row over the limit alone
+
+
+def test_a_groups_prompt_counts_once_per_part_so_parts_hold_more_rows():
+    rows = torch.arange(6) + 10
+    prompt, response = [3] * 6, [2, 2, 2, 2, 5, 2]
+    # groups {0, 2, 5} (3 + 6 = 9), {1, 3} (3 + 4 = 7), {4} (3 + 5 = 8): one part each under 10
+    parts = micro_batches(rows, 10, prompt, response, groups=[0, 1, 0, 1, 2, 0])
+    assert [p.tolist() for p in parts] == [[10, 12, 15], [14], [11, 13]]
+    # every row paying its own prompt (5, 5, 5, 5, 8, 5 tokens): four parts
+    assert [p.tolist() for p in micro_batches(rows, 10, prompt, response)] == [[14], [10, 11], [12, 13], [15]]
+
+
+def test_a_group_over_the_limit_goes_row_by_row_to_parts_that_hold_its_prompt_first():
+    rows = torch.tensor([7, 8, 9, 6])
+    # one group of 3 + 10 = 13 > 8. Largest response first: row 1 (3 + 4 = 7) opens a part; row 2 (3 + 3) would
+    # make 10 there and opens one; row 0 (2) fits beside row 2 (8); row 3 (1) fits beside row 1 (8)
+    parts = micro_batches(rows, 8, [3] * 4, [2, 4, 3, 1], groups=[0, 0, 0, 0])
+    assert [p.tolist() for p in parts] == [[8, 6], [7, 9]]
+
+
+def test_the_minibatch_packs_into_the_parts_its_comment_counts():
+    from tests.test_fastlm import grouped_batch
+    from gspo_bench.algorithms.base import part_sizes
+
+    ids, attn, P = grouped_batch(5)
+    batch = RolloutBatch(ids, attn, P, attn[:, P:].float(), None, torch.zeros(8), torch.zeros(8), None,
+                         [""] * 8, [""] * 8)
+    sizes = part_sizes(batch, ROWS, shared=True)
+    assert sizes["prompt"] == [5, 3, 7, 3, 7, 1, 1, 3] and sizes["response"] == [4, 6, 5, 1, 2, 2, 1, 3]
+    assert sizes["groups"] == [3, 0, 1, 0, 1, 2, 2, 0]
+    assert [sorted(p.tolist()) for p in micro_batches(ROWS, 20, **sizes)] == [[1, 2, 5, 6], [0, 4, 7], [3]]
+    assert [sorted(p.tolist()) for p in micro_batches(ROWS, 8, **sizes)] == [[5], [1], [0], [4, 7], [3], [2, 6]]
+    assert len(micro_batches(ROWS, 8, **part_sizes(batch, ROWS, shared=False))) == 6  # 12, 9 x 3, then 6+2, 4+3
 
 
 def test_minibatch_units_count_tokens_and_non_empty_responses():
@@ -109,8 +146,10 @@ def test_micro_batches_give_the_whole_minibatchs_gradients_and_metrics(algo, mod
             # (vespo, gmpo): 1.5e-5 relative measured on one thread
             assert split_metrics[key] == pytest.approx(value, rel=5e-5, abs=1e-7), key
         [(rows, logp)], [(split_rows, split_logp)] = trace, split_trace
-        assert torch.equal(rows, split_rows)
-        torch.testing.assert_close(split_logp, logp, rtol=1e-5, atol=1e-6)
+        assert torch.equal(rows, ROWS) and sorted(split_rows.tolist()) == sorted(rows.tolist())
+        # the trace pairs each row with its own log-probs, in whatever order the parts took them
+        back = {r: i for i, r in enumerate(split_rows.tolist())}
+        torch.testing.assert_close(split_logp[[back[r] for r in rows.tolist()]], logp, rtol=1e-5, atol=1e-6)
 
 
 def test_a_nan_in_one_micro_batch_skips_the_whole_minibatch(model_dir, monkeypatch):
@@ -185,7 +224,7 @@ def test_the_recompute_and_reference_passes_run_in_micro_batches_with_the_same_l
         results[limit] = (prep, seen)
     (whole, seen_whole), (parts, seen_parts) = results[0], results[8]
     assert seen_whole == [B] * len(seen_whole)
-    assert len(seen_parts) == 7 * len(seen_whole) and max(seen_parts) < B  # every pass in 7 parts (LIMITS)
+    assert len(seen_parts) == 6 * len(seen_whole) and max(seen_parts) < B  # every pass in 6 parts (LIMITS)
     for key in ("old_logp", "ref_logp"):
         torch.testing.assert_close(parts[key], whole[key], atol=1e-5, rtol=1e-5)
     if replay != "none":

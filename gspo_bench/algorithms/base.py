@@ -17,8 +17,8 @@ then logging. The shared loop's own choices, which no paper pins:
   split by ``tensor_split`` into exactly ``min(minibatches, B)`` parts whose
   sizes differ by at most one, so every run makes the same number of
   optimiser steps and every algorithm sees the same minibatches.
-- Micro-batches (``train.micro_batch_tokens``): a minibatch's rows, in order, cut into runs of at most that
-  many real tokens, each backpropagated before the one optimiser step. Each run's loss divides by the whole
+- Micro-batches (``train.micro_batch_tokens``): a minibatch's rows packed into as few runs of at most that
+  many tokens of the forward as fit (``micro_batches``), each backpropagated before the one optimiser step. Each run's loss divides by the whole
   minibatch's unit counts, as a rank's share does on several processes, so the gradients add up to the
   unsplit minibatch's; the step's metrics are computed once on the whole minibatch's detached outputs.
 - A non-finite loss skips that minibatch's backward; a non-finite gradient
@@ -63,6 +63,7 @@ from gspo_bench.core.ratios import loglinear_prox_logp, masked_mean, rejection_m
 from gspo_bench.rollout.producer import RolloutBatch
 from gspo_bench.models import is_moe
 from gspo_bench.rollout.engine import response_logp, uses_packed
+from gspo_bench.rollout.fastlm import prompt_owners
 from gspo_bench.rollout.engines import route_recorders
 from gspo_bench.rollout.routing import GridLayout, RouterHooks, empty_grid, routing_mismatch
 
@@ -105,20 +106,68 @@ def minibatch_indices(B: int, minibatches: int, generator: torch.Generator) -> l
     return list(perm.tensor_split(min(minibatches, B)))
 
 
-def micro_batches(rows: torch.Tensor, tokens: list[int], limit: int) -> list[torch.Tensor]:
-    """``rows`` cut, in order, into runs whose ``tokens`` (each row's real tokens) add up to at most ``limit``;
-    a row over the limit is a run of its own. ``limit`` 0 or below: one run of every row. ``torch.cat`` of the runs is
-    ``rows``."""
+def micro_batches(rows: torch.Tensor, limit: int, prompt: list[int], response: list[int],
+                  groups: list[int] | None = None) -> list[torch.Tensor]:
+    """``rows`` packed into micro-batches of at most ``limit`` tokens the forward computes, first fit
+    decreasing: as few parts as the budget allows, each as full as it allows.
+
+    ``prompt`` and ``response``: each row's real prompt and response tokens. ``groups``: each row's group (the
+    rows of one prompt, whose forward computes that prompt once per micro-batch: ``fastlm``'s shared prompts),
+    or None when every row computes its own prompt. A part's cost is its rows' response tokens plus each of
+    its groups' prompt once (None: plus every row's prompt). A group's rows of the minibatch go into one part
+    when they fit, so its prompt is computed once; the groups are placed largest first, each into the first
+    part with room, else a new one. A group over the budget is placed row by row, largest first, each into the
+    first part already holding its group that has room, else the first with room, else a new one; a row over
+    the budget alone is a part of its own. ``limit`` 0 or below: one part of every row. Each part keeps its
+    rows in ``rows``' order; the parts together hold every row once."""
     if limit <= 0:
         return [rows]
-    parts, start, total = [], 0, 0
-    for i, n in enumerate(tokens):
-        if i > start and total + n > limit:
-            parts.append(rows[start:i])
-            start, total = i, 0
-        total += n
-    parts.append(rows[start:])
-    return parts
+    keys = list(range(len(rows))) if groups is None else list(groups)
+    units: dict[int, list[int]] = {}
+    for i, g in enumerate(keys):
+        units.setdefault(g, []).append(i)
+    parts: list[dict] = []  # each: its cost, its groups, its rows' positions in ``rows``
+
+    def cost(part, i):  # what row i adds to a part: its response, and its prompt unless its group is there
+        return response[i] + (0 if keys[i] in part["groups"] else prompt[i])
+
+    def place(part, i):
+        part["cost"] += cost(part, i)
+        part["groups"].add(keys[i])
+        part["rows"].append(i)
+
+    def unit_cost(ix):  # a group alone in a part: its prompt once, every row's response
+        return prompt[ix[0]] + sum(response[i] for i in ix)
+
+    # largest first; equal ones in the order their first rows come (sorted is stable)
+    for ix in sorted(units.values(), key=unit_cost, reverse=True):
+        whole = unit_cost(ix)
+        part = next((q for q in parts if q["cost"] + whole <= limit), None)
+        if part is None and whole <= limit:
+            part = {"cost": 0, "groups": set(), "rows": []}
+            parts.append(part)
+        if part is not None:
+            for i in ix:
+                place(part, i)
+            continue
+        for i in sorted(ix, key=lambda i: response[i], reverse=True):  # a group over the budget: row by row
+            fits = [q for q in parts if q["cost"] + cost(q, i) <= limit]
+            part = next((q for q in fits if keys[i] in q["groups"]), None) or next(iter(fits), None)
+            if part is None:
+                part = {"cost": 0, "groups": set(), "rows": []}
+                parts.append(part)
+            place(part, i)
+    return [rows[sorted(q["rows"])] for q in parts]
+
+
+def part_sizes(batch: RolloutBatch, rows: torch.Tensor, shared: bool) -> dict:
+    """``micro_batches``' inputs for ``rows`` of ``batch``: each row's real prompt and response tokens, and its
+    group (the first row of the rollout with the same prompt) when the forward computes a group's prompt once
+    (``shared``)."""
+    attn = batch.attention_mask[rows]
+    P = batch.prompt_len
+    groups = prompt_owners(batch.input_ids, batch.attention_mask, P)[rows].tolist() if shared else None
+    return {"prompt": attn[:, :P].sum(-1).tolist(), "response": attn[:, P:].sum(-1).tolist(), "groups": groups}
 
 
 def minibatch_units(mask_BT: torch.Tensor) -> dict[str, float]:
@@ -188,15 +237,18 @@ def loss_mask(r, batch: RolloutBatch, old_logp: torch.Tensor, stats: StepStats) 
 
 
 def rollout_logp(forward, batch: RolloutBatch, limit: int, replay: torch.Tensor | None = None,
-                 record: torch.Tensor | None = None) -> torch.Tensor:
+                 record: torch.Tensor | None = None, shared: bool = False) -> torch.Tensor:
     """Response log-probs (B, T) of every row of the rollout through ``forward`` (a module's bound
     ``response_logp`` with its model: the recompute and reference passes, no gradient), in micro-batches of at
-    most ``limit`` real tokens like the update's (``train.micro_batch_tokens``), so these passes grow no larger
-    than one micro-batch either (0: all rows at once)."""
+    most ``limit`` tokens like the update's (``train.micro_batch_tokens``; ``shared``: the forward computes a
+    group's prompt once), so these passes grow no larger than one micro-batch either (0: all rows at once)."""
+    if not limit:
+        return forward(batch, rows=None, replay=replay, record=record)[0]
     rows = torch.arange(len(batch), device=batch.input_ids.device)
-    parts = micro_batches(rows, batch.attention_mask.sum(-1).tolist(), limit) if limit else [None]
-    # the parts are the rows in order, so their outputs stacked are the rollout's rows
-    return torch.cat([forward(batch, rows=part, replay=replay, record=record)[0] for part in parts])
+    parts = micro_batches(rows, limit, **part_sizes(batch, rows, shared))
+    out = torch.cat([forward(batch, rows=part, replay=replay, record=record)[0] for part in parts])
+    # the parts' outputs stacked are the rows in the parts' order: put back in the rollout's
+    return out[torch.cat(parts).argsort()]
 
 
 @dataclass
@@ -281,6 +333,11 @@ class PolicyModule(HeldOutEval, L.LightningModule):
             # every rank samples its own responses (a seed per rank), and continues rank 0's checkpoint
             torch.manual_seed(self.seed * 1_000_003 + rank)
             self.resume_state = ddp.broadcast_object(self.resume_state)
+
+    def shares_prompts(self, model, routed: bool) -> bool:
+        """Whether ``response_logp`` with ``model`` computes a group's prompt once per forward: on the packed
+        forward, unless an MoE model's routes are replayed or recorded (``routed``), which need every cell."""
+        return uses_packed(model, self.cfg.train.forward) and not (self.is_moe and routed)
 
     def response_logp(self, model, batch: RolloutBatch, rows=None, with_entropy: bool = False,
                       replay: torch.Tensor | None = None, record: torch.Tensor | None = None,
@@ -383,6 +440,8 @@ class PolicyModule(HeldOutEval, L.LightningModule):
             natural = empty_grid(self.policy, *batch.input_ids.shape, device=batch.input_ids.device)
         limit = self.cfg.train.micro_batch_tokens
         policy_pass, ref_pass = (functools.partial(self.response_logp, m) for m in (self.policy, self.ref))
+        routed = natural is not None or self.replay == "r3"  # the policy's passes replay or record routes
+        shared = self.shares_prompts(self.policy, routed)
         r = self.settings.rollout
         if r.prox_logp == "loglinear" and (batch.rollout_logp is None or batch.versions is None):
             raise RuntimeError("rollout.prox_logp=loglinear needs the sampler's log-probs and each token's version, "
@@ -392,15 +451,15 @@ class PolicyModule(HeldOutEval, L.LightningModule):
                 # the sampler's own (loglinear: what each minibatch's proximal log-probs start from; no pass)
                 old = batch.rollout_logp
                 if natural is not None:  # no recompute pass: one forward just for the routes
-                    rollout_logp(policy_pass, batch, limit, record=natural)
+                    rollout_logp(policy_pass, batch, limit, record=natural, shared=shared)
             else:
                 # r3: the recompute pass already replays the sampler's experts
                 old = rollout_logp(policy_pass, batch, limit, replay=batch.routes if self.replay == "r3" else None,
-                                   record=natural)
+                                   record=natural, shared=shared)
             out = {"old_logp": old * mask, "advantages": batch.advantages,
                    "routes": {"r2": natural, "r3": batch.routes}.get(self.replay)}
             if self.ref is not None:
-                out["ref_logp"] = rollout_logp(ref_pass, batch, limit)
+                out["ref_logp"] = rollout_logp(ref_pass, batch, limit, shared=self.shares_prompts(self.ref, False))
         if natural is not None and batch.routes is not None:
             stats.add({"moe/routing_mismatch": routing_mismatch(batch.routes, natural, batch.attention_mask.bool())})
         out["mask"] = loss_mask(self.settings.rollout, batch, out["old_logp"], stats)
@@ -428,7 +487,10 @@ class PolicyModule(HeldOutEval, L.LightningModule):
                                ddp.all_sum if self.world > 1 else None)
             return finite
         limit = self.cfg.train.micro_batch_tokens
-        parts = micro_batches(rows, batch.attention_mask[rows].sum(-1).tolist(), limit) if limit else [rows]
+        routed = self.is_moe and prep.get("routes") is not None
+        parts = micro_batches(rows, limit, **part_sizes(batch, rows, self.shares_prompts(self.policy, routed))) \
+            if limit else [rows]
+        rows = torch.cat(parts)  # the minibatch's rows in the parts' order, which its outputs stacked follow
         # each part divides by the whole minibatch's counts, as a rank's share does (one part: its own, as ever)
         mask = prep["mask"][rows]
         shares = units if units is not None or len(parts) == 1 else minibatch_units(mask)

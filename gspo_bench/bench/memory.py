@@ -341,7 +341,7 @@ def markdown(results: list[dict], group_size: int, command: str, commit: str, ma
     what = ("torch's peak allocated GPU memory during the step minus what was allocated at its start"
             if device.startswith("cuda") else
             "peak resident memory during the step (VmHWM, reset at its start) minus resident memory at its start")
-    lines = [f"# Memory of one RL step\n", f"`{command}` at commit `{commit}`, on {machine} ({device}).\n",
+    lines = ["# Memory of one RL step\n", f"`{command}` at commit `{commit}`, on {machine} ({device}).\n",
              f"What one RL step adds: {what}, with the weights and AdamW's states already allocated (the "
              "gradients are allocated inside the step, as in every step of a run), each measurement in a process "
              "of its own. Settings: "

@@ -402,9 +402,10 @@ class TrainConfig:
     num_nodes: int = 1
     """Machines (Lightning ``num_nodes``; launch with torchrun or SLURM)."""
     micro_batch_tokens: int | None = None
-    """Gradient accumulation: backpropagate each minibatch in micro-batches of at most this many real tokens
-    (prompt and response; a longer row is a micro-batch of its own), the same update in less memory; null (the
-    default) = off, the whole minibatch at once."""
+    """Gradient accumulation: backpropagate each minibatch in micro-batches of at most this many tokens of the
+    forward (responses, and prompts: a group's once on the packed forward), packed first fit decreasing so
+    that there are as few as the budget allows (a longer row is a micro-batch of its own), the same update in
+    less memory; null (the default) = off, the whole minibatch at once."""
 
     def __post_init__(self):
         _numbers("train", self, "minibatches", "lr", "critic_lr", "weight_decay", "max_grad_norm", "eval_every",
