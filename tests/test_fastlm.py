@@ -211,16 +211,15 @@ def test_shared_prompts_give_the_same_logp_and_gradients(name):
     torch.testing.assert_close(lp_s, want * mask, atol=1e-5, rtol=1e-5)
 
 
-def test_shared_prompts_really_compute_each_prompt_once():
+def test_shared_prompts_really_compute_each_prompt_once(monkeypatch):
     model, _ = build_builtin("tiny-dense", 0)
     ids, attn, P = grouped_batch(8)
-    seen = []
+    seen, real_embed = [], fastlm.embed
     # the tokens the layers run on: what the embedding looks up
-    hook = model.model.embed_tokens.register_forward_hook(lambda m, i, o: seen.append(o.shape[0]))
+    monkeypatch.setattr(fastlm, "embed", lambda m, i: seen.append(i.shape[0]) or real_embed(m, i))
     with torch.no_grad():
         fastlm.packed_response_logp(model, ids, attn, P, share_prompts=False)
         fastlm.packed_response_logp(model, ids, attn, P, share_prompts=True)
-    hook.remove()
     resp = int(attn[:, P:].sum())
     # unshared: every real cell; shared: the four distinct prompts (3 + 7 + 1 + 5 tokens) and every response
     assert seen == [int(attn.sum()), 16 + resp]
@@ -626,3 +625,31 @@ def test_activation_checkpointing_gives_the_same_gradients(name, monkeypatch):
         calls.clear()
         fastlm.packed_response_logp(model, ids, attn, P, checkpoint_layers=True)
     assert len(calls) == layers
+
+
+@pytest.mark.parametrize("chunk", [0, 4])
+def test_a_tied_embedding_s_rows_read_gradient_leaves_every_gradient_bit_for_bit_unchanged(monkeypatch, chunk):
+    """The packed forward reads a tied embedding through ``core.embedding.tied_lookup``: every parameter's
+    gradient equals the one through the module's own ``nn.Embedding``, exactly, with the LM head's logits
+    whole (0) or in chunks of 4 tokens."""
+    model, _ = build_builtin("tiny-dense", 2)
+    sharpen(model)
+    model.train()
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied, as the built-in models are
+    ids, attn, P = grouped_batch(3)
+    mask = attn[:, P:].float()
+    grads = []
+    for plain in (True, False):
+        if plain:
+            monkeypatch.setattr(fastlm, "embed", lambda m, i: fastlm._base(m).embed_tokens(i))
+        else:
+            monkeypatch.undo()
+        model.zero_grad(set_to_none=True)
+        logp, ent, _ = fastlm.packed_response_logp(model, ids, attn, P, with_entropy=True, share_prompts=True,
+                                                   logit_chunk_tokens=chunk, entropy_grad=True)
+        ((logp * mask).sum() + (ent * mask).sum()).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    plain, rows = grads
+    assert plain.keys() == rows.keys()
+    for n in plain:
+        assert not rows[n].is_sparse and torch.equal(rows[n], plain[n]), n

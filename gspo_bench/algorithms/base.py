@@ -584,6 +584,11 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         max_norm = self.cfg.train.max_grad_norm or float("inf")
         skipped = not loss_finite
         for opt, (key, params) in zip(optimizers_of(self), self.parameter_groups()):
+            for p in params:
+                if p.grad is not None and p.grad.is_sparse:
+                    # a tied embedding's rows-read gradient (``core/embedding.py``) stays sparse only where the
+                    # LM head took no part in the backward: made whole for clipping and AdamW
+                    p.grad = p.grad.to_dense()
             norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
             ok = loss_finite and bool(torch.isfinite(norm))
             if ok:

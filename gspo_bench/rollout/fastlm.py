@@ -32,6 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from gspo_bench.config.names import MOE_KERNELS
 from gspo_bench.config.sections import LOGIT_CHUNK_TOKENS
+from gspo_bench.core.embedding import tied_lookup
 from gspo_bench.core.lm_head import token_logp_entropy
 from gspo_bench.rollout.routing import pinned_routes
 
@@ -261,6 +262,17 @@ def prompt_owners(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_
     return first[group]
 
 
+def embed(model, ids: torch.Tensor) -> torch.Tensor:
+    """The input embedding of 1-D ``ids``. A weight tied to the LM head is read by ``tied_lookup``, whose
+    gradient is the rows read (added into the head's dense gradient) rather than a (V, H) tensor of zeros
+    around them: the same gradient, bit for bit, without writing and adding the whole vocabulary's."""
+    emb = _base(model).embed_tokens
+    head = getattr(model, "lm_head", None)
+    if head is not None and head.weight is emb.weight:
+        return tied_lookup(ids, emb.weight, emb.padding_idx)
+    return emb(ids)
+
+
 def packed_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
                   share_prompts: bool = False, moe_kernel: str = "auto",
                   checkpoint_layers: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -311,7 +323,7 @@ def packed_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
                                            enable_gqa=q.shape[1] != k.shape[1])
         return o.transpose(1, 2).reshape(B * lmax, hq * d).index_select(0, out_slot)
 
-    x = base.embed_tokens(input_ids[own])
+    x = embed(model, input_ids[own])
     cos, sin = rope(model, pos[own], x.dtype)
     refs = layer_refs(model, moe_kernel)
     if checkpoint_layers and torch.is_grad_enabled():
