@@ -50,6 +50,16 @@ def test_a_groups_prompt_counts_once_per_part_so_parts_hold_more_rows():
     assert [p.tolist() for p in micro_batches(rows, 10, prompt, response)] == [[14], [10, 11], [12, 13], [15]]
 
 
+def test_a_group_fills_the_room_earlier_parts_left_rather_than_open_its_own():
+    # 4 groups of 4 rows, prompts of 12 tokens, responses of 32: a group alone costs 12 + 4 x 32 = 140, so two
+    # whole groups (280) never share a part of 256 and whole groups would take 4 parts, as would cutting the rows
+    # in order (5 rows of 44 per part). Filled row by row: [g0 x 4, g1 x 3] (248), [g1, g2 x 4, g3] (228),
+    # [g3 x 3] (108)
+    groups = [g for g in range(4) for _ in range(4)]
+    parts = micro_batches(torch.arange(16), 256, [12] * 16, [32] * 16, groups=groups)
+    assert [p.tolist() for p in parts] == [[0, 1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12], [13, 14, 15]]
+
+
 def test_a_group_over_the_limit_goes_row_by_row_to_parts_that_hold_its_prompt_first():
     rows = torch.tensor([7, 8, 9, 6])
     # one group of 3 + 10 = 13 > 8. Largest response first: row 1 (3 + 4 = 7) opens a part; row 2 (3 + 3) would

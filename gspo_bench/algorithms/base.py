@@ -114,12 +114,14 @@ def micro_batches(rows: torch.Tensor, limit: int, prompt: list[int], response: l
     ``prompt`` and ``response``: each row's real prompt and response tokens. ``groups``: each row's group (the
     rows of one prompt, whose forward computes that prompt once per micro-batch: ``fastlm``'s shared prompts),
     or None when every row computes its own prompt. A part's cost is its rows' response tokens plus each of
-    its groups' prompt once (None: plus every row's prompt). A group's rows of the minibatch go into one part
-    when they fit, so its prompt is computed once; the groups are placed largest first, each into the first
-    part with room, else a new one. A group over the budget is placed row by row, largest first, each into the
-    first part already holding its group that has room, else the first with room, else a new one; a row over
-    the budget alone is a part of its own. ``limit`` 0 or below: one part of every row. Each part keeps its
-    rows in ``rows``' order; the parts together hold every row once."""
+    its groups' prompt once (None: plus every row's prompt). The rows are placed group by group, the largest
+    group first (its prompt once and all its responses), and within a group the longest response first, each
+    into the first part that already holds its group's prompt and has room, else the first part with room,
+    else a new one: a group shares its prompt where it can, but fills the room earlier parts left rather
+    than open a part of its own (each part costs a forward, a backward and the whole model's gradient added
+    once more, a repeated prompt only its tokens). A row over the budget alone is a part of its own. ``limit``
+    0 or below: one part of every row. Each part keeps its rows in ``rows``' order; the parts together hold
+    every row once."""
     if limit <= 0:
         return [rows]
     keys = list(range(len(rows))) if groups is None else list(groups)
@@ -131,32 +133,20 @@ def micro_batches(rows: torch.Tensor, limit: int, prompt: list[int], response: l
     def cost(part, i):  # what row i adds to a part: its response, and its prompt unless its group is there
         return response[i] + (0 if keys[i] in part["groups"] else prompt[i])
 
-    def place(part, i):
-        part["cost"] += cost(part, i)
-        part["groups"].add(keys[i])
-        part["rows"].append(i)
-
     def unit_cost(ix):  # a group alone in a part: its prompt once, every row's response
         return prompt[ix[0]] + sum(response[i] for i in ix)
 
     # largest first; equal ones in the order their first rows come (sorted is stable)
     for ix in sorted(units.values(), key=unit_cost, reverse=True):
-        whole = unit_cost(ix)
-        part = next((q for q in parts if q["cost"] + whole <= limit), None)
-        if part is None and whole <= limit:
-            part = {"cost": 0, "groups": set(), "rows": []}
-            parts.append(part)
-        if part is not None:
-            for i in ix:
-                place(part, i)
-            continue
-        for i in sorted(ix, key=lambda i: response[i], reverse=True):  # a group over the budget: row by row
+        for i in sorted(ix, key=lambda i: response[i], reverse=True):
             fits = [q for q in parts if q["cost"] + cost(q, i) <= limit]
             part = next((q for q in fits if keys[i] in q["groups"]), None) or next(iter(fits), None)
             if part is None:
                 part = {"cost": 0, "groups": set(), "rows": []}
                 parts.append(part)
-            place(part, i)
+            part["cost"] += cost(part, i)
+            part["groups"].add(keys[i])
+            part["rows"].append(i)
     return [rows[sorted(q["rows"])] for q in parts]
 
 
