@@ -1,0 +1,28 @@
+"""Huge pages for torch's large CPU tensors, asked for before torch allocates any.
+
+torch's CPU allocator maps every large tensor afresh, and the kernel then faults its memory in one 4 KiB
+page at a time, zeroing each, the first time it is touched. A step allocates several gigabytes this way at a
+real vocabulary (logits, activations, and the whole model's gradient once per micro-batch), and on a virtual
+machine a fault costs more than the page's arithmetic. With ``THP_MEM_ALLOC_ENABLE=1`` torch aligns
+allocations of 2 MiB and more to 2 MiB and advises the kernel to back them with transparent huge pages, 512
+times fewer faults, where the kernel allows it (``/sys/kernel/mm/transparent_hugepage/enabled`` at
+``madvise`` or ``always``). On this project's 2-core CPU machine a fresh (151,936 x 1,024) float32 tensor of
+zeros took 0.59-0.78 s without and 0.21-0.37 s with, and a matrix product into a fresh gradient of that
+size, added to another, 2.0-2.4 s against 1.2-1.5 s (two readings of each). Nothing a run computes changes:
+only where its tensors live. The variable is read once, at torch's first large allocation, so
+``python -m gspo_bench`` sets it before anything imports torch, and the processes it starts inherit it; a
+value the user set is kept (``THP_MEM_ALLOC_ENABLE=0`` turns it off).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+
+HUGE_PAGES = "THP_MEM_ALLOC_ENABLE"
+
+
+def prefer_huge_pages(environ: MutableMapping[str, str] = os.environ) -> bool:
+    """Ask torch for huge pages (``HUGE_PAGES=1``) unless ``environ`` says otherwise; whether it is on."""
+    environ.setdefault(HUGE_PAGES, "1")
+    return environ[HUGE_PAGES] == "1"
