@@ -18,9 +18,10 @@ then logging. The shared loop's own choices, which no paper pins:
   sizes differ by at most one, so every run makes the same number of
   optimiser steps and every algorithm sees the same minibatches.
 - Micro-batches (``train.micro_batch_tokens``): a minibatch's rows packed into as few runs of at most that
-  many tokens of the forward as fit (``micro_batches``), each backpropagated before the one optimiser step. Each run's loss divides by the whole
-  minibatch's unit counts, as a rank's share does on several processes, so the gradients add up to the
-  unsplit minibatch's; the step's metrics are computed once on the whole minibatch's detached outputs.
+  many tokens of the forward as fit (``micro_batches``), each backpropagated before the one optimiser step.
+  Each run's loss divides by the whole minibatch's unit counts, as a rank's share does on several processes,
+  so the gradients add up to the unsplit minibatch's; the step's metrics are computed once on the whole
+  minibatch's detached outputs.
 - A non-finite loss skips that minibatch's backward; a non-finite gradient
   norm skips that optimiser's step. Either way the minibatch counts in
   ``train/nonfinite`` (the fraction of minibatches whose update was skipped)
@@ -148,6 +149,13 @@ def micro_batches(rows: torch.Tensor, limit: int, prompt: list[int], response: l
             part["groups"].add(keys[i])
             part["rows"].append(i)
     return [rows[sorted(q["rows"])] for q in parts]
+
+
+def shares_prompts(model, forward: str, routed: bool) -> bool:
+    """Whether the training forward ``forward`` (``train.forward``) of ``model`` computes a group's prompt once:
+    on the packed forward, unless an MoE model's routes are replayed or recorded (``routed``), which need every
+    cell."""
+    return uses_packed(model, forward) and not (is_moe(model) and routed)
 
 
 def part_sizes(batch: RolloutBatch, rows: torch.Tensor, shared: bool) -> dict:
@@ -324,11 +332,6 @@ class PolicyModule(HeldOutEval, L.LightningModule):
             torch.manual_seed(self.seed * 1_000_003 + rank)
             self.resume_state = ddp.broadcast_object(self.resume_state)
 
-    def shares_prompts(self, model, routed: bool) -> bool:
-        """Whether ``response_logp`` with ``model`` computes a group's prompt once per forward: on the packed
-        forward, unless an MoE model's routes are replayed or recorded (``routed``), which need every cell."""
-        return uses_packed(model, self.cfg.train.forward) and not (self.is_moe and routed)
-
     def response_logp(self, model, batch: RolloutBatch, rows=None, with_entropy: bool = False,
                       replay: torch.Tensor | None = None, record: torch.Tensor | None = None,
                       entropy_grad: bool = False):
@@ -431,7 +434,7 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         limit = self.cfg.train.micro_batch_tokens
         policy_pass, ref_pass = (functools.partial(self.response_logp, m) for m in (self.policy, self.ref))
         routed = natural is not None or self.replay == "r3"  # the policy's passes replay or record routes
-        shared = self.shares_prompts(self.policy, routed)
+        shared = shares_prompts(self.policy, self.cfg.train.forward, routed)
         r = self.settings.rollout
         if r.prox_logp == "loglinear" and (batch.rollout_logp is None or batch.versions is None):
             raise RuntimeError("rollout.prox_logp=loglinear needs the sampler's log-probs and each token's version, "
@@ -449,7 +452,8 @@ class PolicyModule(HeldOutEval, L.LightningModule):
             out = {"old_logp": old * mask, "advantages": batch.advantages,
                    "routes": {"r2": natural, "r3": batch.routes}.get(self.replay)}
             if self.ref is not None:
-                out["ref_logp"] = rollout_logp(ref_pass, batch, limit, shared=self.shares_prompts(self.ref, False))
+                ref_shared = shares_prompts(self.ref, self.cfg.train.forward, False)
+                out["ref_logp"] = rollout_logp(ref_pass, batch, limit, shared=ref_shared)
         if natural is not None and batch.routes is not None:
             stats.add({"moe/routing_mismatch": routing_mismatch(batch.routes, natural, batch.attention_mask.bool())})
         out["mask"] = loss_mask(self.settings.rollout, batch, out["old_logp"], stats)
@@ -478,8 +482,8 @@ class PolicyModule(HeldOutEval, L.LightningModule):
             return finite
         limit = self.cfg.train.micro_batch_tokens
         routed = self.is_moe and prep.get("routes") is not None
-        parts = micro_batches(rows, limit, **part_sizes(batch, rows, self.shares_prompts(self.policy, routed))) \
-            if limit else [rows]
+        shared = shares_prompts(self.policy, self.cfg.train.forward, routed)
+        parts = micro_batches(rows, limit, **part_sizes(batch, rows, shared)) if limit else [rows]
         rows = torch.cat(parts)  # the minibatch's rows in the parts' order, which its outputs stacked follow
         # each part divides by the whole minibatch's counts, as a rank's share does (one part: its own, as ever)
         mask = prep["mask"][rows]
