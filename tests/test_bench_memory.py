@@ -18,6 +18,8 @@ def test_each_measurement_gets_the_defaults_then_the_commands_sets_then_its_cont
     rest = sets[len(bm.DEFAULT_SETTINGS):]
     assert rest == ("rollout.max_new_tokens=16", "train.micro_batch_tokens=256", "train.logit_chunk_tokens=256",
                     "train.activation_checkpointing=true", "rollout.prompts_per_step=7")
+    assert bm.child_overrides((), "all-select", 4)[len(bm.DEFAULT_SETTINGS) + 2] == \
+        "train.activation_checkpointing=selective"
     assert bm.parse_controls(["none", "all", "none"]) == ["none", "all"]
     from gspo_bench.config import ConfigError
 
@@ -29,12 +31,15 @@ def test_the_bounds_as_sentences_with_their_ratios():
     gib = 2**30
     results = [{"controls": "none", "prompts": 4, "added": 4 * gib}, {"controls": "all", "prompts": 4, "added": 3 * gib},
                {"controls": "none", "prompts": 16, "added": 12 * gib},
-               {"controls": "all", "prompts": 16, "added": 3.36 * gib}]
+               {"controls": "all", "prompts": 16, "added": 3.36 * gib},
+               {"controls": "all-select", "prompts": 16, "added": 4.2 * gib}]
     lines = bm.ratios(results)
     assert "`none`: the 16-prompt rollout's step adds 3.00x what the 4-prompt one's adds" in lines
     assert "`all`: the 16-prompt rollout's step adds 1.12x what the 4-prompt one's adds" in lines
     assert "16 prompts: every control on, the step adds 0.28x what it adds with none" in lines
     assert "4 prompts: every control on, the step adds 0.75x what it adds with none" in lines
+    assert "16 prompts: every control on (selective checkpointing), the step adds 0.35x what it adds with none" in lines
+    assert not any("4 prompts: every control on (selective" in line for line in lines)  # not measured at 4
 
 
 def test_a_killed_measurement_says_so(monkeypatch):

@@ -331,7 +331,7 @@ def test_forward_response_activation_checkpointing_gives_the_same_gradients(name
     hooks = [layer.input_layernorm.register_forward_pre_hook(lambda *a: calls.append(1))
              for layer in model.model.layers]
     runs = {}
-    for ck in (False, True):
+    for ck in (False, True, "selective"):
         calls.clear()
         with warnings.catch_warnings():  # transformers' deprecated gradient_checkpointing_* names warn from 5.24 on
             warnings.simplefilter("error", FutureWarning)
@@ -339,9 +339,10 @@ def test_forward_response_activation_checkpointing_gives_the_same_gradients(name
         runs[ck] += (len(calls),)
     for h in hooks:
         h.remove()
-    _assert_same(runs[True], runs[False], rtol=1e-6)
     layers = model.config.num_hidden_layers
-    assert (runs[False][4], runs[True][4]) == (layers, 2 * layers)  # each layer ran again in the backward
+    for ck in (True, "selective"):
+        _assert_same(runs[ck], runs[False], rtol=1e-6)
+        assert (runs[False][4], runs[ck][4]) == (layers, 2 * layers)  # each layer ran again in the backward
     # off again after the call (generate needs the KV cache), and no hook left on the embedding
     assert not any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
     assert not model.get_input_embeddings()._forward_hooks

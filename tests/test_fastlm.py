@@ -612,15 +612,16 @@ def test_activation_checkpointing_gives_the_same_gradients(name, monkeypatch):
     layer_forward = fastlm.layer_forward
     monkeypatch.setattr(fastlm, "layer_forward", lambda *a: calls.append(1) or layer_forward(*a))
     runs = {}
-    for ck in (False, True):
+    for ck in (False, True, "selective"):
         calls.clear()
         runs[ck] = param_grads(model, lambda: fastlm.packed_response_logp(
             model, ids, attn, P, 0.7, share_prompts=True, checkpoint_layers=ck)[0])
         runs[ck] += (len(calls),)
-    torch.testing.assert_close(runs[True][0], runs[False][0], atol=0, rtol=0)
-    assert_grads_close(runs[True][1], runs[False][1], 1e-6)
     layers = model.config.num_hidden_layers
-    assert (runs[False][2], runs[True][2]) == (layers, 2 * layers)  # each layer ran again in the backward
+    for ck in (True, "selective"):
+        torch.testing.assert_close(runs[ck][0], runs[False][0], atol=0, rtol=0)
+        assert_grads_close(runs[ck][1], runs[False][1], 1e-6)
+        assert (runs[False][2], runs[ck][2]) == (layers, 2 * layers)  # each layer ran again in the backward
     with torch.no_grad():  # no backward to come: nothing is recomputed
         calls.clear()
         fastlm.packed_response_logp(model, ids, attn, P, checkpoint_layers=True)

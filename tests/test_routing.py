@@ -245,7 +245,7 @@ def test_checkpointed_replay_has_the_gradient_of_the_replayed_forward(packed):
     layout = GridLayout(gen.attention_mask, None, packed)
     fwd = "packed" if packed else "hf"
 
-    def grads(checkpoint: bool, backward_inside: bool = False, routes=replay):
+    def grads(checkpoint: bool | str, backward_inside: bool = False, routes=replay):
         model.zero_grad(set_to_none=True)
         with RouterHooks(model) as hooks:
             hooks.replay = None if routes is None else layout.gather(routes)
@@ -259,8 +259,8 @@ def test_checkpointed_replay_has_the_gradient_of_the_replayed_forward(packed):
         return natural, [p.grad.clone() for p in model.parameters()]
 
     natural, want = grads(False)
-    for inside in (False, True):
-        natural_ck, got = grads(True, inside)
+    for mode, inside in ((True, False), (True, True), ("selective", False)):
+        natural_ck, got = grads(mode, inside)
         assert torch.equal(natural_ck, natural)  # what the forward records is unchanged
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

@@ -36,7 +36,7 @@ class Critic(torch.nn.Module):
     """
 
     def __init__(self, model_path: str, trust_remote_code: bool = False, forward: str = "auto",
-                 moe_kernel: str = "auto", checkpoint_layers: bool = False):
+                 moe_kernel: str = "auto", checkpoint_layers: bool | str = False):
         super().__init__()
         self.moe_kernel = moe_kernel
         self.checkpoint_layers = checkpoint_layers

@@ -49,10 +49,14 @@ CONTROLS: dict[str, dict] = {
     "chunk": {"micro_batch_tokens": None, "logit_chunk_tokens": 256, "activation_checkpointing": False},
     "ckpt": {"micro_batch_tokens": None, "logit_chunk_tokens": 0, "activation_checkpointing": True},
     "all": {"micro_batch_tokens": 256, "logit_chunk_tokens": 256, "activation_checkpointing": True},
+    "select": {"micro_batch_tokens": None, "logit_chunk_tokens": 0, "activation_checkpointing": "selective"},
+    "all-select": {"micro_batch_tokens": 256, "logit_chunk_tokens": 256, "activation_checkpointing": "selective"},
 }
 """The ``train.`` settings of each named set of controls. ``micro``: gradient accumulation over micro-batches
 of at most 256 real tokens; ``chunk``: log-probs and entropy over 256 response tokens at a time; ``ckpt``:
-each decoder layer's activations recomputed in the backward. 256 tokens: below the smaller default rollout
+each decoder layer's activations recomputed in the backward; ``select``: only the operators between each
+layer's matrix products recomputed (selective checkpointing); ``all``, ``all-select``: every control, with
+full or selective checkpointing. 256 tokens: below the smaller default rollout
 (4 prompts x 4 samples, about 650 real tokens), so that both sizes are cut into micro-batches of the same
 size and what grows with the rollout shows."""
 
@@ -282,9 +286,9 @@ def medians(results: list[dict]) -> list[dict]:
     return out
 
 
-TIME_BOUNDS = {"micro": 1.2, "all": 1.6}
+TIME_BOUNDS = {"micro": 1.2, "all": 1.6, "all-select": 1.6}
 """The step-time bounds the controls are held to against the uncontrolled step: micro-batches at most 1.2x,
-every control at most 1.6x."""
+every control at most 1.6x (with either checkpointing)."""
 
 
 def time_ratios(results: list[dict]) -> list[str]:
@@ -327,9 +331,11 @@ def ratios(results: list[dict]) -> list[str]:
                 out.append(f"`{c}`: the {large}-prompt rollout's step adds {b / a:.2f}x what the {small}-prompt "
                            f"one's adds")
     for size in sizes:
-        none, every = by.get(("none", size)), by.get(("all", size))
-        if none and every:
-            out.append(f"{size} prompts: every control on, the step adds {every / none:.2f}x what it adds with none")
+        for c, how in (("all", ""), ("all-select", " (selective checkpointing)")):
+            none, every = by.get(("none", size)), by.get((c, size))
+            if none and every:
+                out.append(f"{size} prompts: every control on{how}, the step adds {every / none:.2f}x what it adds "
+                           "with none")
     return out
 
 

@@ -58,7 +58,7 @@ def add_bench_parser(sub, csv, set_flag) -> None:
                    "end to end at a cut size (bench/presets.py; --set over it), each in its own process: peak RSS, "
                    "wall time, seconds per RL step; --markdown writes them with the command and commit")
     b.add_argument("--memory", type=csv, metavar="C[,C...]", help="instead: the memory one RL step adds under each "
-                   "set of memory controls (none, micro, chunk, ckpt, all; bench/memory.py), at each --prompts, "
+                   "set of memory controls (none, micro, chunk, ckpt, select, all, all-select; bench/memory.py), at each --prompts, "
                    "each in its own process (default model qwen3-0.6b-arch; --set over it)")
     b.add_argument("--prompts", type=csv, default=None, metavar="N[,N...]", help="with --memory: prompts per "
                    "rollout of each measurement (default 4,16)")

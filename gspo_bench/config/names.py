@@ -5,6 +5,9 @@ REPLAY_MODES = ("none", "r2", "r3")
 """``moe.routing_replay`` (``rollout/routing.py``)."""
 MOE_KERNELS = ("auto", "grouped", "batched", "loop")
 """``rollout.moe_kernel`` (``rollout/fastlm.py``: ``EXPERT_KERNELS``, ``auto`` resolved by ``pick_moe_kernel``)."""
+CHECKPOINT_MODES = (False, True, "selective")
+"""``train.activation_checkpointing``: off, full (each layer run again whole in the backward), selective (its matrix
+products kept, the operators between them run again; ``rollout/recompute.py``)."""
 ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
 """``rollout.dtype`` (``rollout/precision.py``)."""
 SEEDINGS = ("stream", "request")

@@ -20,8 +20,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from gspo_bench.config.names import (ACCELERATORS, CHAT_MODES, LR_SCHEDULES, MOE_KERNELS, PRECISIONS, REPLAY_MODES,
-                                     PROX_LOGPS, ROLLOUT_DTYPES, SEEDINGS, STALE_POLICIES,
+from gspo_bench.config.names import (ACCELERATORS, CHAT_MODES, CHECKPOINT_MODES, LR_SCHEDULES, MOE_KERNELS,
+                                     PRECISIONS, PROX_LOGPS, REPLAY_MODES, ROLLOUT_DTYPES, SEEDINGS, STALE_POLICIES,
                                      TOOL_FORMATS)
 from gspo_bench.config.resolved import SPREAD, LossParamFields, LossSettings, Recipe, Resolved
 from gspo_bench.core.loss_params import PARAMS, LossParam, check_relations
@@ -392,9 +392,12 @@ class TrainConfig:
     """Log-probs and entropy through the LM head at most this many tokens at a time, forward and backward (the
     backward recomputes each chunk's logits), so no (tokens x vocabulary) tensor is ever whole; 0 = all at once
     (the logits are kept for the backward: faster where they fit). docs/gpu.md, training memory."""
-    activation_checkpointing: bool = False
-    """Keep only each decoder layer's input for the backward and run the layer again there (one more forward
-    of the trunk per step, far less activation memory); the same gradients, MoE routing replay included."""
+    activation_checkpointing: bool | str = False
+    """false | true: keep only each decoder layer's input for the backward and run the whole layer again there
+    (one more forward of the trunk per step, far less activation memory) | selective: keep the outputs of its
+    matrix products and attention, and run again only the cheap operators between them (about the time of no
+    checkpointing, activation memory between false's and true's). The same gradients in every mode, MoE routing replay
+    included (``rollout/recompute.py``)."""
     devices: int = 1
     """Processes per node (Lightning ``devices``); each samples its share of the prompts."""
     strategy: str = "auto"
@@ -428,7 +431,10 @@ class TrainConfig:
         _choice("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
         _check(type(self.logit_chunk_tokens) is int and self.logit_chunk_tokens >= 0,
                f"train.logit_chunk_tokens={self.logit_chunk_tokens!r} must be an int >= 1, or 0 (all tokens at once)")
-        _choice("train.activation_checkpointing", self.activation_checkpointing, (True, False))
+        # booleans by type, not by value: 1 is not true
+        _check(self.activation_checkpointing in CHECKPOINT_MODES and type(self.activation_checkpointing) in (bool, str),
+               f"train.activation_checkpointing={self.activation_checkpointing!r} is not allowed (allowed: false, "
+               "true, selective)")
         _choice("train.accelerator", self.accelerator, ACCELERATORS)
         _choice("train.precision", self.precision, PRECISIONS)
         _choice("train.strategy", self.strategy, ("auto", "ddp", "fsdp"))

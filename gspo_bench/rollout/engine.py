@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from gspo_bench.rollout.recompute import layer_context
 from gspo_bench.rollout.routing import RouterHooks, empty_grid, pinned_routes, routers
 
 from gspo_bench.config.sections import LOGIT_CHUNK_TOKENS
@@ -90,17 +91,18 @@ def plain_head(model) -> bool:
 
 
 @contextlib.contextmanager
-def checkpointed_layers(model, enabled: bool = True):
+def checkpointed_layers(model, mode: bool | str = True):
     """transformers' activation checkpointing of ``model``'s decoder layers for the forwards inside (where grad
-    is on; transformers checkpoints in training mode only), MoE routes pinned for the backward's recomputation
-    (``routing.pinned_routes``); off again after, since ``generate`` needs the KV cache a checkpointed layer drops."""
-    if not (enabled and torch.is_grad_enabled()):
+    is on; transformers checkpoints in training mode only) in ``mode`` (true: full; ``selective``:
+    ``rollout/recompute.py``), MoE routes pinned for the backward's recomputation (``routing.pinned_routes``);
+    off again after, since ``generate`` needs the KV cache a checkpointed layer drops."""
+    if not (mode and torch.is_grad_enabled()):
         yield
         return
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise ValueError(f"train.activation_checkpointing: {type(model).__name__} does not support transformers' "
                          "gradient checkpointing; set train.activation_checkpointing=false")
-    kwargs = {"use_reentrant": False, "context_fn": pinned_routes(routers(model))}
+    kwargs = {"use_reentrant": False, "context_fn": layer_context(mode, pinned_routes(routers(model)))}
     # transformers >= 5.24 names it activation checkpointing (the gradient_ names warn, and go in v6)
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
@@ -115,7 +117,7 @@ def checkpointed_layers(model, enabled: bool = True):
 
 def forward_response(model, input_ids, attention_mask, prompt_len: int, temperature: float = 1.0,
                      with_entropy: bool = False, output_hidden_states: bool = False,
-                     logit_chunk_tokens: int = LOGIT_CHUNK_TOKENS, checkpoint_layers: bool = False,
+                     logit_chunk_tokens: int = LOGIT_CHUNK_TOKENS, checkpoint_layers: bool | str = False,
                      entropy_grad: bool = False):
     """Per-token log-probs of the response block, (B, T); optionally entropy (with a gradient when
     ``entropy_grad``) and the final hidden states (B, T, H) that predict it.
@@ -162,7 +164,7 @@ def uses_packed(model, forward: str = "auto") -> bool:
 def response_logp(model, input_ids, attention_mask, prompt_len: int, temperature: float = 1.0,
                   with_entropy: bool = False, forward: str = "auto", share_prompts: bool = False,
                   moe_kernel: str = "auto", logit_chunk_tokens: int = LOGIT_CHUNK_TOKENS,
-                  checkpoint_layers: bool = False, entropy_grad: bool = False):
+                  checkpoint_layers: bool | str = False, entropy_grad: bool = False):
     """(log-probs, entropy or None) of the response block, (B, T) each, zero where the mask is 0.
 
     ``forward``: ``packed`` runs ``fastlm`` over the real tokens only (Qwen3

@@ -34,6 +34,7 @@ from gspo_bench.config.names import MOE_KERNELS
 from gspo_bench.config.sections import LOGIT_CHUNK_TOKENS
 from gspo_bench.core.embedding import tied_lookup
 from gspo_bench.core.lm_head import token_logp_entropy
+from gspo_bench.rollout.recompute import layer_context
 from gspo_bench.rollout.routing import pinned_routes
 
 SUPPORTED_TYPES = ("qwen3", "qwen3_moe")
@@ -275,7 +276,7 @@ def embed(model, ids: torch.Tensor) -> torch.Tensor:
 
 def packed_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
                   share_prompts: bool = False, moe_kernel: str = "auto",
-                  checkpoint_layers: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  checkpoint_layers: bool | str = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Final-norm hidden states (N, H) at the positions that predict a response token, and the response
     mask (B, T) saying where those N states belong.
 
@@ -286,8 +287,10 @@ def packed_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     that one copy (prefix sharing; the gradient sums over the rows). The flat tokens are then no longer
     every real cell, so routing replay's hooks need ``share_prompts=False``. ``moe_kernel``: how MoE layers
     run their experts (``EXPERT_KERNELS`` or ``auto``). ``checkpoint_layers`` (activation checkpointing,
-    when grad is on): each layer keeps only its input for the backward and runs again there, on the experts
-    its forward used (``routing.pinned_routes``), so the gradient is the same.
+    when grad is on; ``rollout/recompute.py``): true, each layer keeps only its input for the backward and
+    runs again there; ``selective``, it keeps its matrix products' outputs too and runs again only the
+    operators between them. Either way on the experts its forward used (``routing.pinned_routes``), so the
+    gradient is the same.
     """
     base = _base(model)
     B, W = input_ids.shape
@@ -327,9 +330,9 @@ def packed_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     cos, sin = rope(model, pos[own], x.dtype)
     refs = layer_refs(model, moe_kernel)
     if checkpoint_layers and torch.is_grad_enabled():
-        pin = pinned_routes([ref.mlp.gate for ref in refs if ref.dense is None])
+        keep = layer_context(checkpoint_layers, pinned_routes([ref.mlp.gate for ref in refs if ref.dense is None]))
         for ref in refs:
-            x = checkpoint(layer_forward, ref, x, cos, sin, eps, attend, use_reentrant=False, context_fn=pin)
+            x = checkpoint(layer_forward, ref, x, cos, sin, eps, attend, use_reentrant=False, context_fn=keep)
     else:
         for ref in refs:
             x = layer_forward(ref, x, cos, sin, eps, attend)
@@ -341,7 +344,7 @@ def packed_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
 def packed_response_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
                          temperature: float = 1.0, with_entropy: bool = False, share_prompts: bool = False,
                          moe_kernel: str = "auto", logit_chunk_tokens: int = LOGIT_CHUNK_TOKENS,
-                         checkpoint_layers: bool = False, entropy_grad: bool = False):
+                         checkpoint_layers: bool | str = False, entropy_grad: bool = False):
     """Per-token log-probs (B, T) of the response block, computed over packed real tokens only.
 
     Same contract as ``engine.forward_response``, through ``packed_states``; the LM head runs only at
