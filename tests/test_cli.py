@@ -46,7 +46,7 @@ def _runs(db: Path) -> list:
         (["--restart"], "--restart goes with --resume"),
         (["--set", "tracking.retry_budget_s=0"], "tracking.retry_budget_s=0"),
         (["--set", "tracking.connect_timeout_s=0"], "tracking.connect_timeout_s=0"),
-        (["--set", "train.logit_chunk_tokens=-1"], "train.logit_chunk_tokens=-1 must be an int >= 1, or 0"),
+        (["--set", "train.logit_chunk_tokens=-1"], "train.logit_chunk_tokens=-1 must be an int >= 1, 0"),
         (["--set", "train.activation_checkpointing=1"], "train.activation_checkpointing"),
         (["--set", "train.micro_batch_tokens=0"], "train.micro_batch_tokens=0 must be an int >= 1, or null (off)"),
         (["--set", "train.accelerator=tpu9"], "train.accelerator"),

@@ -161,6 +161,7 @@ def test_flatten_and_to_dict():
     ({"train": {"logit_chunk_tokens": -1}}, ["train.logit_chunk_tokens=-1", "0 (all tokens at once)"]),
     ({"train": {"logit_chunk_tokens": 512.0}}, ["train.logit_chunk_tokens=512.0", "int"]),
     ({"train": {"logit_chunk_tokens": True}}, ["train.logit_chunk_tokens=True"]),
+    ({"train": {"logit_chunk_tokens": "big"}}, ["train.logit_chunk_tokens='big'", "or auto (sized to the device)"]),
     ({"train": {"activation_checkpointing": "yes"}}, ["train.activation_checkpointing='yes'"]),
 ])
 def test_bad_values_raise_config_error(overrides, needles):
@@ -210,6 +211,8 @@ def test_training_memory_keys():
     t = load_config("default", overrides=parse_sets(["train.logit_chunk_tokens=0",
                                                      "train.activation_checkpointing=true"])).train
     assert (t.logit_chunk_tokens, t.activation_checkpointing) == (0, True)  # 0: the whole minibatch's logits at once
+    assert load_config("default", overrides=parse_sets(["train.logit_chunk_tokens=auto"])).train.logit_chunk_tokens \
+        == "auto"
 
 
 def test_unknown_preset():

@@ -182,3 +182,43 @@ def test_no_tokens_by_vocabulary_tensor_is_ever_made(autocast):
         sizes[c] = seen.most
     assert sizes[0] >= n * v
     assert sizes[chunk] <= max(chunk * v, v * H, n * H) < n * v
+
+
+# ----------------------------------------------------------------------------- auto: chunks sized to the device
+def test_auto_chunks_keep_a_chunk_s_working_set_within_a_sixteenth_of_the_device_s_memory():
+    from gspo_bench.core.lm_head import auto_chunk_tokens
+
+    gib = 2**30
+    # 24 GiB / 16 = 1.5 GiB; 3 x 151,936 x 4 bytes = 1.82 MB per token -> 883 tokens -> 768 (a multiple of 256)
+    assert auto_chunk_tokens(151_936, 24 * gib) == 768
+    # 141 GiB / 16 / 1.82 MB = 5,190 tokens -> 5,120
+    assert auto_chunk_tokens(151_936, 141 * gib) == 5_120
+    assert auto_chunk_tokens(151_936, 2 * gib) == 256  # never below 256 tokens
+    assert auto_chunk_tokens(101, 24 * gib) == 65_536  # a small vocabulary: one chunk for any minibatch here
+    for v, mem in ((151_936, 24 * gib), (32_000, 80 * gib), (262_144, 141 * gib)):
+        c = auto_chunk_tokens(v, mem)
+        assert c % 256 == 0 and (c == 256 or 3 * c * v * 4 <= mem / 16 < 3 * (c + 256) * v * 4)
+
+
+def test_auto_computes_what_the_chunk_it_resolves_to_computes(monkeypatch):
+    """``auto`` on a device whose memory gives 256-token chunks: 600 tokens in three chunks, the same numbers,
+    gradients included, bit for bit, as ``chunk_tokens=256``; the device's memory is read once."""
+    from gspo_bench.core import lm_head
+
+    reads = []
+    lm_head.device_memory.cache_clear()
+    monkeypatch.setattr(lm_head.os, "sysconf", lambda name: reads.append(name) or {"SC_PAGE_SIZE": 4096,
+                                                                                    "SC_PHYS_PAGES": 2**11}[name])
+    assert lm_head.auto_chunk_tokens(V, lm_head.device_memory(torch.device("cpu"))) == 256  # 8 MiB at V = 101
+    out = {}
+    for chunk in ("auto", 256):
+        h, w, b, y, c = inputs(3, n=600)
+        logp, ent = token_logp_entropy(h, w, b, y, 0.9, chunk, with_entropy=True)
+        (logp * c).sum().backward()
+        out[chunk] = (logp, ent, h.grad, w.grad, b.grad)
+    for a, b_ in zip(out["auto"], out[256]):
+        assert torch.equal(a, b_)
+    assert reads == ["SC_PAGE_SIZE", "SC_PHYS_PAGES"]  # cached: once per device
+    lm_head.device_memory.cache_clear()
+    with pytest.raises(ValueError, match="or auto"):
+        token_logp_entropy(*inputs()[:4], 1.0, "big")

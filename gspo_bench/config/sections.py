@@ -388,10 +388,11 @@ class TrainConfig:
     forward: str = "auto"
     """Training forward: auto (packed when supported, else hf) | packed (real tokens only, Qwen3 family) |
     hf (the transformers module over the padded batch)."""
-    logit_chunk_tokens: int = LOGIT_CHUNK_TOKENS
+    logit_chunk_tokens: int | str = LOGIT_CHUNK_TOKENS
     """Log-probs and entropy through the LM head at most this many tokens at a time, forward and backward (the
-    backward recomputes each chunk's logits), so no (tokens x vocabulary) tensor is ever whole; 0 = all at once
-    (the logits are kept for the backward: faster where they fit). docs/gpu.md, training memory."""
+    backward recomputes each chunk's logits), so no (tokens x vocabulary) tensor is ever whole; auto = sized to
+    the device (a chunk's logits, softmax and gradient within 1/16 of its memory); 0 = all at once (the logits are
+    kept for the backward: faster where they fit). docs/gpu.md, training memory."""
     activation_checkpointing: bool | str = False
     """false | true: keep only each decoder layer's input for the backward and run the whole layer again there
     (one more forward of the trunk per step, far less activation memory) | selective: keep the outputs of its
@@ -429,8 +430,10 @@ class TrainConfig:
         _check(self.max_grad_norm >= 0, f"train.max_grad_norm={self.max_grad_norm} must be >= 0")
         _choice("train.forward", self.forward, ("auto", "packed", "hf"))
         _choice("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
-        _check(type(self.logit_chunk_tokens) is int and self.logit_chunk_tokens >= 0,
-               f"train.logit_chunk_tokens={self.logit_chunk_tokens!r} must be an int >= 1, or 0 (all tokens at once)")
+        chunk = self.logit_chunk_tokens
+        _check(chunk == "auto" or type(chunk) is int and chunk >= 0,
+               f"train.logit_chunk_tokens={self.logit_chunk_tokens!r} must be an int >= 1, 0 (all tokens at once) or "
+               "auto (sized to the device)")
         # booleans by type, not by value: 1 is not true
         _check(self.activation_checkpointing in CHECKPOINT_MODES and type(self.activation_checkpointing) in (bool, str),
                f"train.activation_checkpointing={self.activation_checkpointing!r} is not allowed (allowed: false, "

@@ -26,10 +26,42 @@ May import: torch only (``core``'s rule).
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 import torch.nn.functional as F
 
 Tensor = torch.Tensor
+
+HEAD_MEMORY_SHARE = 1 / 16
+"""``auto`` chunks: the share of the device's memory one chunk's float32 (C, V) working set may take."""
+WORKING_SET = 3
+"""(C, V) float32 tensors alive at once while a chunk is computed: its logits, their softmax (or log-softmax and
+its exponential), and their gradient in the backward."""
+AUTO_CHUNK_STEP, AUTO_CHUNK_MAX = 256, 65_536
+"""``auto`` chunks are a multiple of 256 tokens, at least 256, at most 65,536 (on a small vocabulary: every
+token of a minibatch at once, in practice)."""
+
+
+@functools.cache
+def device_memory(device: torch.device) -> int:
+    """Bytes of memory of ``device``: a GPU's total memory, else the machine's physical memory."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def auto_chunk_tokens(vocab: int, memory_bytes: int) -> int:
+    """Tokens per chunk of the LM head on a device of ``memory_bytes``: as many as keep the chunk's working set
+    within ``HEAD_MEMORY_SHARE`` of it, since larger chunks run fewer, larger matrix products.
+
+    Fixed by the device's total memory and the vocabulary, not by the memory free at the moment: the chunks
+    decide the order in which the head's weight gradient is summed, so a run computes the same numbers on
+    every step and on a resume."""
+    # C = share x memory / (WORKING_SET x V x 4 bytes), down to a multiple of 256 within [256, 65,536]
+    fit = int(HEAD_MEMORY_SHARE * memory_bytes) // (WORKING_SET * vocab * 4)
+    return max(AUTO_CHUNK_STEP, min(AUTO_CHUNK_MAX, fit // AUTO_CHUNK_STEP * AUTO_CHUNK_STEP))
 
 
 def head_dtype(h: Tensor, weight: Tensor) -> torch.dtype:
@@ -129,18 +161,21 @@ class ChunkedHeadLogp(torch.autograd.Function):
 
 
 def token_logp_entropy(h_NH: Tensor, weight_VH: Tensor, bias_V: Tensor | None, target_N: Tensor,
-                       temperature: float, chunk_tokens: int, with_entropy: bool = False, entropy_grad: bool = False
-                       ) -> tuple[Tensor, Tensor | None]:
+                       temperature: float, chunk_tokens: int | str, with_entropy: bool = False,
+                       entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
     """log p(target) (N,) at ``temperature`` through the LM head (weight (V, H), bias (V,) or None) on final
     hidden states h (N, H), and the entropy (N,) of that distribution when ``with_entropy`` (with a gradient
     only when ``entropy_grad``: an entropy bonus in the loss), both float32.
 
     ``chunk_tokens`` > 0: at most that many tokens' logits exist at once, in the forward and in the backward
-    (``ChunkedHeadLogp``); 0: all N at once through plain autograd, which keeps the (N, V) logits and
-    log-softmax for the backward (no recomputation: the faster choice where they fit).
+    (``ChunkedHeadLogp``); ``auto``: as many as ``auto_chunk_tokens`` gives for the device of ``h`` and this
+    vocabulary; 0: all N at once through plain autograd, which keeps the (N, V) logits and log-softmax for the
+    backward (no recomputation: the faster choice where they fit).
     """
+    if chunk_tokens == "auto":
+        chunk_tokens = auto_chunk_tokens(weight_VH.shape[0], device_memory(h_NH.device))
     if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 0:
-        raise ValueError(f"chunk_tokens={chunk_tokens!r} must be an int >= 0 (0 = all tokens at once)")
+        raise ValueError(f"chunk_tokens={chunk_tokens!r} must be an int >= 0 (0 = all tokens at once), or auto")
     if chunk_tokens > 0:
         logp_N, ent_N = ChunkedHeadLogp.apply(h_NH, weight_VH, bias_V, target_N, temperature, chunk_tokens,
                                               with_entropy, entropy_grad)

@@ -117,7 +117,7 @@ def checkpointed_layers(model, mode: bool | str = True):
 
 def forward_response(model, input_ids, attention_mask, prompt_len: int, temperature: float = 1.0,
                      with_entropy: bool = False, output_hidden_states: bool = False,
-                     logit_chunk_tokens: int = LOGIT_CHUNK_TOKENS, checkpoint_layers: bool | str = False,
+                     logit_chunk_tokens: int | str = LOGIT_CHUNK_TOKENS, checkpoint_layers: bool | str = False,
                      entropy_grad: bool = False):
     """Per-token log-probs of the response block, (B, T); optionally entropy (with a gradient when
     ``entropy_grad``) and the final hidden states (B, T, H) that predict it.
@@ -163,7 +163,7 @@ def uses_packed(model, forward: str = "auto") -> bool:
 
 def response_logp(model, input_ids, attention_mask, prompt_len: int, temperature: float = 1.0,
                   with_entropy: bool = False, forward: str = "auto", share_prompts: bool = False,
-                  moe_kernel: str = "auto", logit_chunk_tokens: int = LOGIT_CHUNK_TOKENS,
+                  moe_kernel: str = "auto", logit_chunk_tokens: int | str = LOGIT_CHUNK_TOKENS,
                   checkpoint_layers: bool | str = False, entropy_grad: bool = False):
     """(log-probs, entropy or None) of the response block, (B, T) each, zero where the mask is 0.
 

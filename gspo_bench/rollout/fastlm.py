@@ -343,7 +343,7 @@ def packed_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
 
 def packed_response_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
                          temperature: float = 1.0, with_entropy: bool = False, share_prompts: bool = False,
-                         moe_kernel: str = "auto", logit_chunk_tokens: int = LOGIT_CHUNK_TOKENS,
+                         moe_kernel: str = "auto", logit_chunk_tokens: int | str = LOGIT_CHUNK_TOKENS,
                          checkpoint_layers: bool | str = False, entropy_grad: bool = False):
     """Per-token log-probs (B, T) of the response block, computed over packed real tokens only.
 
