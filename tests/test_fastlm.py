@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 import torch.nn.functional as F
 import transformers
 
@@ -654,3 +655,51 @@ def test_a_tied_embedding_s_rows_read_gradient_leaves_every_gradient_bit_for_bit
     assert plain.keys() == rows.keys()
     for n in plain:
         assert not rows[n].is_sparse and torch.equal(rows[n], plain[n]), n
+
+
+class NewTensors(TorchDispatchMode):
+    """The shapes of the dense tensors every operator under it writes new: in-place operators (``*_``), views
+    and sparse tensors (a sparse gradient holds only its rows) excluded."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and out.layout == torch.strided and not func.is_view and \
+                not func.__name__.split(".")[0].endswith("_"):
+            self.shapes.append(tuple(out.shape))
+        return out
+
+
+@pytest.mark.parametrize("checkpoint", [False, True, "selective"])
+@pytest.mark.parametrize("chunk", [0, 4])
+def test_a_second_part_accumulating_in_place_gives_both_parts_gradients(checkpoint, chunk):
+    """Two micro-batches, the second with ``accumulate_grads`` (its weight gradients added into .grad inside the
+    matmuls): the same gradients as both parts backpropagated the usual way, and its backward makes no tensor
+    the size of a projection's or the tied embedding / LM head's weight (the usual way makes one of each)."""
+    model, _ = build_builtin("tiny-dense", 5)
+    model = sharpen(model).train()
+    ids, attn, P = grouped_batch(8)
+    parts = (torch.arange(0, 4), torch.arange(4, 8))
+    weights = {tuple(p.shape) for p in model.parameters() if p.dim() == 2}
+
+    def backward(rows, fused):
+        lp, _, _ = fastlm.packed_response_logp(model, ids[rows], attn[rows], P, 0.7, with_entropy=True,
+                                               logit_chunk_tokens=chunk, checkpoint_layers=checkpoint,
+                                               accumulate_grads=fused)
+        with NewTensors() as made:
+            (lp * torch.arange(1, lp.numel() + 1, dtype=lp.dtype).view_as(lp)).sum().backward()
+        return [s for s in made.shapes if s in weights]
+
+    def grads(fused):
+        model.zero_grad(set_to_none=True)
+        backward(parts[0], False)
+        made = backward(parts[1], fused)
+        return made, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    usual, want = grads(False)
+    made, got = grads(True)
+    assert_grads_close(got, want, 1e-5)
+    assert set(usual) == weights and made == []

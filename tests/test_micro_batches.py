@@ -113,9 +113,9 @@ def one_minibatch(algo: str, limit: int, model_dir: str):
     module.manual_backward = lambda loss: loss.backward()  # no Trainer here: a plain backward
     forwards, real_forward = [], module.minibatch_forward
 
-    def counted_forward(batch, prep, rows):
+    def counted_forward(batch, prep, rows, accumulate=False):
         forwards.append(len(rows))
-        return real_forward(batch, prep, rows)
+        return real_forward(batch, prep, rows, accumulate)
 
     module.minibatch_forward = counted_forward
     rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0])

@@ -334,9 +334,10 @@ class PolicyModule(HeldOutEval, L.LightningModule):
 
     def response_logp(self, model, batch: RolloutBatch, rows=None, with_entropy: bool = False,
                       replay: torch.Tensor | None = None, record: torch.Tensor | None = None,
-                      entropy_grad: bool = False):
+                      entropy_grad: bool = False, accumulate: bool = False):
         """Response log-probs (and entropy, with its gradient when ``entropy_grad``) of ``rows`` through the
-        configured forward (``train.forward``).
+        configured forward (``train.forward``). ``accumulate``: the packed forward's weight gradients go into
+        the ``.grad`` already there, inside their matmuls (a micro-batch after the first; ``core.accumulate``).
 
         MoE only: ``replay`` (a routes grid of the whole rollout) forces those experts; ``record`` (a grid
         from ``routing.empty_grid``) receives the router's own choices, written in place.
@@ -362,7 +363,7 @@ class PolicyModule(HeldOutEval, L.LightningModule):
             return response_logp(model, ids, attn, batch.prompt_len, self.settings.rollout.temperature,
                                  with_entropy, t.forward, share, self.settings.rollout.moe_kernel,
                                  logit_chunk_tokens=t.logit_chunk_tokens, checkpoint_layers=t.activation_checkpointing,
-                                 entropy_grad=entropy_grad)
+                                 entropy_grad=entropy_grad, accumulate_grads=accumulate)
 
         if not self.is_moe or (replay is None and record is None):
             return widen(forward(True))
@@ -494,10 +495,14 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         outs, total, finite = [], 0.0, True
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
+            # a part after the first adds its weight gradients into the ones the parts before left, inside the
+            # matmuls (core/accumulate.py); not where DDP all-reduces (the last part on W > 1 processes): its
+            # hooks must see every gradient arrive through autograd
+            fused = i > 0 and not (last and self.world > 1)
             # after a NaN/Inf nothing more is backpropagated: the later parts' forwards only complete the metrics
             with torch.set_grad_enabled(finite and torch.is_grad_enabled()):
                 with record_function("step/forward"):
-                    out = self.minibatch_forward(batch, prep, part)
+                    out = self.minibatch_forward(batch, prep, part, fused)
                 with record_function("step/loss"):
                     loss, st = self.minibatch_loss(batch, prep, part, out, shares)
             finite = finite and bool(torch.isfinite(loss))
@@ -528,11 +533,13 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         self.trace.minibatches.append((rows, torch.cat([o["logp"] for o in outs])))
         return finite
 
-    def minibatch_forward(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    def minibatch_forward(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor,
+                          accumulate: bool = False) -> dict[str, torch.Tensor]:
         """The training forward on ``rows``, with gradient: what ``minibatch_loss`` reads, (b, T) each (the
-        response log-probs and entropy)."""
+        response log-probs and entropy). ``accumulate``: its backward adds the weight gradients into the
+        ``.grad`` the earlier micro-batches left (``response_logp``)."""
         logp, ent = self.response_logp(self.policy, batch, rows, with_entropy=True, replay=prep.get("routes"),
-                                       entropy_grad=self.entropy.in_loss)
+                                       entropy_grad=self.entropy.in_loss, accumulate=accumulate)
         return {"logp": logp, "entropy": ent}
 
     def minibatch_loss(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor, out: dict[str, torch.Tensor],

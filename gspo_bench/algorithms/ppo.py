@@ -106,8 +106,9 @@ class PPO(PolicyModule):
     def parameter_groups(self):
         return super().parameter_groups() + [("critic/grad_norm", list(self.critic.parameters()))]
 
-    def minibatch_forward(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        out = super().minibatch_forward(batch, prep, rows)
+    def minibatch_forward(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor,
+                          accumulate: bool = False) -> dict[str, torch.Tensor]:
+        out = super().minibatch_forward(batch, prep, rows, accumulate)
         out["values"] = self.critic(batch.input_ids[rows], batch.attention_mask[rows], batch.prompt_len)  # (b, T)
         return out
 

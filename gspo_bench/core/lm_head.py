@@ -32,6 +32,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from gspo_bench.core.accumulate import accumulating_linear
+
 Tensor = torch.Tensor
 
 HEAD_MEMORY_SHARE = 1 / 16
@@ -90,7 +92,8 @@ class ChunkedHeadLogp(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h_NH, weight_VH, bias_V, target_N, temperature, chunk, with_entropy, entropy_grad=False):
+    def forward(ctx, h_NH, weight_VH, bias_V, target_N, temperature, chunk, with_entropy, entropy_grad=False,
+                accumulate=False):
         dt = head_dtype(h_NH, weight_VH)
         n = h_NH.shape[0]
         lse_N = torch.empty(n, dtype=torch.float32, device=h_NH.device)
@@ -111,6 +114,7 @@ class ChunkedHeadLogp(torch.autograd.Function):
         ctx.entropy_grad = bool(with_entropy and entropy_grad)
         ctx.save_for_backward(h_NH, weight_VH, bias_V, target_N, lse_N, ent_N if ctx.entropy_grad else None)
         ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dt
+        ctx.params = (weight_VH, bias_V) if accumulate else None
         if not ctx.entropy_grad:
             ctx.mark_non_differentiable(ent_N)
         return logp_N, ent_N
@@ -121,9 +125,14 @@ class ChunkedHeadLogp(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         dt, temperature = ctx.dtype, ctx.temperature
         grad_h = torch.empty_like(h_NH) if need_h else None
-        # the weight's and bias's gradients add up over chunks in float32 whatever the matmul's dtype
-        grad_w = torch.zeros(weight_VH.shape, dtype=torch.float32, device=weight_VH.device) if need_w else None
-        grad_b = torch.zeros(bias_V.shape, dtype=torch.float32, device=bias_V.device) if need_b else None
+        # the weight's and bias's gradients add up over chunks in float32 whatever the matmul's dtype: into
+        # their float32 .grad itself when accumulating (a micro-batch after the first; core/accumulate.py),
+        # else into zeros handed to autograd
+        kept_w, kept_b = (_float32_grad(p) for p in (ctx.params or (None, None)))
+        grad_w = kept_w if kept_w is not None else torch.zeros(
+            weight_VH.shape, dtype=torch.float32, device=weight_VH.device) if need_w else None
+        grad_b = kept_b if kept_b is not None else torch.zeros(
+            bias_V.shape, dtype=torch.float32, device=bias_V.device) if need_b else None
         with torch.autocast(h_NH.device.type, enabled=False):
             w, b = weight_VH.to(dt), None if bias_V is None else bias_V.to(dt)
             for s, e in _spans(h_NH.shape[0], ctx.chunk):
@@ -156,13 +165,22 @@ class ChunkedHeadLogp(torch.autograd.Function):
                 if need_b:
                     # grad b = sum over the chunk's tokens of G
                     grad_b += G.sum(0)
-        return (grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype),
-                None if grad_b is None else grad_b.to(bias_V.dtype), None, None, None, None, None)
+        return (grad_h, None if grad_w is None or kept_w is not None else grad_w.to(weight_VH.dtype),
+                None if grad_b is None or kept_b is not None else grad_b.to(bias_V.dtype),
+                None, None, None, None, None, None)
+
+
+def _float32_grad(param: Tensor | None) -> Tensor | None:
+    """``param.grad`` when it is there to accumulate into (dense, float32, the parameter's shape), else None."""
+    grad = None if param is None or not param.requires_grad else param.grad
+    if grad is None or grad.layout != torch.strided or grad.dtype != torch.float32 or grad.shape != param.shape:
+        return None
+    return grad
 
 
 def token_logp_entropy(h_NH: Tensor, weight_VH: Tensor, bias_V: Tensor | None, target_N: Tensor,
                        temperature: float, chunk_tokens: int | str, with_entropy: bool = False,
-                       entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+                       entropy_grad: bool = False, accumulate: bool = False) -> tuple[Tensor, Tensor | None]:
     """log p(target) (N,) at ``temperature`` through the LM head (weight (V, H), bias (V,) or None) on final
     hidden states h (N, H), and the entropy (N,) of that distribution when ``with_entropy`` (with a gradient
     only when ``entropy_grad``: an entropy bonus in the loss), both float32.
@@ -171,6 +189,9 @@ def token_logp_entropy(h_NH: Tensor, weight_VH: Tensor, bias_V: Tensor | None, t
     (``ChunkedHeadLogp``); ``auto``: as many as ``auto_chunk_tokens`` gives for the device of ``h`` and this
     vocabulary; 0: all N at once through plain autograd, which keeps the (N, V) logits and log-softmax for the
     backward (no recomputation: the faster choice where they fit).
+
+    ``accumulate``: the backward adds the head's weight (and bias) gradient into their ``.grad`` where one is
+    already there, in the matmul, and hands autograd none (``core.accumulate``; a micro-batch after the first).
     """
     if chunk_tokens == "auto":
         chunk_tokens = auto_chunk_tokens(weight_VH.shape[0], device_memory(h_NH.device))
@@ -178,9 +199,10 @@ def token_logp_entropy(h_NH: Tensor, weight_VH: Tensor, bias_V: Tensor | None, t
         raise ValueError(f"chunk_tokens={chunk_tokens!r} must be an int >= 0 (0 = all tokens at once), or auto")
     if chunk_tokens > 0:
         logp_N, ent_N = ChunkedHeadLogp.apply(h_NH, weight_VH, bias_V, target_N, temperature, chunk_tokens,
-                                              with_entropy, entropy_grad)
+                                              with_entropy, entropy_grad, accumulate)
         return logp_N, (ent_N if with_entropy else None)
-    z = F.linear(h_NH, weight_VH, bias_V).float() / temperature  # (N, V)
+    linear = accumulating_linear if accumulate else F.linear
+    z = linear(h_NH, weight_VH, bias_V).float() / temperature  # (N, V)
     # log p(y) = z_y - logsumexp(z)
     logp_N = z.gather(-1, target_N[:, None])[:, 0] - torch.logsumexp(z, dim=-1)
     ent_N = None

@@ -164,7 +164,8 @@ def uses_packed(model, forward: str = "auto") -> bool:
 def response_logp(model, input_ids, attention_mask, prompt_len: int, temperature: float = 1.0,
                   with_entropy: bool = False, forward: str = "auto", share_prompts: bool = False,
                   moe_kernel: str = "auto", logit_chunk_tokens: int | str = LOGIT_CHUNK_TOKENS,
-                  checkpoint_layers: bool | str = False, entropy_grad: bool = False):
+                  checkpoint_layers: bool | str = False, entropy_grad: bool = False,
+                  accumulate_grads: bool = False):
     """(log-probs, entropy or None) of the response block, (B, T) each, zero where the mask is 0.
 
     ``forward``: ``packed`` runs ``fastlm`` over the real tokens only (Qwen3
@@ -174,7 +175,9 @@ def response_logp(model, input_ids, attention_mask, prompt_len: int, temperature
     ``moe_kernel`` (packed only): how MoE layers run their experts (``rollout.moe_kernel``).
     ``logit_chunk_tokens``: tokens per chunk of the LM head (``train.logit_chunk_tokens``; 0 = all at once);
     ``checkpoint_layers``: activation checkpointing (``train.activation_checkpointing``); ``entropy_grad``: the
-    entropy carries its gradient (an entropy bonus in the loss).
+    entropy carries its gradient (an entropy bonus in the loss); ``accumulate_grads`` (packed only): the weight
+    gradients are added into the ``.grad`` already there inside their matmuls (``core.accumulate``; a
+    micro-batch after the first).
     """
     from gspo_bench.rollout import fastlm
 
@@ -182,7 +185,8 @@ def response_logp(model, input_ids, attention_mask, prompt_len: int, temperature
         logp, ent, _ = fastlm.packed_response_logp(model, input_ids, attention_mask, prompt_len, temperature,
                                                    with_entropy, share_prompts, moe_kernel,
                                                    logit_chunk_tokens=logit_chunk_tokens,
-                                                   checkpoint_layers=checkpoint_layers, entropy_grad=entropy_grad)
+                                                   checkpoint_layers=checkpoint_layers, entropy_grad=entropy_grad,
+                                                   accumulate_grads=accumulate_grads)
         return logp, ent
     mask = attention_mask[:, prompt_len:].to(torch.float32)
     logp, ent, _ = forward_response(model, input_ids, attention_mask, prompt_len, temperature, with_entropy,

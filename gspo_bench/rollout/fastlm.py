@@ -32,6 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from gspo_bench.config.names import MOE_KERNELS
 from gspo_bench.config.sections import LOGIT_CHUNK_TOKENS
+from gspo_bench.core.accumulate import accumulating_linear
 from gspo_bench.core.embedding import tied_lookup
 from gspo_bench.core.lm_head import token_logp_entropy
 from gspo_bench.rollout.recompute import layer_context
@@ -221,23 +222,25 @@ def moe_mlp(mlp, x: torch.Tensor, kernel: str = "auto") -> torch.Tensor:
 
 
 def layer_forward(ref: LayerRefs, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float,
-                  attend) -> torch.Tensor:
+                  attend, linear=F.linear) -> torch.Tensor:
     """One decoder layer on flat tokens x (N, H); ``attend(q, k, v)`` does the attention for a layout.
 
-    q (N, Hq, D), k and v (N, Hkv, D) come in RoPE'd; ``attend`` returns (N, Hq * D).
+    q (N, Hq, D), k and v (N, Hkv, D) come in RoPE'd; ``attend`` returns (N, Hq * D). ``linear``: the
+    projections' ``F.linear``, or ``accumulating_linear`` (their weight gradients added into ``.grad`` in the
+    matmul: a micro-batch after the first).
     """
     h = _rms(x, ref.ln1, eps)
     n, d = h.shape[0], ref.head_dim
-    q = _rms(F.linear(h, *ref.q).view(n, -1, d), ref.qn, ref.qn_eps)
-    k = _rms(F.linear(h, *ref.k).view(n, -1, d), ref.kn, ref.kn_eps)
-    v = F.linear(h, *ref.v).view(n, -1, d)
-    x = x + F.linear(attend(_rotate(q, cos, sin), _rotate(k, cos, sin), v), *ref.o)
+    q = _rms(linear(h, *ref.q).view(n, -1, d), ref.qn, ref.qn_eps)
+    k = _rms(linear(h, *ref.k).view(n, -1, d), ref.kn, ref.kn_eps)
+    v = linear(h, *ref.v).view(n, -1, d)
+    x = x + linear(attend(_rotate(q, cos, sin), _rotate(k, cos, sin), v), *ref.o)
     h = _rms(x, ref.ln2, eps)
     if ref.dense is None:
         return x + moe_mlp(ref.mlp, h, ref.moe_kernel)
     gate, up, down = ref.dense
     # SwiGLU: W_down (silu(x W_gate^T) * x W_up^T)
-    return x + F.linear(F.silu(F.linear(h, gate)) * F.linear(h, up), down)
+    return x + linear(F.silu(linear(h, gate)) * linear(h, up), down)
 
 
 def rope(model, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -276,7 +279,8 @@ def embed(model, ids: torch.Tensor) -> torch.Tensor:
 
 def packed_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
                   share_prompts: bool = False, moe_kernel: str = "auto",
-                  checkpoint_layers: bool | str = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  checkpoint_layers: bool | str = False,
+                  accumulate_grads: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Final-norm hidden states (N, H) at the positions that predict a response token, and the response
     mask (B, T) saying where those N states belong.
 
@@ -290,7 +294,8 @@ def packed_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     when grad is on; ``rollout/recompute.py``): true, each layer keeps only its input for the backward and
     runs again there; ``selective``, it keeps its matrix products' outputs too and runs again only the
     operators between them. Either way on the experts its forward used (``routing.pinned_routes``), so the
-    gradient is the same.
+    gradient is the same. ``accumulate_grads``: the dense projections' backward adds their weight gradients
+    into the ``.grad`` already there, inside the matmul (``core.accumulate``: a micro-batch after the first).
     """
     base = _base(model)
     B, W = input_ids.shape
@@ -329,13 +334,15 @@ def packed_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     x = embed(model, input_ids[own])
     cos, sin = rope(model, pos[own], x.dtype)
     refs = layer_refs(model, moe_kernel)
+    linear = accumulating_linear if accumulate_grads else F.linear
     if checkpoint_layers and torch.is_grad_enabled():
         keep = layer_context(checkpoint_layers, pinned_routes([ref.mlp.gate for ref in refs if ref.dense is None]))
         for ref in refs:
-            x = checkpoint(layer_forward, ref, x, cos, sin, eps, attend, use_reentrant=False, context_fn=keep)
+            x = checkpoint(layer_forward, ref, x, cos, sin, eps, attend, linear, use_reentrant=False,
+                           context_fn=keep)
     else:
         for ref in refs:
-            x = layer_forward(ref, x, cos, sin, eps, attend)
+            x = layer_forward(ref, x, cos, sin, eps, attend, linear)
     # response token at column c (c >= P) is predicted by the hidden state at column c - 1
     resp = real[:, prompt_len:]
     return _rms(x.index_select(0, src[:, prompt_len - 1 : -1][resp]), base.norm.weight, eps), resp
@@ -344,18 +351,20 @@ def packed_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
 def packed_response_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
                          temperature: float = 1.0, with_entropy: bool = False, share_prompts: bool = False,
                          moe_kernel: str = "auto", logit_chunk_tokens: int | str = LOGIT_CHUNK_TOKENS,
-                         checkpoint_layers: bool | str = False, entropy_grad: bool = False):
+                         checkpoint_layers: bool | str = False, entropy_grad: bool = False,
+                         accumulate_grads: bool = False):
     """Per-token log-probs (B, T) of the response block, computed over packed real tokens only.
 
     Same contract as ``engine.forward_response``, through ``packed_states``; the LM head runs only at
     the positions that predict a response token, ``logit_chunk_tokens`` of them at a time (0: all at once;
-    ``core.lm_head``). Positions outside the response mask get 0.
+    ``core.lm_head``). Positions outside the response mask get 0. ``accumulate_grads``: the projections' and the
+    head's weight gradients go into their ``.grad`` in the matmul (``packed_states``).
     """
     h, resp = packed_states(model, input_ids, attention_mask, prompt_len, share_prompts, moe_kernel,
-                            checkpoint_layers)
+                            checkpoint_layers, accumulate_grads)
     target = input_ids[:, prompt_len:][resp]
     lp, ent_n = token_logp_entropy(h, model.lm_head.weight, model.lm_head.bias, target, temperature,
-                                   logit_chunk_tokens, with_entropy, entropy_grad)
+                                   logit_chunk_tokens, with_entropy, entropy_grad, accumulate_grads)
     logp = torch.zeros(resp.shape, dtype=lp.dtype, device=lp.device).masked_scatter(resp, lp)
     ent = None
     if ent_n is not None:

@@ -1,0 +1,90 @@
+"""A linear layer whose weight gradient is added into the weight's ``.grad`` by the matmul itself.
+
+Under gradient accumulation (``train.micro_batch_tokens``) every micro-batch
+after the first computes each weight's gradient into a fresh tensor the size of
+the weight, and autograd then adds it into the ``.grad`` the earlier parts left:
+per part the whole model's gradient written once more and read twice more, 2.4 GB
+at Qwen3-0.6B's size. A tied LM head costs a third pass: its dense gradient
+meets the input embedding's sparse one, and autograd adds those two
+out of place, copying the (V, H) gradient. ``accumulating_linear`` folds the
+addition into the weight-gradient matmul, as Megatron-LM's gradient
+accumulation fusion does:
+
+    y = x W^T + b                            (forward, as F.linear)
+    grad x = g W                             (as autograd's)
+    W.grad <- W.grad + g^T x                 (one addmm into the kept gradient; no (out, in) temporary)
+    b.grad <- b.grad + sum over rows of g
+
+and hands autograd no gradient for W or b, so nothing else adds it. It only
+accumulates where a gradient is already there (a micro-batch after the first);
+where ``.grad`` is None it returns ``g^T x`` as autograd's own linear does. The
+caller chooses where it runs: never where anything must see the weight's
+gradient arrive through autograd (under DDP, the backward that all-reduces;
+``torch.autograd.grad``).
+
+The sum is the same one accumulation computes, ``G + g^T x`` per element, with
+the matmul's own rounding order (an ``addmm`` may round differently from an
+``mm`` then an add, by the last bit).
+
+May import: torch only (``core``'s rule).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+Tensor = torch.Tensor
+
+
+def _into_grad(param: Tensor, g_t: Tensor, x: Tensor) -> bool:
+    """Add ``g_t @ x`` into ``param.grad`` in place; False (nothing added) when there is no dense grad yet."""
+    grad = param.grad
+    if grad is None or grad.layout != torch.strided or grad.shape != param.shape:
+        return False
+    if grad.dtype == g_t.dtype == x.dtype:
+        # G <- G + g^T x, inside the matmul
+        grad.addmm_(g_t, x)
+    else:  # a product in autocast's dtype, accumulated into a float32 gradient
+        grad.add_(g_t @ x)
+    return True
+
+
+class _AccumulatingLinear(torch.autograd.Function):
+    """y = x W^T + b on 2-D x (N, in); the weight's and bias's gradients added into their ``.grad``."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.params = (weight, bias)  # the leaves themselves: their .grad is read in the backward
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        x, weight = ctx.saved_tensors
+        param_w, param_b = ctx.params
+        need_x, need_w, need_b = ctx.needs_input_grad
+        # grad x = g W
+        grad_x = g.mm(weight) if need_x else None
+        grad_w = grad_b = None
+        if need_w and not _into_grad(param_w, g.t(), x):
+            # grad W = g^T x, as autograd's linear computes it
+            grad_w = g.t().mm(x)
+        if need_b:
+            # grad b = sum over rows of g
+            s = g.sum(0)
+            if param_b.grad is not None and param_b.grad.shape == s.shape:
+                param_b.grad.add_(s)
+            else:
+                grad_b = s
+        return grad_x, grad_w, grad_b
+
+
+def accumulating_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)`` for 2-D ``x`` whose backward adds the weight's (and bias's) gradient into
+    its existing ``.grad`` in place (module docstring); plain ``F.linear`` where no gradient is recorded or
+    autocast is on (its casts stay autograd's own)."""
+    if not torch.is_grad_enabled() or not weight.requires_grad or x.dim() != 2 or \
+            torch.is_autocast_enabled(x.device.type):
+        return F.linear(x, weight, bias)
+    return _AccumulatingLinear.apply(x, weight, bias)

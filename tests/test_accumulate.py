@@ -1,0 +1,93 @@
+"""core/accumulate.py: the weight gradient added into the kept ``.grad`` by the matmul, by hand."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gspo_bench.core.accumulate import accumulating_linear
+from gspo_bench.core.embedding import tied_lookup
+from gspo_bench.core.lm_head import token_logp_entropy
+
+
+def _leaf(*shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_()
+
+
+def test_the_forward_is_f_linear_and_the_gradient_goes_into_the_kept_grad_in_place():
+    x, w, b = _leaf(5, 3, seed=0), _leaf(4, 3, seed=1), _leaf(4, seed=2)
+    g = torch.randn(5, 4, dtype=torch.float64)
+    kept_w, kept_b = torch.randn(4, 3, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    w.grad, b.grad = kept_w.clone(), kept_b.clone()
+    where = w.grad.data_ptr(), b.grad.data_ptr()
+    y = accumulating_linear(x, w, b)
+    torch.testing.assert_close(y, x @ w.T + b, rtol=0, atol=1e-12)
+    y.backward(g)
+    # grad x = g W; W.grad = kept + g^T x; b.grad = kept + sum over rows of g
+    torch.testing.assert_close(x.grad, g @ w.detach(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(w.grad, kept_w + g.T @ x.detach(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(b.grad, kept_b + g.sum(0), rtol=0, atol=1e-12)
+    assert (w.grad.data_ptr(), b.grad.data_ptr()) == where  # added in place: no new tensor took their place
+
+
+def test_without_a_kept_grad_the_gradient_is_f_linears():
+    x, w = _leaf(6, 3, seed=3), _leaf(2, 3, seed=4)
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    g = torch.randn(6, 2, dtype=torch.float64)
+    accumulating_linear(x, w).backward(g)
+    F.linear(x2, w2).backward(g)
+    assert torch.equal(w.grad, w2.grad) and torch.equal(x.grad, x2.grad)
+
+
+def test_two_parts_accumulate_to_one_pass_over_both():
+    x = torch.randn(8, 3, dtype=torch.float64)
+    w, whole = _leaf(4, 3, seed=5), _leaf(4, 3, seed=5)
+    g = torch.randn(8, 4, dtype=torch.float64)
+    F.linear(x[:5], w).backward(g[:5])  # the first part: autograd's own
+    accumulating_linear(x[5:], w).backward(g[5:])
+    F.linear(x, whole).backward(g)
+    torch.testing.assert_close(w.grad, whole.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_a_tied_head_and_lookup_accumulate_without_copying_the_weights_gradient():
+    """The lookup's sparse rows meet the head's gradient in the kept .grad: after the second part the grad is
+    the one tensor it was, holding both parts' head and lookup gradients."""
+    V, H = 11, 4
+    w, ref = _leaf(V, H, seed=6), _leaf(V, H, seed=6)
+    ids = [torch.tensor([1, 3, 3, 7]), torch.tensor([3, 9, 0])]
+    for k, part in enumerate(ids):
+        for weight, linear in ((w, accumulating_linear if k else F.linear), (ref, F.linear)):
+            h = torch.tanh(tied_lookup(part, weight))
+            linear(h, weight).square().sum().backward()
+        if k == 0:
+            where = w.grad.data_ptr()
+    assert w.grad.data_ptr() == where and w.grad.layout == torch.strided
+    torch.testing.assert_close(w.grad, ref.grad, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("chunk", [0, 2])
+def test_the_lm_head_accumulates_into_the_kept_grad(chunk):
+    N, V, H = 5, 7, 3
+    h = torch.randn(N, H, dtype=torch.float32)
+    target = torch.randint(0, V, (N,))
+    w, ref = (torch.randn(V, H, generator=torch.Generator().manual_seed(8)).requires_grad_() for _ in range(2))
+    kept = torch.randn(V, H)
+    w.grad, ref.grad = kept.clone(), kept.clone()
+    where = w.grad.data_ptr()
+    lp, _ = token_logp_entropy(h, w, None, target, 0.7, chunk, accumulate=True)
+    lp_ref, _ = token_logp_entropy(h, ref, None, target, 0.7, chunk)
+    assert torch.equal(lp, lp_ref)
+    lp.sum().backward()
+    lp_ref.sum().backward()
+    assert w.grad.data_ptr() == where
+    torch.testing.assert_close(w.grad, ref.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_plain_f_linear_where_nothing_is_recorded_or_autocast_casts():
+    x, w = torch.randn(3, 2), torch.randn(4, 2, requires_grad=True)
+    with torch.no_grad():
+        assert accumulating_linear(x, w).grad_fn is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = accumulating_linear(x, w)
+    assert y.dtype == torch.bfloat16 and "Accumulating" not in type(y.grad_fn).__name__
+    assert "Accumulating" in type(accumulating_linear(x, w).grad_fn).__name__
