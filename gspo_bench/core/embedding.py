@@ -7,17 +7,22 @@ of zeros and adds it to the head's: at Qwen3's 151,936 x 1,024 that is 0.6 GB
 filled with zeros and 0.6 GB added, once per backward (once per micro-batch
 under ``train.micro_batch_tokens``), for the few hundred rows the tokens touch.
 ``tied_lookup`` returns the same gradient as a sparse tensor of those rows, and
-autograd adds it into the head's dense one in place:
+autograd adds it to the head's dense one:
 
     x_n = W[id_n]                                      (forward: the rows read)
     grad W[r] = sum over n with id_n = r of grad x_n   (the rows read; 0 elsewhere)
 
 Each row's sum runs over its tokens in order from 0, as ``F.embedding``'s
 backward sums them, so the weight's gradient is bit for bit the same; tokens
-at ``padding_idx`` get none, as there. Only for a tied weight: its gradient
-then reaches the optimiser dense (autograd sums both before the weight sees
-either), where an untied embedding's would stay sparse, which AdamW's fused
-kernel and gradient clipping do not take.
+at ``padding_idx`` get none, as there. Autograd adds a sparse gradient that
+arrives after a dense one out of place: the sum is a copy of the head's (V, H)
+gradient with the rows added, once per backward. Where the head's gradient
+goes straight into ``.grad`` (``core.accumulate``: a micro-batch after the
+first), the rows alone reach ``.grad`` and are added there in place.
+
+Only for a tied weight: its gradient then reaches the optimiser dense (the
+head's is dense), where an untied embedding's would stay sparse, which
+AdamW's fused kernel and gradient clipping do not take.
 
 May import: torch only (``core``'s rule).
 """
