@@ -83,11 +83,44 @@ def test_the_lm_head_accumulates_into_the_kept_grad(chunk):
     torch.testing.assert_close(w.grad, ref.grad, rtol=1e-6, atol=1e-6)
 
 
-def test_plain_f_linear_where_nothing_is_recorded_or_autocast_casts():
+def test_plain_f_linear_where_nothing_is_recorded():
     x, w = torch.randn(3, 2), torch.randn(4, 2, requires_grad=True)
     with torch.no_grad():
         assert accumulating_linear(x, w).grad_fn is None
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        y = accumulating_linear(x, w)
-    assert y.dtype == torch.bfloat16 and "Accumulating" not in type(y.grad_fn).__name__
+    assert accumulating_linear(x, w.detach()).grad_fn is None
     assert "Accumulating" in type(accumulating_linear(x, w).grad_fn).__name__
+
+
+def test_under_autocast_the_products_run_in_its_dtype_and_add_into_the_float32_grad():
+    """bf16-mixed: the same output and gradients as autocast's own linear, to the bit (the product in
+    bfloat16, then added in float32), into the float32 .grad already there."""
+    x, w, b = (torch.randn(*s, generator=torch.Generator().manual_seed(k)) for k, s in
+               enumerate(((6, 8), (5, 8), (5,))))
+    g = torch.randn(6, 5).to(torch.bfloat16)
+    kept = torch.randn(5, 8), torch.randn(5)
+    outs = {}
+    for name, linear in (("fused", accumulating_linear), ("autocast", F.linear)):
+        xs, ws, bs = x.clone().requires_grad_(), w.clone().requires_grad_(), b.clone().requires_grad_()
+        ws.grad, bs.grad = kept[0].clone(), kept[1].clone()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = linear(xs, ws, bs)
+        y.backward(g)
+        outs[name] = (y, xs.grad, ws.grad, bs.grad)
+    for got, want in zip(outs["fused"], outs["autocast"]):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    assert outs["fused"][0].dtype == torch.bfloat16 and outs["fused"][2].dtype == torch.float32
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_two_parts_accumulate_to_one_pass_under_bf16_autocast():
+    x = torch.randn(64, 32, device="cuda")
+    g = torch.randn(64, 16, device="cuda", dtype=torch.bfloat16)
+    w, ref = (torch.randn(16, 32, device="cuda", generator=torch.Generator("cuda").manual_seed(3))
+              .requires_grad_() for _ in range(2))
+    for weight, second in ((w, accumulating_linear), (ref, F.linear)):
+        for k, linear in enumerate((F.linear, second)):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = linear(x[32 * k:32 * (k + 1)], weight)
+            y.backward(g[32 * k:32 * (k + 1)])
+    assert w.grad.dtype == torch.float32 and torch.equal(w.grad, ref.grad)

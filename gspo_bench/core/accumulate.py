@@ -24,7 +24,10 @@ gradient arrive through autograd (under DDP, the backward that all-reduces;
 
 The sum is the same one accumulation computes, ``G + g^T x`` per element, with
 the matmul's own rounding order (an ``addmm`` may round differently from an
-``mm`` then an add, by the last bit).
+``mm`` then an add, by the last bit). Under autocast (``bf16-mixed``) the
+product runs in the autocast dtype, as autocast's own linear and its backward
+do, and is added into the float32 ``.grad`` (a temporary of the product's
+dtype, but no float32 copy of it and no second add).
 
 May import: torch only (``core``'s rule).
 """
@@ -50,41 +53,52 @@ def _into_grad(param: Tensor, g_t: Tensor, x: Tensor) -> bool:
     return True
 
 
+def _compute_dtype(x: Tensor, weight: Tensor) -> torch.dtype:
+    """The dtype ``F.linear(x, weight)`` computes in here: autocast's where it is on, else the operands'."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return torch.promote_types(x.dtype, weight.dtype)
+
+
 class _AccumulatingLinear(torch.autograd.Function):
     """y = x W^T + b on 2-D x (N, in); the weight's and bias's gradients added into their ``.grad``."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.params = (weight, bias)  # the leaves themselves: their .grad is read in the backward
-        return F.linear(x, weight, bias)
+        dt = _compute_dtype(x, weight)
+        # under autocast, the casts autocast's own linear makes: its product, and the backward's, in dt
+        with torch.autocast(x.device.type, enabled=False):
+            x_c, w_c = x.to(dt), weight.to(dt)
+            y = F.linear(x_c, w_c, None if bias is None else bias.to(dt))
+        ctx.save_for_backward(x_c, w_c)
+        ctx.params, ctx.x_dtype = (weight, bias), x.dtype  # the leaves themselves: their .grad is read below
+        return y
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        x, weight = ctx.saved_tensors
+        x_c, w_c = ctx.saved_tensors
         param_w, param_b = ctx.params
         need_x, need_w, need_b = ctx.needs_input_grad
-        # grad x = g W
-        grad_x = g.mm(weight) if need_x else None
+        # grad x = g W (in the product's dtype, then x's, as autocast's cast hands it back)
+        grad_x = g.mm(w_c).to(ctx.x_dtype) if need_x else None
         grad_w = grad_b = None
-        if need_w and not _into_grad(param_w, g.t(), x):
+        if need_w and not _into_grad(param_w, g.t(), x_c):
             # grad W = g^T x, as autograd's linear computes it
-            grad_w = g.t().mm(x)
+            grad_w = g.t().mm(x_c).to(param_w.dtype)
         if need_b:
             # grad b = sum over rows of g
             s = g.sum(0)
             if param_b.grad is not None and param_b.grad.shape == s.shape:
                 param_b.grad.add_(s)
             else:
-                grad_b = s
+                grad_b = s.to(param_b.dtype)
         return grad_x, grad_w, grad_b
 
 
 def accumulating_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)`` for 2-D ``x`` whose backward adds the weight's (and bias's) gradient into
-    its existing ``.grad`` in place (module docstring); plain ``F.linear`` where no gradient is recorded or
-    autocast is on (its casts stay autograd's own)."""
-    if not torch.is_grad_enabled() or not weight.requires_grad or x.dim() != 2 or \
-            torch.is_autocast_enabled(x.device.type):
+    its existing ``.grad`` in place (module docstring), autocast's casts included; plain ``F.linear`` where no
+    gradient is recorded."""
+    if not torch.is_grad_enabled() or not weight.requires_grad or x.dim() != 2:
         return F.linear(x, weight, bias)
     return _AccumulatingLinear.apply(x, weight, bias)
