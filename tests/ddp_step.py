@@ -5,7 +5,8 @@ rank 0's policy parameters after the step (and before it) to ``OUT/<algo>.pt``. 
 global rollout (the whole batch, sampled with a fixed seed from the same policy) and trains on its share of
 it, so 1 and N processes see the same global batch, as the equivalence test needs. 8 minibatches of 2 of the
 16 rows: a rank often has no row of a minibatch, and must still take part in its update.
-``MICRO_BATCH_TOKENS`` sets ``train.micro_batch_tokens`` (default 0: off, null).
+``MICRO_BATCH_TOKENS`` sets ``train.micro_batch_tokens`` (default 0: off, null); ``MINIBATCHES``
+``train.minibatches`` (default 8).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def main(out: str, *algos: str) -> None:
     cfg = load_config("smoke", overrides={
         "task": str(task_ref), "warmstart": {"enabled": False}, "model": {"name": os.environ.get("MODEL", "tiny-dense")},
         "rollout": {"prompts_per_step": 4, "group_size": 4},
-        "train": {"steps": 1, "minibatches": 8, "eval_prompts": 8, "eval_samples": 0, "progress": False,
+        "train": {"steps": 1, "minibatches": int(os.environ.get("MINIBATCHES", "8")), "eval_prompts": 8, "eval_samples": 0, "progress": False,
                   "lr": 1e-3, "devices": world, "accelerator": "cpu",
                   "micro_batch_tokens": int(os.environ.get("MICRO_BATCH_TOKENS", "0")) or None}})
     task = load_task(cfg.task, seed, cfg.model, cfg.rollout.response_cap(), lambda *a: None, cfg.task_options)

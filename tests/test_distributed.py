@@ -200,6 +200,23 @@ def test_two_processes_in_micro_batches_step_as_one_process_and_log_what_two_do_
 
 
 @pytest.mark.slow
+def test_two_processes_accumulating_inside_the_matmuls_step_as_one_process(tmp_path, monkeypatch):
+    """2 minibatches of 8 rows, 4 per rank, every row a micro-batch of its own: each rank's second and third
+    parts add their weight gradients into .grad inside the matmuls (core/accumulate.py) under no_sync, and its
+    last part's gradient arrives through autograd, where DDP all-reduces. The step ends where one process's
+    does, unsplit."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MINIBATCHES", "2")
+    _torchrun(1, tmp_path / "one", ["gspo"], cache)
+    monkeypatch.setenv("MICRO_BATCH_TOKENS", "1")
+    _torchrun(2, tmp_path / "micro", ["gspo"], cache)
+    one, micro = (torch.load(tmp_path / d / "gspo.pt") for d in ("one", "micro"))
+    gap = max(float((one["after"][k] - micro["after"][k]).abs().max()) for k in one["after"])
+    moved = max(float((one["after"][k] - one["before"][k]).abs().max()) for k in one["after"])
+    assert gap < 1e-4 < moved, f"2 processes accumulating in the matmuls ended {gap:.2e} away from 1"
+
+
+@pytest.mark.slow
 def test_run_on_two_processes_logs_one_mlflow_run_per_algorithm_and_fills_the_global_batch(tmp_path):
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text("warmstart: {enabled: false}\nrollout: {prompts_per_step: 4, group_size: 4}\n"

@@ -496,8 +496,8 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
             # a part after the first adds its weight gradients into the ones the parts before left, inside the
-            # matmuls (core/accumulate.py); not where DDP all-reduces (the last part on W > 1 processes): its
-            # hooks must see every gradient arrive through autograd
+            # matmuls (core/accumulate.py); the part whose backward DDP all-reduces (the last on W > 1
+            # processes) stays autograd's own, so that the all-reduce's hooks see every gradient arrive
             fused = i > 0 and not (last and self.world > 1)
             # after a NaN/Inf nothing more is backpropagated: the later parts' forwards only complete the metrics
             with torch.set_grad_enabled(finite and torch.is_grad_enabled()):
