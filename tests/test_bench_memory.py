@@ -82,6 +82,9 @@ def test_a_profiled_measurement_writes_the_step_s_phases_then_its_operators(tmp_
     assert parts >= 2 and calls["step/loss"] == calls["step/backward"] == parts
     assert calls["step/prepare"] == calls["step/metrics"] == calls["step/optimizer"] == 1
     assert "aten::mm" in text and "Self CPU" in text  # then torch.profiler's own table of operators
+    # and the operators by their inputs' shapes: products with tiny-dense's (512, 128) MLP weights among them
+    shapes = text.split("by input shapes:")[1]
+    assert "Input Shapes" in shapes and any("aten::mm" in ln and "[128, 512]]" in ln for ln in shapes.splitlines())
 
 
 def _round(controls, prompts, seconds, gib=2**30):

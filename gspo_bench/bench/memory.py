@@ -143,7 +143,8 @@ class StepProfile(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if batch_idx == self.index:
             self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU] + (
-                [torch.profiler.ProfilerActivity.CUDA] if pl_module.device.type == "cuda" else []))
+                [torch.profiler.ProfilerActivity.CUDA] if pl_module.device.type == "cuda" else []),
+                record_shapes=True)
             self.prof.__enter__()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -151,17 +152,23 @@ class StepProfile(L.Callback):
             return
         self.prof.__exit__(None, None, None)
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        Path(self.path).write_text(profile_text(self.prof.key_averages()))
+        Path(self.path).write_text(profile_text(self.prof.key_averages(),
+                                                self.prof.key_averages(group_by_input_shape=True)))
 
 
-def profile_text(events) -> str:
+def profile_text(events, by_shape=None) -> str:
     """The step's phases (``PHASES``: calls, total CPU ms, share of the phases' sum), then the 30 operators of
-    most self CPU time, as torch.profiler tabulates them."""
+    most self CPU time, as torch.profiler tabulates them; ``by_shape`` (the same events grouped by their
+    inputs' shapes): then the 30 (operator, input shapes) of most self CPU time, where a cost that comes with
+    the vocabulary or a weight's size shows by its shape."""
     rows = {e.key: e for e in events if e.key in PHASES}
     total = sum(e.cpu_time_total for e in rows.values()) or 1.0
     out = ["phase                 calls   CPU ms   share", *(
         f"{k:<20} {rows[k].count:>6} {rows[k].cpu_time_total / 1e3:>8.1f} {rows[k].cpu_time_total / total:>6.1%}"
         for k in PHASES if k in rows), "", events.table(sort_by="self_cpu_time_total", row_limit=30)]
+    if by_shape is not None:
+        out += ["", "by input shapes:", by_shape.table(sort_by="self_cpu_time_total", row_limit=30,
+                                                       max_name_column_width=40, max_shapes_column_width=90)]
     return "\n".join(out) + "\n"
 
 

@@ -45,7 +45,7 @@ def add_bench_parser(sub, csv, set_flag) -> None:
     b.add_argument("--profile", metavar="FILE", help="torch.profiler op table of one full RL step per path; with "
                    "--memory a folder: each measurement then profiles a second step (neither its memory nor its "
                    "seconds are the ones measured) into DIR/<controls>-<prompts>p.txt, the step's phases first, "
-                   "then the operators of most CPU time")
+                   "then the operators of most CPU time, then the same by operator and input shapes")
     b.add_argument("--vs", metavar="trl", help="instead: the full RL step against TRL's GRPOTrainer (extra compare)")
     b.add_argument("--engines", type=csv, metavar="E[,E...]", help="instead: these rollout engines side by side "
                    "(fast, compiled, hf, vllm) on each --model: tokens/s, completions/s, vLLM's start-up and "
