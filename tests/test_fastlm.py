@@ -673,17 +673,18 @@ class NewTensors(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("checkpoint", [False, True, "selective"])
-@pytest.mark.parametrize("chunk", [0, 4])
-def test_a_second_part_accumulating_in_place_gives_both_parts_gradients(checkpoint, chunk):
+@pytest.mark.parametrize("name, checkpoint, chunk", [("tiny-dense", c, k) for c in (False, True, "selective")
+                                                   for k in (0, 4)] + [("tiny-moe", "selective", 4)])
+def test_a_second_part_accumulating_in_place_gives_both_parts_gradients(name, checkpoint, chunk):
     """Two micro-batches, the second with ``accumulate_grads`` (its weight gradients added into .grad inside the
     matmuls): the same gradients as both parts backpropagated the usual way, and its backward makes no tensor
-    the size of a projection's or the tied embedding / LM head's weight (the usual way makes one of each)."""
-    model, _ = build_builtin("tiny-dense", 5)
+    the size of a projection's or the tied embedding / LM head's weight (the usual way makes one of each). On MoE
+    the experts' stacked (3-D) weights and the routers' still accumulate through autograd."""
+    model, _ = build_builtin(name, 5)
     model = sharpen(model).train()
     ids, attn, P = grouped_batch(8)
     parts = (torch.arange(0, 4), torch.arange(4, 8))
-    weights = {tuple(p.shape) for p in model.parameters() if p.dim() == 2}
+    weights = {tuple(p.shape) for n, p in model.named_parameters() if p.dim() == 2 and ".gate." not in n}
 
     def backward(rows, fused):
         lp, _, _ = fastlm.packed_response_logp(model, ids[rows], attn[rows], P, 0.7, with_entropy=True,
