@@ -40,10 +40,18 @@ import torch.nn.functional as F
 Tensor = torch.Tensor
 
 
+def kept_grad(param: Tensor | None) -> Tensor | None:
+    """``param.grad`` where there is one to accumulate into (dense, of the parameter's shape), else None."""
+    grad = None if param is None or not param.requires_grad else param.grad
+    if grad is None or grad.layout != torch.strided or grad.shape != param.shape:
+        return None
+    return grad
+
+
 def _into_grad(param: Tensor, g_t: Tensor, x: Tensor) -> bool:
     """Add ``g_t @ x`` into ``param.grad`` in place; False (nothing added) when there is no dense grad yet."""
-    grad = param.grad
-    if grad is None or grad.layout != torch.strided or grad.shape != param.shape:
+    grad = kept_grad(param)
+    if grad is None:
         return False
     if grad.dtype == g_t.dtype == x.dtype:
         # G <- G + g^T x, inside the matmul
@@ -53,7 +61,7 @@ def _into_grad(param: Tensor, g_t: Tensor, x: Tensor) -> bool:
     return True
 
 
-def _compute_dtype(x: Tensor, weight: Tensor) -> torch.dtype:
+def linear_dtype(x: Tensor, weight: Tensor) -> torch.dtype:
     """The dtype ``F.linear(x, weight)`` computes in here: autocast's where it is on, else the operands'."""
     if torch.is_autocast_enabled(x.device.type):
         return torch.get_autocast_dtype(x.device.type)
@@ -65,7 +73,7 @@ class _AccumulatingLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        dt = _compute_dtype(x, weight)
+        dt = linear_dtype(x, weight)
         # under autocast, the casts autocast's own linear makes: its product, and the backward's, in dt
         with torch.autocast(x.device.type, enabled=False):
             x_c, w_c = x.to(dt), weight.to(dt)
@@ -88,8 +96,8 @@ class _AccumulatingLinear(torch.autograd.Function):
         if need_b:
             # grad b = sum over rows of g
             s = g.sum(0)
-            if param_b.grad is not None and param_b.grad.shape == s.shape:
-                param_b.grad.add_(s)
+            if (kept := kept_grad(param_b)) is not None:
+                kept.add_(s)
             else:
                 grad_b = s.to(param_b.dtype)
         return grad_x, grad_w, grad_b

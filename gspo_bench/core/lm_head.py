@@ -32,7 +32,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from gspo_bench.core.accumulate import accumulating_linear
+from gspo_bench.core.accumulate import accumulating_linear, kept_grad, linear_dtype
 
 Tensor = torch.Tensor
 
@@ -66,14 +66,6 @@ def auto_chunk_tokens(vocab: int, memory_bytes: int) -> int:
     return max(AUTO_CHUNK_STEP, min(AUTO_CHUNK_MAX, fit // AUTO_CHUNK_STEP * AUTO_CHUNK_STEP))
 
 
-def head_dtype(h: Tensor, weight: Tensor) -> torch.dtype:
-    """The dtype ``F.linear(h, weight)`` computes in here: autocast's where it is on, else the operands'."""
-    dev = h.device.type
-    if torch.is_autocast_enabled(dev):
-        return torch.get_autocast_dtype(dev)
-    return torch.promote_types(h.dtype, weight.dtype)
-
-
 def _logits(h_CH: Tensor, w_VH: Tensor, b_V: Tensor | None, temperature: float) -> Tensor:
     # z = (h W^T + b) / temperature: the matmul in the operands' dtype (cast already), z in float32
     return F.linear(h_CH, w_VH, b_V).float().div_(temperature)  # (C, V)
@@ -94,7 +86,7 @@ class ChunkedHeadLogp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h_NH, weight_VH, bias_V, target_N, temperature, chunk, with_entropy, entropy_grad=False,
                 accumulate=False):
-        dt = head_dtype(h_NH, weight_VH)
+        dt = linear_dtype(h_NH, weight_VH)
         n = h_NH.shape[0]
         lse_N = torch.empty(n, dtype=torch.float32, device=h_NH.device)
         logp_N = torch.empty_like(lse_N)
@@ -171,11 +163,9 @@ class ChunkedHeadLogp(torch.autograd.Function):
 
 
 def _float32_grad(param: Tensor | None) -> Tensor | None:
-    """``param.grad`` when it is there to accumulate into (dense, float32, the parameter's shape), else None."""
-    grad = None if param is None or not param.requires_grad else param.grad
-    if grad is None or grad.layout != torch.strided or grad.dtype != torch.float32 or grad.shape != param.shape:
-        return None
-    return grad
+    """``param.grad`` when it is there to accumulate into and float32 (``kept_grad``), else None."""
+    grad = kept_grad(param)
+    return grad if grad is not None and grad.dtype == torch.float32 else None
 
 
 def token_logp_entropy(h_NH: Tensor, weight_VH: Tensor, bias_V: Tensor | None, target_N: Tensor,
