@@ -212,3 +212,17 @@ def test_bench_bad_input_is_one_line_exit_2(argv, needle, tmp_path, monkeypatch,
     # besides the error, at most the "bench preset=..." header the command prints before validating
     assert all(line.startswith("bench preset=") for line in lines if line not in errors), lines
     assert not (tmp_path / "b.json").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("mode", [[], ["--engines", "fast"], ["--whole"], ["--vs", "trl"], ["--presets", "smoke"],
+                                  ["--memory", "none"], ["--async", "0"], ["--suite-ray"]])
+def test_every_bench_mode_names_a_model_it_cannot_find_in_one_line_exit_2(mode, tmp_path, monkeypatch, capsys):
+    # a typo in the model (moe-016b for moe-0.16b) used to end in a traceback, or in a table of failed children
+    monkeypatch.setenv("GSPO_BENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    code = main(["bench", *mode, "--set", "model.name=moe-016b", "--json", str(tmp_path / "b.json")])
+    out = capsys.readouterr()
+    lines = (out.out + out.err).strip().splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    assert "model 'moe-016b' not found" in lines[0] and "moe-0.16b" in lines[0]  # the built-ins, for the typo
+    assert not (tmp_path / "b.json").exists() and not (tmp_path / "cache").exists()

@@ -47,6 +47,14 @@ def test_a_killed_measurement_says_so(monkeypatch):
     r = bm.measure("default", (), "none", 24, "grpo")
     assert "killed by signal 9" in r["error"] and "out of memory" in r["error"] and "added" not in r
     assert bm.rows([r], 4)[0][3] == "failed"
+    assert bm.failure_line(r["error"]).startswith("the measurement was killed by signal 9 (SIGKILL")
+
+
+def test_a_failed_measurement_is_told_by_its_last_line_whole():
+    long = "ValueError: model 'x' not found: " + "not a built-in model, " * 20 + "or give its local directory"
+    out = f"Traceback (most recent call last):\n  File \"a.py\", line 1\n{long}\n\n"
+    assert bm.failure_line(out) == long  # not its last few hundred characters, cut mid-word at the front
+    assert bm.failure_line("") == "no output"
 
 
 def test_optimiser_states_are_allocated_and_no_weight_moves():

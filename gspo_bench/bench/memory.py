@@ -252,6 +252,12 @@ def measure(preset: str, settings: tuple[str, ...], controls: str, prompts: int,
     return {**row, **json.loads(lines[-1][len("MEMORY "):])}
 
 
+def failure_line(error: str) -> str:
+    """The line that says why a measurement failed: the last non-blank line of its output (the exception's
+    message, or what signal ended it), whole."""
+    return next((ln.strip() for ln in reversed(error.splitlines()) if ln.strip()), "no output")
+
+
 def profile_path(folder: str, controls: str, prompts: int) -> Path:
     """Where ``bench --memory --profile`` writes one measurement's profile."""
     return Path(folder) / f"{controls}-{prompts}p.txt"

@@ -43,6 +43,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from gspo_bench import algorithms
 from gspo_bench.algorithms.base import adamw
 from gspo_bench.config import ConfigError, RunConfig, deep_merge, load_config
+from gspo_bench.models import classify_model_ref
 from gspo_bench.rollout import compiled
 from gspo_bench.rollout.engine import response_logp
 from gspo_bench.rollout.engines import check_engine, generate, resolve_engine
@@ -378,6 +379,17 @@ class BenchInputs:
     device: torch.device = torch.device("cpu")
 
 
+def check_measurable(cfg: RunConfig) -> RunConfig:
+    """``cfg`` when a measurement can start from it: its engine runs here and its model is found (a built-in, a
+    local directory or a hub id in the local cache); otherwise a ConfigError, one line, before any work."""
+    check_engine(cfg)
+    try:
+        classify_model_ref(cfg.model.name)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return cfg
+
+
 def bench_inputs(cfg: RunConfig, log=print) -> BenchInputs:
     device = bench_device(cfg.train.accelerator)
     task = load_task(cfg.task, cfg.seeds[0], cfg.model, cfg.rollout.response_cap(), log, cfg.task_options)
@@ -405,8 +417,7 @@ def run_bench(preset: str, config_files: tuple = (), overrides: dict | None = No
         over = deep_merge(overrides or {}, path_overrides(path)) if path else (overrides or {})
         return load_config(preset, tuple(config_files), over)
 
-    cfg = cfg_for(None)
-    check_engine(cfg)  # a registered engine that runs here, before any work
+    cfg = check_measurable(cfg_for(None))
     quiet()
     bench = bench_inputs(cfg, log)
     task, ws, model, tok, max_new, prompts = (bench.task, bench.warm_start, bench.model, bench.tokenizer,

@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, P
 
 from gspo_bench import tables
 from gspo_bench import algorithms
-from gspo_bench.bench.throughput import bench_device, bench_rl_step, matmul_gflops, path_overrides
+from gspo_bench.bench.throughput import bench_device, bench_rl_step, check_measurable, matmul_gflops, path_overrides
 from gspo_bench.config import ConfigError, RunConfig, deep_merge, load_config, parse_sets
 from gspo_bench.tracking.runs import quiet
 from gspo_bench.tracking.provenance import git_commit, machine
@@ -253,7 +253,7 @@ def compare(preset: str, config_files: tuple, overrides: dict, warmup: int, cycl
     if warmup < 0 or cycles < 1:
         raise ConfigError("--rl-steps must be >= 1 and --warmup >= 0")
     trl = import_trl()
-    cfg = load_config(preset, config_files, deep_merge(overrides, path_overrides("fast")))
+    cfg = check_measurable(load_config(preset, config_files, deep_merge(overrides, path_overrides("fast"))))
     quiet()
     task = load_task(cfg.task, cfg.seeds[0], cfg.model, cfg.rollout.response_cap(), log, cfg.task_options)
     m = matched(cfg, algo, task.spec.max_new_tokens)
@@ -286,6 +286,7 @@ def vs_command(args, console) -> int:
     flags.update({"rollout": {"max_new_tokens": args.max_new_tokens}} if args.max_new_tokens is not None else {})
     over = deep_merge(parse_sets(args.sets), flags)
     preset = args.preset or "cpu-bench"
+    check_measurable(load_config(preset, tuple(args.config), deep_merge(over, path_overrides("fast"))))  # before any work
     console.print(f"[bold]bench --vs trl[/bold] preset={preset}: TRL, ours, TRL; {args.rl_steps} cycles each")
     res = compare(preset, tuple(args.config), over, args.warmup, args.rl_steps, args.algo, log=console.print)
     table = Table(*COLUMNS, title="full RL step: ours (fast path) vs TRL GRPOTrainer, medians per cycle")

@@ -153,10 +153,10 @@ def bench_command(args, console) -> int:
                         scaling=scaling, paths=tuple(args.paths), profile=bool(args.profile))
     opts.check()
     sets = parse_sets(args.sets)  # before any work: a bad --set exits 2 at once
-    from gspo_bench.rollout.engines import check_engine
+    from gspo_bench.bench.throughput import check_measurable
 
     for model in args.model or [None]:  # and every model's settings load, with an engine that runs here
-        check_engine(load_config(args.preset, tuple(args.config), model_overrides(args, sets, model)))
+        check_measurable(load_config(args.preset, tuple(args.config), model_overrides(args, sets, model)))
     results = []
     for model in args.model or [None]:
         over = model_overrides(args, sets, model)
@@ -220,6 +220,7 @@ def async_command(args, console) -> int:
     import shlex
 
     from gspo_bench.bench import overlap as bench_overlap
+    from gspo_bench.bench.throughput import check_measurable
     from gspo_bench.tracking.provenance import git_commit
 
     given = ",".join(args.async_ks)
@@ -235,7 +236,7 @@ def async_command(args, console) -> int:
     if args.task:
         over["task"] = args.task
     preset = args.preset or "default"
-    load_config(preset, tuple(args.config), over)  # bad settings: one line, before any work
+    check_measurable(load_config(preset, tuple(args.config), over))  # bad settings: one line, before any work
     if args.partial:
         if not any(k > 0 for k in ks):
             raise ConfigError(f"--partial measures partial rollouts at each K > 0; --async {given} has none")
@@ -259,6 +260,7 @@ def whole_command(args, console) -> int:
     import shlex
 
     from gspo_bench.bench import whole as bench_whole
+    from gspo_bench.bench.throughput import check_measurable
     from gspo_bench.tracking.provenance import git_commit
 
     over = parse_sets(args.sets)
@@ -267,6 +269,7 @@ def whole_command(args, console) -> int:
     if args.task:
         over["task"] = args.task
     preset = args.preset or "default"
+    check_measurable(load_config(preset, tuple(args.config), over))  # bad settings: one line, before any work
     console.print(f"[bold]bench --whole[/bold] preset={preset}: run --algos all, one seed")
     res = bench_whole.whole_benchmark(preset, tuple(args.config), over, log=console.print)
     res.update(command="python -m gspo_bench " + shlex.join(args.argv), commit=git_commit())
@@ -283,8 +286,8 @@ def presets_command(args, console) -> int:
     from pathlib import Path
 
     from gspo_bench.bench import presets as bench_presets
+    from gspo_bench.bench.throughput import check_measurable
     from gspo_bench.config import presets
-    from gspo_bench.rollout.engines import check_engine
     from gspo_bench.tracking.provenance import git_commit, machine
 
     unknown = [p for p in args.presets if p not in presets()]
@@ -295,7 +298,7 @@ def presets_command(args, console) -> int:
                           "passed on")
     sets = tuple(args.sets)
     for name in args.presets:  # before any work: every preset with these settings must load
-        check_engine(load_config(name, (), deep_merge(parse_sets(bench_presets.CUT_SIZE), parse_sets(sets))))
+        check_measurable(load_config(name, (), deep_merge(parse_sets(bench_presets.CUT_SIZE), parse_sets(sets))))
     def log(line: str) -> None:
         console.print(line, markup=False, soft_wrap=True)
 
@@ -326,7 +329,7 @@ def memory_command(args, console) -> int:
     from pathlib import Path
 
     from gspo_bench.bench import memory as bench_memory
-    from gspo_bench.rollout.engines import check_engine
+    from gspo_bench.bench.throughput import check_measurable
     from gspo_bench.tracking.provenance import git_commit, machine
 
     controls = bench_memory.parse_controls(list(args.memory))
@@ -344,7 +347,7 @@ def memory_command(args, console) -> int:
     preset = args.preset or "default"
     sets = tuple(args.sets)
     for c in controls:  # before any work: every measurement's settings must load
-        check_engine(load_config(preset, (), parse_sets(list(bench_memory.child_overrides(sets, c, max(sizes))))))
+        check_measurable(load_config(preset, (), parse_sets(list(bench_memory.child_overrides(sets, c, max(sizes))))))
     raw = []
     for k, size, c in itertools.product(range(rounds), sizes, controls):
         console.print(f"[bench] memory: controls {c}, {size} prompts"
@@ -353,7 +356,7 @@ def memory_command(args, console) -> int:
         r = bench_memory.measure(preset, sets, c, size, args.algo, profile_dir=args.profile if k == 0 else None)
         console.print("  " + (f"adds {r['added'] / 2**30:.2f} GiB (peak {r['peak'] / 2**30:.2f} GiB, "
                               f"{r['response_tokens']} response tokens, {r['seconds']:.1f} s)" if "added" in r else
-                              "failed: " + r["error"][-300:]), markup=False)
+                              "failed: " + bench_memory.failure_line(r["error"])), markup=False)
         if args.profile and k == 0 and "added" in r:
             console.print(f"  profile: {bench_memory.profile_path(args.profile, c, size)}", markup=False)
         raw.append(r)
@@ -384,6 +387,7 @@ def suite_ray_command(args, console) -> int:
     from pathlib import Path
 
     from gspo_bench.bench import suite_ray
+    from gspo_bench.bench.throughput import check_measurable
     from gspo_bench.tracking.provenance import git_commit, machine
 
     if args.workers is None:
@@ -395,7 +399,7 @@ def suite_ray_command(args, console) -> int:
                           "--model and --task do not apply")
     if importlib.util.find_spec("ray") is None:
         raise ConfigError("--suite-ray needs Ray: pip install '.[ray]'")
-    load_config("smoke", (), parse_sets(args.sets))  # before any work: the settings must load
+    check_measurable(load_config("smoke", (), parse_sets(args.sets)))  # before any work: the settings must load
     commit = git_commit()  # the code that measures, read before the minutes of measuring
     results = suite_ray.measure(args.workers, args.repeats, tuple(args.sets),
                                 log=lambda line: console.print(line, markup=False, soft_wrap=True))
@@ -466,6 +470,7 @@ def engines_command(args, console) -> int:
     from pathlib import Path
 
     from gspo_bench.bench.engines import check_engines, markdown, run_engines_bench
+    from gspo_bench.bench.throughput import check_measurable
     from gspo_bench.tracking.provenance import git_commit
 
     engines = tuple(args.engines)
@@ -476,6 +481,8 @@ def engines_command(args, console) -> int:
     if bad := [k for k in kernels if k not in MOE_KERNELS]:
         raise ConfigError(f"--moe-kernels: unknown kernel {bad[0]!r} (allowed: {', '.join(MOE_KERNELS)})")
     sets = parse_sets(args.sets)
+    for model in args.model or [None]:  # every model found before any work
+        check_measurable(load_config(args.preset or "cpu-bench", tuple(args.config), model_overrides(args, sets, model)))
     results = []
     for model in args.model or [None]:
         over = model_overrides(args, sets, model)
