@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gspo_bench.core.accumulate import accumulating_linear
+from gspo_bench.core.accumulate import accumulating_experts_linear, accumulating_linear
 from gspo_bench.core.embedding import tied_lookup
 from gspo_bench.core.lm_head import token_logp_entropy
 
@@ -109,6 +109,75 @@ def test_under_autocast_the_products_run_in_its_dtype_and_add_into_the_float32_g
     for got, want in zip(outs["fused"], outs["autocast"]):
         assert got.dtype == want.dtype and torch.equal(got, want)
     assert outs["fused"][0].dtype == torch.bfloat16 and outs["fused"][2].dtype == torch.float32
+
+
+# experts: 3 experts of (out 8, in 4) on 10 rows sorted by expert, 4 / 0 / 6 of them (the middle one idle); float32,
+# grouped_mm's widest dtype on a CPU, rows of 16 bytes or more as it needs
+
+
+def _leaf32(*shape, seed):
+    return _leaf(*shape, seed=seed).float().detach().requires_grad_()
+
+
+OFFS = torch.tensor([4, 4, 10], dtype=torch.int32)
+SPANS = ((0, 0, 4), (2, 4, 10))  # (expert, first row, end) of the experts with rows
+
+
+def test_each_experts_gradient_goes_into_its_slice_of_the_kept_grad_and_an_idle_expert_s_is_untouched():
+    x, w = _leaf32(10, 4, seed=10), _leaf32(3, 8, 4, seed=11)
+    g = torch.randn(10, 8, generator=torch.Generator().manual_seed(12))
+    kept = torch.randn(3, 8, 4)
+    w.grad = kept.clone()
+    where = w.grad.data_ptr()
+    y = accumulating_experts_linear(x, w, OFFS, torch.float32)
+    for e, a, b in SPANS:
+        # y_e = x_e W_e^T
+        torch.testing.assert_close(y[a:b], x[a:b] @ w[e].T, rtol=1e-6, atol=1e-6)
+    y.backward(g)
+    for e, a, b in SPANS:
+        # grad x_e = g_e W_e; W_e.grad = kept_e + g_e^T x_e
+        torch.testing.assert_close(x.grad[a:b], g[a:b] @ w.detach()[e], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(w.grad[e], kept[e] + g[a:b].T @ x.detach()[a:b], rtol=1e-6, atol=1e-6)
+    assert torch.equal(w.grad[1], kept[1]) and w.grad.data_ptr() == where  # in place; the idle expert: nothing
+
+
+def test_experts_without_a_kept_grad_get_autograds_grouped_gradient_to_the_bit():
+    x, w = _leaf32(10, 4, seed=13), _leaf32(3, 8, 4, seed=14)
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    g = torch.randn(10, 8)
+    accumulating_experts_linear(x, w, OFFS, torch.float32).backward(g)
+    F.grouped_mm(x2, w2.transpose(1, 2), offs=OFFS).backward(g)
+    assert torch.equal(x.grad, x2.grad) and torch.equal(w.grad, w2.grad)
+    assert not bool(w.grad[1].any())  # the idle expert's gradient: zeros
+
+
+def test_experts_under_a_lower_dtype_add_its_product_into_the_float32_grad():
+    """bf16-mixed: the experts run in bfloat16 (grouped_mm does not autocast; the kernel casts), and the second
+    part's bfloat16 products land in the float32 .grad, as the cast's backward would add them."""
+    x = torch.randn(10, 8, generator=torch.Generator().manual_seed(15))
+    g = torch.randn(10, 16, generator=torch.Generator().manual_seed(16)).to(torch.bfloat16)
+    kept = torch.randn(3, 16, 8)
+    outs = {}
+    for name in ("fused", "autograd"):
+        xs, ws = x.clone().requires_grad_(), torch.randn(3, 16, 8, generator=torch.Generator().manual_seed(17))
+        ws.requires_grad_().grad = kept.clone()
+        if name == "fused":
+            y = accumulating_experts_linear(xs, ws, OFFS, torch.bfloat16)
+        else:
+            y = F.grouped_mm(xs.to(torch.bfloat16), ws.to(torch.bfloat16).transpose(1, 2), offs=OFFS)
+        y.backward(g)
+        outs[name] = (y, xs.grad, ws.grad)
+    for got, want in zip(outs["fused"], outs["autograd"]):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert outs["fused"][0].dtype == torch.bfloat16 and outs["fused"][2].dtype == torch.float32
+
+
+def test_experts_record_nothing_where_no_gradient_is_taken():
+    x, w = _leaf32(10, 4, seed=18), _leaf32(3, 8, 4, seed=19)
+    with torch.no_grad():
+        assert accumulating_experts_linear(x, w, OFFS, torch.float32).grad_fn is None
+    assert "Accumulating" in type(accumulating_experts_linear(x, w, OFFS, torch.float32).grad_fn).__name__
 
 
 @pytest.mark.gpu

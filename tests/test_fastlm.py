@@ -674,17 +674,19 @@ class NewTensors(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("name, checkpoint, chunk", [("tiny-dense", c, k) for c in (False, True, "selective")
-                                                   for k in (0, 4)] + [("tiny-moe", "selective", 4)])
+                                                   for k in (0, 4)]
+                         + [("tiny-moe", c, k) for c, k in ((False, 0), (True, 0), ("selective", 4))])
 def test_a_second_part_accumulating_in_place_gives_both_parts_gradients(name, checkpoint, chunk):
     """Two micro-batches, the second with ``accumulate_grads`` (its weight gradients added into .grad inside the
     matmuls): the same gradients as both parts backpropagated the usual way, and its backward makes no tensor
-    the size of a projection's or the tied embedding / LM head's weight (the usual way makes one of each). On MoE
-    the experts' stacked (3-D) weights and the routers' still accumulate through autograd."""
+    the size of a projection's, an MoE layer's stacked experts' or the tied embedding / LM head's weight (the
+    usual way makes one of each). The routers' small (E, H) weights still accumulate through autograd."""
     model, _ = build_builtin(name, 5)
     model = sharpen(model).train()
     ids, attn, P = grouped_batch(8)
     parts = (torch.arange(0, 4), torch.arange(4, 8))
-    weights = {tuple(p.shape) for n, p in model.named_parameters() if p.dim() == 2 and ".gate." not in n}
+    weights = {tuple(p.shape) for n, p in model.named_parameters() if p.dim() in (2, 3) and ".gate." not in n}
+    assert any(len(s) == 3 for s in weights) == (name == "tiny-moe")
 
     def backward(rows, fused):
         lp, _, _ = fastlm.packed_response_logp(model, ids[rows], attn[rows], P, 0.7, with_entropy=True,

@@ -48,16 +48,21 @@ def kept_grad(param: Tensor | None) -> Tensor | None:
     return grad
 
 
-def _into_grad(param: Tensor, g_t: Tensor, x: Tensor) -> bool:
-    """Add ``g_t @ x`` into ``param.grad`` in place; False (nothing added) when there is no dense grad yet."""
-    grad = kept_grad(param)
-    if grad is None:
-        return False
+def _into(grad: Tensor, g_t: Tensor, x: Tensor) -> None:
+    """grad <- grad + g_t @ x, in place."""
     if grad.dtype == g_t.dtype == x.dtype:
         # G <- G + g^T x, inside the matmul
         grad.addmm_(g_t, x)
     else:  # a product in autocast's dtype, accumulated into a float32 gradient
         grad.add_(g_t @ x)
+
+
+def _into_grad(param: Tensor, g_t: Tensor, x: Tensor) -> bool:
+    """Add ``g_t @ x`` into ``param.grad`` in place; False (nothing added) when there is no dense grad yet."""
+    grad = kept_grad(param)
+    if grad is None:
+        return False
+    _into(grad, g_t, x)
     return True
 
 
@@ -101,6 +106,49 @@ class _AccumulatingLinear(torch.autograd.Function):
             else:
                 grad_b = s.to(param_b.dtype)
         return grad_x, grad_w, grad_b
+
+
+class _AccumulatingExpertsLinear(torch.autograd.Function):
+    """y_e = x_e W_e^T for each expert e on its rows x_e of x (rows sorted by expert, ``offs[e]`` = where expert
+    e's rows end), one ``grouped_mm``; W (E, out, in)'s gradient added into its ``.grad`` expert by expert."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, offs: Tensor, dt: torch.dtype) -> Tensor:
+        # grouped_mm does not autocast: the operands in the compute dtype, as the experts' own kernel casts them
+        x_c, w_c = x.to(dt), weight.to(dt)
+        ctx.save_for_backward(x_c, w_c, offs)
+        ctx.param, ctx.x_dtype = weight, x.dtype
+        return F.grouped_mm(x_c, w_c.transpose(1, 2), offs=offs)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        x_c, w_c, offs = ctx.saved_tensors
+        need_x, need_w = ctx.needs_input_grad[:2]
+        # grad x_e = g_e W_e, every expert at once (as autograd's grouped_mm backward)
+        grad_x = F.grouped_mm(g, w_c, offs=offs).to(ctx.x_dtype) if need_x else None
+        grad_w = None
+        if need_w:
+            kept = kept_grad(ctx.param)
+            if kept is None:
+                # grad W_e = g_e^T x_e, into a fresh (E, out, in) tensor (0 for an expert with no rows)
+                grad_w = F.grouped_mm(g.t(), x_c, offs=offs).to(ctx.param.dtype)
+            else:
+                start = 0
+                for e, end in enumerate(offs.tolist()):  # an expert with no rows adds nothing
+                    if end > start:
+                        _into(kept[e], g[start:end].t(), x_c[start:end])
+                    start = end
+        return grad_x, grad_w, None, None
+
+
+def accumulating_experts_linear(x: Tensor, weight: Tensor, offs: Tensor, dt: torch.dtype) -> Tensor:
+    """``F.grouped_mm(x.to(dt), weight.to(dt).transpose(1, 2), offs=offs)``: every expert's linear map on its
+    rows, whose backward adds each expert's weight gradient into ``weight.grad`` in place, one ``addmm`` per
+    expert with rows (module docstring), and fills nothing for the others. The loop reads ``offs`` on the
+    host: meant for a CPU, where grouped_mm's own backward loops over the experts too."""
+    if not torch.is_grad_enabled() or not weight.requires_grad:
+        return F.grouped_mm(x.to(dt), weight.to(dt).transpose(1, 2), offs=offs)
+    return _AccumulatingExpertsLinear.apply(x, weight, offs, dt)
 
 
 def accumulating_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from gspo_bench.config.names import MOE_KERNELS
 from gspo_bench.config.sections import LOGIT_CHUNK_TOKENS
-from gspo_bench.core.accumulate import accumulating_linear
+from gspo_bench.core.accumulate import accumulating_experts_linear, accumulating_linear
 from gspo_bench.core.embedding import tied_lookup
 from gspo_bench.core.lm_head import token_logp_entropy
 from gspo_bench.rollout.recompute import layer_context
@@ -142,16 +142,24 @@ def resolve_moe_kernel(kernel: str, x: torch.Tensor, hidden: int, width: int) ->
     return pick_moe_kernel(x.device.type, compute_dtype(x), cap, (hidden, width))
 
 
+def _experts_linear(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+    # y_e = x_e W_e^T for each expert e on its rows (those up to offs[e]), in dt
+    return F.grouped_mm(x.to(dt), weight.to(dt).transpose(1, 2), offs=offs)
+
+
 def experts_grouped(xs: torch.Tensor, counts: torch.Tensor, gate_up: torch.Tensor,
-                    down: torch.Tensor) -> torch.Tensor:
+                    down: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
     """Every expert on its rows of xs (sorted by expert, ``counts`` rows each): one ``grouped_mm`` per
-    projection. grouped_mm does not autocast, so the operands are cast to the compute dtype here."""
+    projection. grouped_mm does not autocast, so the operands are cast to the compute dtype here.
+    ``accumulate``: the backward adds each projection's weight gradient into its ``.grad``, expert by expert
+    (``core.accumulate.accumulating_experts_linear``; a micro-batch after the first, on a CPU)."""
     dt = compute_dtype(xs)
     # offs[e] = pairs routed to experts 0..e: where expert e's rows end in xs
     offs = counts.cumsum(0).to(torch.int32)
+    linear = accumulating_experts_linear if accumulate else _experts_linear
     # expert_e(x) = W_down (silu(x W_gate^T) * x W_up^T), for every expert's rows at once
-    gate, up = F.grouped_mm(xs.to(dt), gate_up.to(dt).transpose(1, 2), offs=offs).chunk(2, dim=-1)
-    return F.grouped_mm(F.silu(gate) * up, down.to(dt).transpose(1, 2), offs=offs)
+    gate, up = linear(xs, gate_up, offs, dt).chunk(2, dim=-1)
+    return linear(F.silu(gate) * up, down, offs, dt)
 
 
 def experts_batched(xs: torch.Tensor, counts: torch.Tensor, gate_up: torch.Tensor,
@@ -199,10 +207,14 @@ EXPERT_KERNELS = {"grouped": experts_grouped, "batched": experts_batched, "loop"
 """``rollout.moe_kernel``'s kernels by name (``auto`` picks one per device and dtype: ``pick_moe_kernel``)."""
 
 
-def moe_mlp(mlp, x: torch.Tensor, kernel: str = "auto") -> torch.Tensor:
+def moe_mlp(mlp, x: torch.Tensor, kernel: str = "auto", accumulate: bool = False) -> torch.Tensor:
     """Qwen3-MoE sparse block on flat tokens (N, H): route, sort the (token, expert) pairs by expert, run
     each expert on its rows with ``kernel`` (``EXPERT_KERNELS``, or ``auto``: ``resolve_moe_kernel``); every
-    kernel gives the same numbers up to rounding."""
+    kernel gives the same numbers up to rounding. ``accumulate``: where the experts run ``grouped`` on a CPU,
+    their weight gradients go into ``.grad`` in the backward's matmuls (``experts_grouped``); a GPU's
+    grouped kernel computes every expert's gradient in one launch, and a loop of one product per expert would
+    cost it a host sync and as many launches as experts, so there, and with the other kernels, autograd adds
+    them. The router's (E, H) weight always goes through autograd."""
     router, experts = mlp.gate, mlp.experts
     # the router module itself: p = softmax(x W_r^T) in float32, top-k experts, renormalised when
     # norm_topk_prob. Calling the module (not its weight) lets routing replay's hook see every path.
@@ -215,20 +227,24 @@ def moe_mlp(mlp, x: torch.Tensor, kernel: str = "auto") -> torch.Tensor:
     xs = x.index_select(0, token)
     gate_up, down = experts.gate_up_proj, experts.down_proj
     name = resolve_moe_kernel(kernel, x, x.shape[-1], down.shape[-1])
-    ys = EXPERT_KERNELS[name](xs, counts, gate_up, down)
+    if accumulate and name == "grouped" and x.device.type == "cpu":
+        ys = experts_grouped(xs, counts, gate_up, down, accumulate=True)
+    else:
+        ys = EXPERT_KERNELS[name](xs, counts, gate_up, down)
     # y = sum over the chosen experts of p_e * expert_e(x)
     ys = ys * top_p.flatten()[order, None]
     return torch.zeros_like(x).index_add_(0, token, ys.to(x.dtype))
 
 
 def layer_forward(ref: LayerRefs, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float,
-                  attend, linear=F.linear) -> torch.Tensor:
+                  attend, accumulate: bool = False) -> torch.Tensor:
     """One decoder layer on flat tokens x (N, H); ``attend(q, k, v)`` does the attention for a layout.
 
-    q (N, Hq, D), k and v (N, Hkv, D) come in RoPE'd; ``attend`` returns (N, Hq * D). ``linear``: the
-    projections' ``F.linear``, or ``accumulating_linear`` (their weight gradients added into ``.grad`` in the
-    matmul: a micro-batch after the first).
+    q (N, Hq, D), k and v (N, Hkv, D) come in RoPE'd; ``attend`` returns (N, Hq * D). ``accumulate``: the
+    projections' and the experts' weight gradients added into ``.grad`` in the matmul (``accumulating_linear``,
+    ``moe_mlp``: a micro-batch after the first).
     """
+    linear = accumulating_linear if accumulate else F.linear
     h = _rms(x, ref.ln1, eps)
     n, d = h.shape[0], ref.head_dim
     q = _rms(linear(h, *ref.q).view(n, -1, d), ref.qn, ref.qn_eps)
@@ -237,7 +253,7 @@ def layer_forward(ref: LayerRefs, x: torch.Tensor, cos: torch.Tensor, sin: torch
     x = x + linear(attend(_rotate(q, cos, sin), _rotate(k, cos, sin), v), *ref.o)
     h = _rms(x, ref.ln2, eps)
     if ref.dense is None:
-        return x + moe_mlp(ref.mlp, h, ref.moe_kernel)
+        return x + moe_mlp(ref.mlp, h, ref.moe_kernel, accumulate)
     gate, up, down = ref.dense
     # SwiGLU: W_down (silu(x W_gate^T) * x W_up^T)
     return x + linear(F.silu(linear(h, gate)) * linear(h, up), down)
@@ -294,8 +310,9 @@ def packed_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     when grad is on; ``rollout/recompute.py``): true, each layer keeps only its input for the backward and
     runs again there; ``selective``, it keeps its matrix products' outputs too and runs again only the
     operators between them. Either way on the experts its forward used (``routing.pinned_routes``), so the
-    gradient is the same. ``accumulate_grads``: the dense projections' backward adds their weight gradients
-    into the ``.grad`` already there, inside the matmul (``core.accumulate``: a micro-batch after the first).
+    gradient is the same. ``accumulate_grads``: the projections' (and on a CPU the experts') backward adds their
+    weight gradients into the ``.grad`` already there, inside the matmul (``core.accumulate``: a micro-batch
+    after the first).
     """
     base = _base(model)
     B, W = input_ids.shape
@@ -334,15 +351,14 @@ def packed_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     x = embed(model, input_ids[own])
     cos, sin = rope(model, pos[own], x.dtype)
     refs = layer_refs(model, moe_kernel)
-    linear = accumulating_linear if accumulate_grads else F.linear
     if checkpoint_layers and torch.is_grad_enabled():
         keep = layer_context(checkpoint_layers, pinned_routes([ref.mlp.gate for ref in refs if ref.dense is None]))
         for ref in refs:
-            x = checkpoint(layer_forward, ref, x, cos, sin, eps, attend, linear, use_reentrant=False,
+            x = checkpoint(layer_forward, ref, x, cos, sin, eps, attend, accumulate_grads, use_reentrant=False,
                            context_fn=keep)
     else:
         for ref in refs:
-            x = layer_forward(ref, x, cos, sin, eps, attend, linear)
+            x = layer_forward(ref, x, cos, sin, eps, attend, accumulate_grads)
     # response token at column c (c >= P) is predicted by the hidden state at column c - 1
     resp = real[:, prompt_len:]
     return _rms(x.index_select(0, src[:, prompt_len - 1 : -1][resp]), base.norm.weight, eps), resp
