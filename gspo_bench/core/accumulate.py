@@ -1,4 +1,4 @@
-"""A linear layer whose weight gradient is added into the weight's ``.grad`` by the matmul itself.
+"""Linear layers (and MoE experts) whose weight gradients are added into ``.grad`` by the matmul itself.
 
 Under gradient accumulation (``train.micro_batch_tokens``) every micro-batch
 after the first computes each weight's gradient into a fresh tensor the size of
@@ -21,6 +21,13 @@ where ``.grad`` is None it returns ``g^T x`` as autograd's own linear does. The
 caller chooses where it runs: never where anything must see the weight's
 gradient arrive through autograd (under DDP, the backward that all-reduces;
 ``torch.autograd.grad``).
+
+``accumulating_experts_linear`` does the same for an MoE layer's experts, whose
+weights are stacked (E, out, in) and run on their rows by one ``grouped_mm``:
+each expert with rows adds ``g_e^T x_e`` into its slice of ``.grad`` with one
+``addmm``, and an expert no row chose adds nothing (autograd's grouped backward
+writes every expert's gradient afresh, zeros for the idle ones, and then adds
+the whole (E, out, in) tensor).
 
 The sum is the same one accumulation computes, ``G + g^T x`` per element, with
 the matmul's own rounding order (an ``addmm`` may round differently from an
