@@ -162,6 +162,26 @@ def test_micro_batches_give_the_whole_minibatchs_gradients_and_metrics(algo, mod
         torch.testing.assert_close(split_logp[[back[r] for r in rows.tolist()]], logp, rtol=1e-5, atol=1e-6)
 
 
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    return saved_builtin("tiny-moe", tmp_path_factory.mktemp("tiny-moe"))
+
+
+@pytest.mark.parametrize("algo", ["grpo", "gspo"])
+def test_micro_batches_on_an_moe_model_give_the_whole_minibatchs_gradients(algo, moe_dir):
+    """The parts after the first add the experts' stacked weight gradients into .grad expert by expert
+    (core/accumulate.py): the sum is the one pass's, for the experts, the routers and the rest."""
+    finite, grads, _, _, forwards = one_minibatch(algo, 0, moe_dir)
+    assert finite and forwards == [len(ROWS)]
+    experts = [n for n, g in grads.items() if ".experts." in n]
+    assert experts and all(grads[n].dim() == 3 and grads[n].abs().max() > 0 for n in experts)
+    ok, split, _, _, split_forwards = one_minibatch(algo, 8, moe_dir)
+    assert ok and len(split_forwards) == LIMITS[8] and split.keys() == grads.keys()
+    for name, g in grads.items():
+        gap = float((split[name] - g).abs().max())
+        assert gap <= 1e-5 * float(g.abs().max()) + 1e-8, f"{name}: {gap:.2e} off in {LIMITS[8]} parts"
+
+
 def test_a_nan_in_one_micro_batch_skips_the_whole_minibatch(model_dir, monkeypatch):
     """The second of three parts has a NaN loss: the first part's gradient is dropped, the third is not
     backpropagated, and the minibatch's loss reads NaN."""
