@@ -130,6 +130,8 @@ def test_table_and_markdown():
     assert "| trl_1 | 2.00 | 128 | 6000 | 46.9 | 64.0 | 3000 | 1.50x | 1.75x |" in md
     assert "lowest 1.75x -> NOT met" in md and "- check one" in md and "`python -m gspo_bench bench --vs trl`" in md
     assert "lowest 4.10x -> met" in bt.verdict(fake_result(4.1))
+    assert "without huge pages, as TRL runs by default" in md  # what torch's allocator was told, either way
+    assert "with huge pages asked for" in bt.markdown({**res, "huge_pages": True}, "c", "abc")
 
 
 # -- the command's errors -----------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ same checkpoint, prompts and verifier (docs/bench-vs-trl.md). ``trl`` is the ``c
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import statistics
 import tempfile
@@ -183,7 +184,9 @@ def markdown(res: dict, command: str, commit: str) -> str:
              f"transformers {res['versions']['transformers']}. {m['prompts']} prompts x {m['group_size']} samples, "
              f"at most {m['max_new_tokens']} new tokens, {m['minibatches']} optimiser steps per cycle; medians of "
              f"{res['cycles']} cycles after {res['warmup']} warm-up, measured in the order "
-             f"{', '.join(res['order'])}.", "",
+             f"{', '.join(res['order'])}; both sides in one process, "
+             + ("with huge pages asked for (THP_MEM_ALLOC_ENABLE=1)." if res.get("huge_pages") else
+                "without huge pages, as TRL runs by default."), "",
              tables.markdown(COLUMNS, table_rows(res)), verdict(res) + ".", "",
              *(f"- {c}" for c in res["checks"])]
     return "\n".join(lines) + "\n"
@@ -271,6 +274,8 @@ def compare(preset: str, config_files: tuple, overrides: dict, warmup: int, cycl
             "warmup": warmup, "cycles": cycles, "order": list(runs), "runs": runs, "ratios": q,
             "target": {"metric": "gen_tokens_per_s", "ratio": TARGET, "min_ratio": low, "met": low >= TARGET},
             "checks": checks(m, runs), "threads": torch.get_num_threads(),
+            # what torch's allocator read (cli/pages.py: the command line leaves it unset here, as TRL's users do)
+            "huge_pages": os.environ.get("THP_MEM_ALLOC_ENABLE") == "1",
             "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__}}
 
 

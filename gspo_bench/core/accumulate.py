@@ -115,6 +115,13 @@ class _AccumulatingLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b
 
 
+def experts_linear(x: Tensor, weight: Tensor, offs: Tensor, dt: torch.dtype) -> Tensor:
+    """y_e = x_e W_e^T for each expert e on its rows of x (sorted by expert, ``offs[e]`` = where expert e's rows
+    end), W (E, out, in), one ``grouped_mm`` in ``dt`` (grouped_mm does not autocast: the operands are cast)."""
+    # y_e = x_e W_e^T, every expert at once
+    return F.grouped_mm(x.to(dt), weight.to(dt).transpose(1, 2), offs=offs)
+
+
 class _AccumulatingExpertsLinear(torch.autograd.Function):
     """y_e = x_e W_e^T for each expert e on its rows x_e of x (rows sorted by expert, ``offs[e]`` = where expert
     e's rows end), one ``grouped_mm``; W (E, out, in)'s gradient added into its ``.grad`` expert by expert."""
@@ -125,6 +132,7 @@ class _AccumulatingExpertsLinear(torch.autograd.Function):
         x_c, w_c = x.to(dt), weight.to(dt)
         ctx.save_for_backward(x_c, w_c, offs)
         ctx.param, ctx.x_dtype = weight, x.dtype
+        # y_e = x_e W_e^T, every expert at once
         return F.grouped_mm(x_c, w_c.transpose(1, 2), offs=offs)
 
     @staticmethod
@@ -149,12 +157,11 @@ class _AccumulatingExpertsLinear(torch.autograd.Function):
 
 
 def accumulating_experts_linear(x: Tensor, weight: Tensor, offs: Tensor, dt: torch.dtype) -> Tensor:
-    """``F.grouped_mm(x.to(dt), weight.to(dt).transpose(1, 2), offs=offs)``: every expert's linear map on its
-    rows, whose backward adds each expert's weight gradient into ``weight.grad`` in place, one ``addmm`` per
+    """``experts_linear``: every expert's linear map on its rows, whose backward adds each expert's weight gradient into ``weight.grad`` in place, one ``addmm`` per
     expert with rows (module docstring), and fills nothing for the others. The loop reads ``offs`` on the
     host: meant for a CPU, where grouped_mm's own backward loops over the experts too."""
     if not torch.is_grad_enabled() or not weight.requires_grad:
-        return F.grouped_mm(x.to(dt), weight.to(dt).transpose(1, 2), offs=offs)
+        return experts_linear(x, weight, offs, dt)
     return _AccumulatingExpertsLinear.apply(x, weight, offs, dt)
 
 

@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from gspo_bench.config.names import MOE_KERNELS
 from gspo_bench.config.sections import LOGIT_CHUNK_TOKENS
-from gspo_bench.core.accumulate import accumulating_experts_linear, accumulating_linear
+from gspo_bench.core.accumulate import accumulating_experts_linear, accumulating_linear, experts_linear
 from gspo_bench.core.embedding import tied_lookup
 from gspo_bench.core.lm_head import token_logp_entropy
 from gspo_bench.rollout.recompute import layer_context
@@ -142,11 +142,6 @@ def resolve_moe_kernel(kernel: str, x: torch.Tensor, hidden: int, width: int) ->
     return pick_moe_kernel(x.device.type, compute_dtype(x), cap, (hidden, width))
 
 
-def _experts_linear(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
-    # y_e = x_e W_e^T for each expert e on its rows (those up to offs[e]), in dt
-    return F.grouped_mm(x.to(dt), weight.to(dt).transpose(1, 2), offs=offs)
-
-
 def experts_grouped(xs: torch.Tensor, counts: torch.Tensor, gate_up: torch.Tensor,
                     down: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
     """Every expert on its rows of xs (sorted by expert, ``counts`` rows each): one ``grouped_mm`` per
@@ -156,7 +151,7 @@ def experts_grouped(xs: torch.Tensor, counts: torch.Tensor, gate_up: torch.Tenso
     dt = compute_dtype(xs)
     # offs[e] = pairs routed to experts 0..e: where expert e's rows end in xs
     offs = counts.cumsum(0).to(torch.int32)
-    linear = accumulating_experts_linear if accumulate else _experts_linear
+    linear = accumulating_experts_linear if accumulate else experts_linear
     # expert_e(x) = W_down (silu(x W_gate^T) * x W_up^T), for every expert's rows at once
     gate, up = linear(xs, gate_up, offs, dt).chunk(2, dim=-1)
     return linear(F.silu(gate) * up, down, offs, dt)
