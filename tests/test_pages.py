@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gspo_bench.cli.pages import HUGE_PAGES, prefer_huge_pages, wants_huge_pages
+from gspo_bench.cli.measure import MODES
+from gspo_bench.cli.pages import HUGE_PAGES, OURS_ONLY, prefer_huge_pages, wants_huge_pages
 
 # a process started as the command line is, that allocates 64 MiB and says how much of its memory is huge pages
 PROBE = ("import sys; sys.argv = ['gspo_bench', '--help']; import gspo_bench.__main__; import torch; "
@@ -23,9 +24,15 @@ def test_it_is_on_unless_the_user_said_otherwise():
     assert not prefer_huge_pages(env) and env == {HUGE_PAGES: "0"}
 
 
-def test_a_comparison_against_trl_asks_for_none_since_trl_s_users_do_not():
-    assert wants_huge_pages(["run", "--algos", "all"]) and wants_huge_pages(["bench", "--memory", "none"])
-    assert not wants_huge_pages(["bench", "--vs", "trl"]) and not wants_huge_pages(["bench", "--vs=trl"])
+def test_a_bench_against_another_implementation_asks_for_none_since_its_users_do_not():
+    assert wants_huge_pages(["run", "--algos", "all"]) and wants_huge_pages(["tune", "--algo", "bench"])
+    for ours in (["--memory", "none"], ["--memory=none"], ["--whole"], ["--presets", "smoke"], ["--async", "0"],
+                 ["--suite-ray"]):
+        assert wants_huge_pages(["bench", *ours]), ours
+    for theirs in (["--vs", "trl"], ["--vs=trl"], ["--engines", "fast,hf"], [], ["--model", "tiny-moe"]):
+        assert not wants_huge_pages(["bench", *theirs]), theirs
+    # every measurement bench can make is one or the other
+    assert set(OURS_ONLY) | {"--vs", "--engines"} == {flag for flag, _ in MODES}
     env = {}
     assert not prefer_huge_pages(env, ["bench", "--vs", "trl"]) and env == {}
     env = {HUGE_PAGES: "1"}  # the user's own choice is kept

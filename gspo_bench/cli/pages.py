@@ -12,8 +12,8 @@ size, added to another, 2.0-2.4 s against 1.2-1.5 s (two readings of each). Noth
 only where its tensors live. The variable is read once, at torch's first large allocation, so
 ``python -m gspo_bench`` (and the ``gspo-bench`` script) sets it before anything imports torch, and the
 processes it starts inherit it; a value the user set is kept (``THP_MEM_ALLOC_ENABLE=0`` turns it off).
-``bench --vs trl`` asks for none (``wants_huge_pages``): it runs TRL's trainer in its process, and TRL's
-users run it without them.
+A ``bench`` that times transformers, vLLM or TRL beside ours asks for none (``wants_huge_pages``): their
+users run them without.
 """
 
 from __future__ import annotations
@@ -24,12 +24,22 @@ from collections.abc import MutableMapping, Sequence
 HUGE_PAGES = "THP_MEM_ALLOC_ENABLE"
 
 
+OURS_ONLY = ("--memory", "--whole", "--presets", "--async", "--suite-ray")
+"""The ``bench`` measurements that time only this harness; the others (its default, ``--engines``, ``--vs``)
+time another implementation beside ours in one process."""
+
+
 def wants_huge_pages(argv: Sequence[str]) -> bool:
     """Whether the command ``argv`` (the arguments after the program) asks for huge pages: every command but
-    ``bench --vs``, which runs another framework's step in this process beside ours and must run it as that
-    framework's users do, without them. Under huge pages TRL's GRPO cycle took 1.4-1.6x as long on this
-    project's CPU machine (1.9-2.2 s against 1.3-1.4 s; ours 0.75-0.79 s against 0.72 s)."""
-    return not ("bench" in argv and any(a == "--vs" or a.startswith("--vs=") for a in argv))
+    a ``bench`` that times another implementation beside ours in this process (transformers' ``generate``
+    and forward, vLLM, TRL's trainer), which must run it as its own users do, without them. Under huge pages
+    TRL's GRPO cycle took 1.4-1.6x as long on this project's CPU machine (1.9-2.2 s against 1.3-1.4 s; ours
+    0.75-0.79 s against 0.72 s), and ``generate`` on tiny-moe about a tenth longer while our engine took a
+    little less, so the ratios would flatter us."""
+    command = next((a for a in argv if not a.startswith("-")), None)  # the subcommand: the first word
+    if command != "bench":
+        return True
+    return any(a.split("=")[0] in OURS_ONLY for a in argv)
 
 
 def prefer_huge_pages(environ: MutableMapping[str, str] = os.environ, argv: Sequence[str] = ()) -> bool:
