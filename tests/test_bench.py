@@ -108,11 +108,21 @@ def test_median_time_waits_for_the_device(monkeypatch):
     assert outs == [7, 7, 7] and sec >= 0 and fences == ["cuda"] * 6
 
 
+def test_a_comparison_page_says_whether_huge_pages_were_asked_for(monkeypatch):
+    from gspo_bench.bench import throughput
+
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "1")
+    assert throughput.huge_pages_on() and "ran under them too" in throughput.huge_pages_note()
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
+    assert not throughput.huge_pages_on() and "as its users run it" in throughput.huge_pages_note()
+
+
 # ----------------------------------------------------------------------------- the command
 
 
 def test_bench_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setenv("GSPO_BENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
     monkeypatch.chdir(tmp_path)
     argv = ["bench", "--max-new-tokens", "8", "--repeats", "1", "--warmup", "0", "--rl-steps", "1",
             "--scaling", "4,8", "--json", str(tmp_path / "b.json"), "--markdown", str(tmp_path / "bench.md"),
@@ -133,6 +143,9 @@ def test_bench_end_to_end(tmp_path, monkeypatch):
         assert gen[k]["tokens"] <= 128 * 8
         assert gen[k]["completions_per_s"] == pytest.approx(128 / gen[k]["seconds"])
     assert gen["speedup"] == pytest.approx(gen["hf"]["seconds"] / gen["fast"]["seconds"])
+    # the page says how torch's allocator ran transformers' side (cli/pages.py leaves a comparison without)
+    assert "no huge pages asked for, so the other implementation ran as its users run it" in d["notes"]
+    assert "- no huge pages asked for" in (tmp_path / "bench.md").read_text()
     # the compiled decode step (dense model): its own row, the time spent compiling, and its ratio
     assert list(gen) == ["fast", "compiled", "hf", "speedup", "compiled_speedup"]
     assert gen["compiled"]["seconds"] > 0 and 0 < gen["compiled"]["tokens"] <= 128 * 8

@@ -177,7 +177,8 @@ def run_engines_bench(preset: str, config_files: tuple, overrides: dict, engines
                       warmup: int, repeats: int, rl_steps: int, log=print,
                       moe_kernels: tuple[str, ...] = ()) -> EnginesResult:
     """The engines of ``engines`` on the preset's model and batch (see the module docstring)."""
-    from gspo_bench.bench.throughput import bench_inputs, bench_rl_step, device_name, matmul_gflops, path_overrides
+    from gspo_bench.bench.throughput import (bench_inputs, bench_rl_step, device_name, huge_pages_note, matmul_gflops,
+                                             path_overrides)
     from gspo_bench.config import deep_merge, load_config
     from gspo_bench.tracking.runs import quiet
     from gspo_bench.tracking.provenance import machine
@@ -199,6 +200,7 @@ def run_engines_bench(preset: str, config_files: tuple, overrides: dict, engines
                                                          warmup, repeats, r.dtype, r.moe_kernel, bench.sampler)
     log("generation: " + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s" for k, v in res.generation.items()
                                    if isinstance(v, dict)))
+    res.notes.append(huge_pages_note())
     if moe_kernels and res.config["experts_by"] is None:
         res.notes.append("--moe-kernels: a dense model has no experts; not measured")
     elif moe_kernels:

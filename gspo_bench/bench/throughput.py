@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -95,6 +96,19 @@ class BenchResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def huge_pages_on() -> bool:
+    """Whether this process asked torch for transparent huge pages (``THP_MEM_ALLOC_ENABLE``, set by the command
+    line: ``cli/pages.py``), which moves transformers' and TRL's step times more than ours."""
+    return os.environ.get("THP_MEM_ALLOC_ENABLE") == "1"
+
+
+def huge_pages_note() -> str:
+    """The line a comparison page says it with."""
+    if huge_pages_on():
+        return "huge pages asked for (THP_MEM_ALLOC_ENABLE=1): the other implementation ran under them too"
+    return "no huge pages asked for, so the other implementation ran as its users run it"
 
 
 # -- the device -----------------------------------------------------------------------------------
@@ -443,6 +457,7 @@ def run_bench(preset: str, config_files: tuple = (), overrides: dict | None = No
         engines.insert(engines.index("fast") + 1, "compiled")  # (a) also times the compiled decode step
     if "fast" in engines and resolve_engine("auto", model) != "fast":
         res.notes.append("the fast engine does not support this model; its rows use transformers")
+    res.notes.append(huge_pages_note())
     res.generation = bench_generation(sampler, tok, prompts, max_new, r.temperature,
                                       [resolve_engine("auto", model) if e == "fast" else e for e in engines],
                                       opts.warmup, opts.repeats, r.moe_kernel)

@@ -10,7 +10,6 @@ same checkpoint, prompts and verifier (docs/bench-vs-trl.md). ``trl`` is the ``c
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import statistics
 import tempfile
@@ -25,7 +24,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, P
 
 from gspo_bench import tables
 from gspo_bench import algorithms
-from gspo_bench.bench.throughput import bench_device, bench_rl_step, check_measurable, matmul_gflops, path_overrides
+from gspo_bench.bench.throughput import (bench_device, bench_rl_step, check_measurable, huge_pages_on, matmul_gflops,
+                                         path_overrides)
 from gspo_bench.config import ConfigError, RunConfig, deep_merge, load_config, parse_sets
 from gspo_bench.tracking.runs import quiet
 from gspo_bench.tracking.provenance import git_commit, machine
@@ -275,7 +275,7 @@ def compare(preset: str, config_files: tuple, overrides: dict, warmup: int, cycl
             "target": {"metric": "gen_tokens_per_s", "ratio": TARGET, "min_ratio": low, "met": low >= TARGET},
             "checks": checks(m, runs), "threads": torch.get_num_threads(),
             # what torch's allocator read (cli/pages.py: the command line leaves it unset here, as TRL's users do)
-            "huge_pages": os.environ.get("THP_MEM_ALLOC_ENABLE") == "1",
+            "huge_pages": huge_pages_on(),
             "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__}}
 
 
