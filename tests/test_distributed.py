@@ -200,12 +200,14 @@ def test_two_processes_in_micro_batches_step_as_one_process_and_log_what_two_do_
 
 
 @pytest.mark.slow
-def test_two_processes_accumulating_inside_the_matmuls_step_as_one_process(tmp_path, monkeypatch):
+@pytest.mark.parametrize("model", ["tiny-dense", "tiny-moe"])
+def test_two_processes_accumulating_inside_the_matmuls_step_as_one_process(model, tmp_path, monkeypatch):
     """2 minibatches of 8 rows, 4 per rank, every row a micro-batch of its own: each rank's second and third
-    parts add their weight gradients into .grad inside the matmuls (core/accumulate.py) under no_sync, and its
-    last part's gradient arrives through autograd, where DDP all-reduces. The step ends where one process's
-    does, unsplit."""
+    parts add their weight gradients into .grad inside the matmuls (core/accumulate.py; on tiny-moe the
+    experts' too, expert by expert) under no_sync, and its last part's gradient arrives through autograd,
+    where DDP all-reduces. The step ends where one process's does, unsplit."""
     cache = tmp_path / "cache"
+    monkeypatch.setenv("MODEL", model)
     monkeypatch.setenv("MINIBATCHES", "2")
     _torchrun(1, tmp_path / "one", ["gspo"], cache)
     monkeypatch.setenv("MICRO_BATCH_TOKENS", "1")
