@@ -257,6 +257,8 @@ def compare(preset: str, config_files: tuple, overrides: dict, warmup: int, cycl
         raise ConfigError("--rl-steps must be >= 1 and --warmup >= 0")
     trl = import_trl()
     cfg = check_measurable(load_config(preset, config_files, deep_merge(overrides, path_overrides("fast"))))
+    # the header once every input has been checked: a bad one is the command's only line
+    log(f"[bold]bench --vs trl[/bold] preset={preset}: TRL, ours, TRL; {cycles} cycles each")
     quiet()
     task = load_task(cfg.task, cfg.seeds[0], cfg.model, cfg.rollout.response_cap(), log, cfg.task_options)
     m = matched(cfg, algo, task.spec.max_new_tokens)
@@ -291,8 +293,6 @@ def vs_command(args, console) -> int:
     flags.update({"rollout": {"max_new_tokens": args.max_new_tokens}} if args.max_new_tokens is not None else {})
     over = deep_merge(parse_sets(args.sets), flags)
     preset = args.preset or "cpu-bench"
-    check_measurable(load_config(preset, tuple(args.config), deep_merge(over, path_overrides("fast"))))  # before any work
-    console.print(f"[bold]bench --vs trl[/bold] preset={preset}: TRL, ours, TRL; {args.rl_steps} cycles each")
     res = compare(preset, tuple(args.config), over, args.warmup, args.rl_steps, args.algo, log=console.print)
     table = Table(*COLUMNS, title="full RL step: ours (fast path) vs TRL GRPOTrainer, medians per cycle")
     for row in table_rows(res):
