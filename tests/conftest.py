@@ -60,18 +60,26 @@ def _cache(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _alone(request, tmp_path_factory):
+def _alone(request, tmp_path_factory, monkeypatch):
     """Under xdist, a test marked ``alone`` runs with no other test beside it (its peak memory, or a timing that
     another test's load would shift): it takes a lock that every other test shares, exclusively. Fixtures of
-    wider scope set up outside it."""
+    wider scope set up outside it. Holding the machine, it also uses its cores (up to 2 threads, here and in the
+    processes it starts): the other worker waits meanwhile, so one thread would leave a core idle."""
     if not XDIST_WORKER:
         yield
         return
+    alone = request.node.get_closest_marker("alone") is not None
     with open(tmp_path_factory.getbasetemp().parent / "alone.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if request.node.get_closest_marker("alone") else fcntl.LOCK_SH)
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        threads = torch.get_num_threads()
+        if alone:
+            cores = str(max(1, min(2, os.cpu_count() or 1)))
+            monkeypatch.setenv("OMP_NUM_THREADS", cores)
+            torch.set_num_threads(int(cores))
         try:
             yield
         finally:
+            torch.set_num_threads(threads)
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 

@@ -215,7 +215,7 @@ def test_weights_version_sees_a_fused_optimiser_step_that_torch_does_not_count()
 
 # -- through the command line ------------------------------------------------------------------------------------
 def _cli(tmp_path, *args, env=None, python=("-m", "gspo_bench")):
-    env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT), **(env or {})}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     env.pop("MLFLOW_TRACKING_URI", None)
     return subprocess.run([sys.executable, *python, "run", "--preset", "smoke", "--no-progress",
                            "--tracking-uri", f"sqlite:///{tmp_path}/m.db", *args], cwd=tmp_path, env=env,
