@@ -26,7 +26,8 @@ from gspo_bench.tasks import register_verifier  # noqa: E402
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if XDIST_WORKER:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-torch.set_num_threads(1 if XDIST_WORKER else max(1, min(2, os.cpu_count() or 1)))
+CORES = max(1, min(2, os.cpu_count() or 1))  # the threads of a process that has the machine to itself
+torch.set_num_threads(1 if XDIST_WORKER else CORES)
 warnings.filterwarnings("ignore")
 
 
@@ -73,9 +74,8 @@ def _alone(request, tmp_path_factory, monkeypatch):
         fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         threads = torch.get_num_threads()
         if alone:
-            cores = str(max(1, min(2, os.cpu_count() or 1)))
-            monkeypatch.setenv("OMP_NUM_THREADS", cores)
-            torch.set_num_threads(int(cores))
+            monkeypatch.setenv("OMP_NUM_THREADS", str(CORES))
+            torch.set_num_threads(CORES)
         try:
             yield
         finally:
