@@ -352,10 +352,19 @@ CLI = [sys.executable, "-m", "gspo_bench", "run", "--preset", "smoke", "--algos"
        "--set", "train.eval_every=2", "--set", "train.checkpoint_every=2", "--no-progress"]
 
 
-def _cli(tmp_path, experiment, *extra, **popen):
-    return subprocess.Popen(CLI + ["--tracking-uri", f"sqlite:///{tmp_path}/m.db", "--experiment", experiment,
+def _cli(tmp_path, experiment, *extra, cli=CLI, **popen):
+    return subprocess.Popen(cli + ["--tracking-uri", f"sqlite:///{tmp_path}/m.db", "--experiment", experiment,
                                    *extra], cwd=tmp_path, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, **popen)
+
+
+def _held(tmp_path, experiment, *extra, env=None):
+    """The run held after its first checkpoint (``hold_at_checkpoint.py``), and the file that says it is held:
+    a signal then lands mid-run on a machine of any speed. Touch ``<that file>.go`` to let it go on."""
+    marker = tmp_path / f"{experiment}.held"
+    held = [sys.executable, str(Path(__file__).with_name("hold_at_checkpoint.py")), *CLI[3:]]
+    proc = _cli(tmp_path, experiment, *extra, cli=held, env={**(env or os.environ), "GSPO_HOLD": str(marker)})
+    return proc, marker
 
 
 def _wait_for(predicate, proc, what: str, timeout: float = 600.0):
@@ -368,13 +377,6 @@ def _wait_for(predicate, proc, what: str, timeout: float = 600.0):
             proc.kill()
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
-
-
-def _checkpointed(uri, experiment):
-    def ok():
-        runs = runs_of(uri, experiment)
-        return bool(runs) and "gspo_bench.checkpoint_step" in runs[0].data.tags
-    return ok
 
 
 @pytest.fixture(scope="module")
@@ -390,13 +392,14 @@ def straight_cli(tmp_path_factory):
 
 def test_kill_9_then_resume_gives_the_same_history_in_one_run(straight_cli, tmp_path):
     uri = f"sqlite:///{tmp_path}/m.db"
-    proc = _cli(tmp_path, "crash")
-    _wait_for(_checkpointed(uri, "crash"), proc, "its first checkpoint")
+    proc, held = _held(tmp_path, "crash")
+    _wait_for(held.exists, proc, "its first checkpoint")
     proc.send_signal(signal.SIGKILL)
     # EOF on its output comes at once: the run's verifier worker holds none of its streams, and it exits too
     proc.communicate(timeout=60)
     [r] = runs_of(uri, "crash")
-    assert r.info.status == "RUNNING" and int(r.data.tags["gspo_bench.checkpoint_step"]) < 8  # killed mid-run
+    # killed mid-run, while held at its first checkpoint (RL step 2)
+    assert r.info.status == "RUNNING" and r.data.tags["gspo_bench.checkpoint_step"] == held.read_text() == "2"
 
     again = _cli(tmp_path, "crash", "--resume")
     out, err = again.communicate(timeout=900)
@@ -429,8 +432,8 @@ def test_kill_9_of_an_asynchronous_trainer_then_resume_logs_every_step_once(tmp_
     uri = f"sqlite:///{tmp_path}/m.db"
     extra = ("--steps", "4", "--set", "train.checkpoint_every=1", "--set", "rollout.max_staleness=1", "--set",
              "rollout.partial=true")
-    proc = _cli(tmp_path, "async-crash", *extra)
-    _wait_for(_checkpointed(uri, "async-crash"), proc, "its first checkpoint")
+    proc, held = _held(tmp_path, "async-crash", *extra)
+    _wait_for(held.exists, proc, "its first checkpoint")
     workers = _children(proc.pid)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
@@ -439,7 +442,7 @@ def test_kill_9_of_an_asynchronous_trainer_then_resume_logs_every_step_once(tmp_
         time.sleep(0.2)
     assert workers and not any(map(_running, workers)), "a worker of the killed trainer is still running"
     [r] = runs_of(uri, "async-crash")
-    assert r.info.status == "RUNNING" and int(r.data.tags["gspo_bench.checkpoint_step"]) < 4
+    assert r.info.status == "RUNNING" and r.data.tags["gspo_bench.checkpoint_step"] == held.read_text() == "1"
 
     again = _cli(tmp_path, "async-crash", *extra, "--resume")
     out, err = again.communicate(timeout=900)
@@ -467,9 +470,10 @@ SLURM = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "gspo", "SLURM_JOB_ID": "4242", 
 
 def test_sigterm_of_a_preempted_slurm_job_stops_with_143_and_the_run_resumes(straight_cli, tmp_path):
     uri = f"sqlite:///{tmp_path}/m.db"
-    proc = _cli(tmp_path, "term", env={**os.environ, **SLURM})
-    _wait_for(_checkpointed(uri, "term"), proc, "its first checkpoint")
+    proc, held = _held(tmp_path, "term", env={**os.environ, **SLURM})
+    _wait_for(held.exists, proc, "its first checkpoint")
     proc.send_signal(signal.SIGTERM)
+    Path(f"{held}.go").touch()  # on to the end of its next step, where the signal stops it
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 143, err[-3000:]
     assert "Traceback" not in err + out
@@ -477,7 +481,9 @@ def test_sigterm_of_a_preempted_slurm_job_stops_with_143_and_the_run_resumes(str
     [r] = runs_of(uri, "term")
     assert r.info.status == "KILLED" and "SIGTERM" in r.data.tags["killed_reason"]
     step = int(r.data.tags["gspo_bench.checkpoint_step"])
-    assert f"checkpoint at RL step {step}" in out
+    # Lightning's own SIGTERM handling (a SLURM job) stops it as the next step begins: the resume point is the
+    # checkpoint it was held at
+    assert str(step) == held.read_text() and f"checkpoint at RL step {step}" in out
 
     again = _cli(tmp_path, "term", "--resume")
     out, err = again.communicate(timeout=900)
