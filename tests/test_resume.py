@@ -348,7 +348,7 @@ def test_checkpoint_every_must_be_a_non_negative_int():
 
 
 # -- through the command line, as a user (or a scheduler) does it ------------------------------------------------
-CLI = [sys.executable, "-m", "gspo_bench", "run", "--preset", "smoke", "--algos", "grpo", "--steps", "8",
+CLI = [sys.executable, "-m", "gspo_bench", "run", "--preset", "smoke", "--algos", "grpo", "--steps", "4",
        "--set", "train.eval_every=2", "--set", "train.checkpoint_every=2", "--no-progress"]
 
 
@@ -409,7 +409,7 @@ def test_kill_9_then_resume_gives_the_same_history_in_one_run(straight_cli, tmp_
     assert done.info.run_id == r.info.run_id and done.info.status == "FINISHED"
     got = histories(uri, done.info.run_id)
     assert got == straight_cli  # every metric at every step, to the digit
-    assert got["eval/pass1"][-1][0] == 8
+    assert got["eval/pass1"][-1][0] == 4
 
 
 def _children(pid: int) -> list[int]:
