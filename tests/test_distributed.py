@@ -151,20 +151,28 @@ def _torchrun(n: int, out: Path, algos: list[str], cache: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
+ALGOS = ["dapo", "gspo", "ppo"]  # token-mean; sequence-mean with a sequence ratio; PPO: whitening, critic
+
+
+@pytest.fixture(scope="module")
+def one_and_two(tmp_path_factory):
+    """The script's step for ALGOS in one process and in two: the folder holding ``one/`` and ``two/``."""
+    root = tmp_path_factory.mktemp("one-and-two")
+    _torchrun(1, root / "one", ALGOS, root / "cache")
+    _torchrun(2, root / "two", ALGOS, root / "cache")
+    return root
+
+
 @pytest.mark.slow
-def test_two_processes_end_one_rl_step_with_the_parameters_of_one(tmp_path):
-    algos = ["dapo", "gspo", "ppo"]  # token-mean; sequence-mean with a sequence ratio; PPO: whitening, critic
+def test_two_processes_end_one_rl_step_with_the_parameters_of_one(one_and_two):
     # the script's step splits 16 rows into 8 minibatches with minibatch_indices' generator (seed 0, step 0):
     # some minibatch has both rows on one rank, so the other rank takes part with no rows of its own
     from gspo_bench.algorithms.base import minibatch_indices
 
     parts = minibatch_indices(16, 8, torch.Generator().manual_seed(0))
     assert any(bool((p < 8).all() or (p >= 8).all()) for p in parts)
-    cache = tmp_path / "cache"
-    _torchrun(1, tmp_path / "one", algos, cache)
-    _torchrun(2, tmp_path / "two", algos, cache)
-    for algo in algos:
-        one, two = torch.load(tmp_path / "one" / f"{algo}.pt"), torch.load(tmp_path / "two" / f"{algo}.pt")
+    for algo in ALGOS:
+        one, two = (torch.load(one_and_two / d / f"{algo}.pt") for d in ("one", "two"))
         assert (one["world"], two["world"]) == (1, 2)
         moved = max(float((one["after"][k] - one["before"][k]).abs().max()) for k in one["after"])
         assert moved > 1e-3, f"{algo}: the step did not move the parameters"
@@ -179,18 +187,16 @@ def test_two_processes_end_one_rl_step_with_the_parameters_of_one(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_processes_in_micro_batches_step_as_one_process_and_log_what_two_do_unsplit(tmp_path, monkeypatch):
+def test_two_processes_in_micro_batches_step_as_one_process_and_log_what_two_do_unsplit(one_and_two, tmp_path,
+                                                                                       monkeypatch):
     """Every row a micro-batch of its own (``train.micro_batch_tokens: 1``): with 2 rows per minibatch a rank
     backpropagates 0, 1 or 2 parts, often not as many as the other rank, and still all-reduces once per
     minibatch. The step ends where one process's does, and every metric is the unsplit two processes'."""
-    algos = ["dapo", "gspo", "ppo"]
-    cache = tmp_path / "cache"
-    _torchrun(1, tmp_path / "one", algos, cache)
-    _torchrun(2, tmp_path / "two", algos, cache)
     monkeypatch.setenv("MICRO_BATCH_TOKENS", "1")
-    _torchrun(2, tmp_path / "micro", algos, cache)
-    for algo in algos:
-        one, two, micro = (torch.load(tmp_path / d / f"{algo}.pt") for d in ("one", "two", "micro"))
+    _torchrun(2, tmp_path / "micro", ALGOS, one_and_two / "cache")
+    for algo in ALGOS:
+        one, two = (torch.load(one_and_two / d / f"{algo}.pt") for d in ("one", "two"))
+        micro = torch.load(tmp_path / "micro" / f"{algo}.pt")
         gap = max(float((one["after"][k] - micro["after"][k]).abs().max()) for k in one["after"])
         assert gap < 1e-4, f"{algo}: 2 processes in micro-batches ended {gap:.2e} away from 1"
         logged = {k for k in two["metrics"] if not k.startswith(("time/", "throughput/"))}
@@ -218,22 +224,22 @@ def test_two_processes_accumulating_inside_the_matmuls_step_as_one_process(model
     assert gap < 1e-4 < moved, f"2 processes accumulating in the matmuls ended {gap:.2e} away from 1"
 
 
+@pytest.fixture(scope="module")
+def three_algos(tmp_path_factory):
+    """``run --devices 2 --strategy ddp`` of grpo, gspo and dapo (``_two_process_cli``): its folder, process and
+    output."""
+    root = tmp_path_factory.mktemp("three-algos")
+    proc, out = _two_process_cli(root, "--strategy", "ddp", algos="grpo,gspo,dapo")
+    return root, proc, out
+
+
 @pytest.mark.slow
-def test_run_on_two_processes_logs_one_mlflow_run_per_algorithm_and_fills_the_global_batch(tmp_path):
-    cfg = tmp_path / "tiny.yaml"
-    cfg.write_text("warmstart: {enabled: false}\nrollout: {prompts_per_step: 4, group_size: 4}\n"
-                   "train: {steps: 2, minibatches: 2, eval_every: 1, eval_prompts: 8, eval_samples: 2}\n")
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.run([sys.executable, "-m", "gspo_bench", "run", "--preset", "smoke", "--config", str(cfg),
-                           "--algos", "grpo,gspo,dapo", "--devices", "2", "--strategy", "ddp", "--tracking-uri", uri,
-                           "--experiment", "ddp", "--no-progress"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.stdout.count("== grpo (seed 0) ==") == 1  # rank 1 trains silently
-    client = mlflow.MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("ddp").experiment_id])
+def test_run_on_two_processes_logs_one_mlflow_run_per_algorithm_and_fills_the_global_batch(three_algos):
+    root, proc, out = three_algos
+    assert proc.returncode == 0, out[-3000:]
+    assert out.count("== grpo (seed 0) ==") == 1  # rank 1 trains silently
+    client = mlflow.MlflowClient(f"sqlite:///{root}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("ranks").experiment_id])
     # one run per algorithm, not per rank
     assert sorted(r.data.tags["algo"] for r in runs) == ["dapo", "grpo", "gspo"]
     for run in runs:
@@ -249,9 +255,9 @@ def test_run_on_two_processes_logs_one_mlflow_run_per_algorithm_and_fills_the_gl
     assert [m.value for m in client.get_metric_history(dapo.info.run_id, "dynamic/kept_groups")] == [4.0, 4.0]
 
 
-def _two_process_cli(tmp_path, *extra, script=("-m", "gspo_bench"), env=None):
-    """``run --devices 2`` on a tiny config (no warm start, 2 steps), progress bars on, stdout to a file as a
-    batch job's: the completed process and its output."""
+def _two_process_cli(tmp_path, *extra, script=("-m", "gspo_bench"), env=None, algos="grpo,gspo"):
+    """``run --devices 2`` of ``algos`` on a tiny config (no warm start, 2 steps), progress bars on, stdout to a
+    file as a batch job's: the completed process and its output."""
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text("warmstart: {enabled: false}\nrollout: {prompts_per_step: 4, group_size: 4}\n"
                    "train: {steps: 2, minibatches: 2, eval_every: 1, eval_prompts: 8, eval_samples: 2}\n")
@@ -259,21 +265,23 @@ def _two_process_cli(tmp_path, *extra, script=("-m", "gspo_bench"), env=None):
     env.pop("MLFLOW_TRACKING_URI", None)
     with open(tmp_path / "out.log", "w") as out:
         proc = subprocess.run([sys.executable, *script, "run", "--preset", "smoke", "--config", str(cfg), "--algos",
-                               "grpo,gspo", "--devices", "2", "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
+                               algos, "--devices", "2", "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
                                "--experiment", "ranks", *extra], cwd=tmp_path, env=env, stdout=out,
                               stderr=subprocess.STDOUT, timeout=600)
     return proc, (tmp_path / "out.log").read_text()
 
 
 @pytest.mark.slow
-def test_two_processes_with_the_progress_bar_on_and_stdout_to_a_file_finish(tmp_path):
+def test_two_processes_with_the_progress_bar_on_and_stdout_to_a_file_finish(three_algos):
     # the bar was on rank 0 only while Lightning was told it was on everywhere: rank 1 raised, and Lightning's
     # watcher SIGKILLed both processes (exit 137, nothing printed, the run left RUNNING)
-    proc, out = _two_process_cli(tmp_path)
+    root, proc, out = three_algos
     assert proc.returncode == 0, out[-3000:]
-    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    assert "--no-progress" not in proc.args and out.count("Epoch 0/0  ━") == 3  # one bar per algorithm, in the file
+    client = mlflow.MlflowClient(f"sqlite:///{root}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("ranks").experiment_id])
-    assert sorted((r.data.tags["algo"], r.info.status) for r in runs) == [("grpo", "FINISHED"), ("gspo", "FINISHED")]
+    assert sorted((r.data.tags["algo"], r.info.status) for r in runs) == [
+        ("dapo", "FINISHED"), ("grpo", "FINISHED"), ("gspo", "FINISHED")]
 
 
 @pytest.mark.slow
