@@ -403,7 +403,7 @@ def test_set_task_field_is_the_task_options_section():
 
 def test_task_options_left_at_null_stay_out_of_the_settings_digest():
     from gspo_bench.config import load_config, to_dict
-    from gspo_bench.tracking.lifecycle import hashed_settings
+    from gspo_bench.tracking.digest import hashed_settings
 
     flat = hashed_settings(to_dict(load_config("smoke")))
     assert not any(k.startswith("task_options.") for k in flat)  # digests of older runs still match

@@ -156,28 +156,6 @@ def test_orphan_rules(monkeypatch):
     assert lifecycle.orphan_reason(Run("FINISHED", **far.data.tags), now=now * 2) is None
 
 
-def test_config_digest_ignores_only_where_and_how_often():
-    base = {"train": {"lr": 1e-3, "progress": True, "checkpoint_every": 10}, "tracking": {"experiment": "a"},
-            "resolved": {"warmstart": {"path": "/a", "pass1": 0.4}}}
-    same = {"train": {"lr": 1e-3, "progress": False, "checkpoint_every": 0}, "tracking": {"experiment": "b"},
-            "resolved": {"warmstart": {"path": "/b", "pass1": 0.4}}}
-    other = {**same, "train": {**same["train"], "lr": 2e-3}}
-    assert lifecycle.config_digest(base) == lifecycle.config_digest(same) != lifecycle.config_digest(other)
-
-
-def test_config_digest_ignores_how_a_step_is_laid_out_in_memory():
-    """Micro-batches, the LM head's chunks, checkpointed layers and the MoE kernel compute the same step: a run
-    that ran out of memory resumes with them as the same run, and such runs are one config group."""
-    base = {"train": {"lr": 1e-3, "micro_batch_tokens": None, "logit_chunk_tokens": 4096,
-                      "activation_checkpointing": False}, "rollout": {"moe_kernel": "auto", "temperature": 1.0},
-            "resolved": {"rollout": {"moe_kernel": "auto", "temperature": 1.0}}}
-    lean = {"train": {"lr": 1e-3, "micro_batch_tokens": 512, "logit_chunk_tokens": 0,
-                      "activation_checkpointing": True}, "rollout": {"moe_kernel": "batched", "temperature": 1.0},
-            "resolved": {"rollout": {"moe_kernel": "batched", "temperature": 1.0}}}
-    hotter = {**lean, "rollout": {"moe_kernel": "batched", "temperature": 1.2}}
-    assert lifecycle.config_digest(base) == lifecycle.config_digest(lean) != lifecycle.config_digest(hotter)
-
-
 def test_atomic_save_keeps_the_old_checkpoint_when_a_write_fails(tmp_path):
     path = tmp_path / "ckpt" / "last.pt"
     checkpoint.atomic_save({"rl_step": 1, "w": torch.ones(3)}, path)

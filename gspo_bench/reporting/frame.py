@@ -18,6 +18,7 @@ alone.
 from __future__ import annotations
 
 import fnmatch
+import gzip
 import logging
 import math
 import re
@@ -25,6 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from gspo_bench.config import ConfigError
@@ -168,8 +170,36 @@ def write_frame(frame: pd.DataFrame, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     frame = frame.assign(value=frame["value"].replace({math.inf: sys.float_info.max, -math.inf: -sys.float_info.max}))
-    frame.to_csv(path, index=False, compression="gzip")
+    with gzip.open(path, "wt", encoding="utf-8", newline="") as f:
+        f.write(csv_text(frame))
     return path
+
+
+def csv_text(frame: pd.DataFrame) -> str:
+    """``frame.to_csv(index=False)``, the same text, many times sooner on a long table: every row repeats its
+    run's hundreds of tag and param columns, so the columns other than ``TAIL_COLUMNS`` are rendered once for each
+    distinct value of them (a run's), the tail's for every row, and each line joins the pieces in column order."""
+    if frame.empty or not set(TAIL_COLUMNS) <= set(frame.columns) or len(frame.columns) == len(TAIL_COLUMNS):
+        return frame.to_csv(index=False)
+    rest = [c for c in frame.columns if c not in TAIL_COLUMNS]
+    # each row's values of the other columns, as a 64-bit hash: the rows of one run share it
+    keys = pd.util.hash_pandas_object(frame[rest], index=False).to_numpy()
+    _, first, which = np.unique(keys, return_index=True, return_inverse=True)
+    pieces, column = [], 0
+    while column < len(frame.columns):  # runs of adjacent columns, each all tail or all other
+        tailing = frame.columns[column] in TAIL_COLUMNS
+        end = column
+        while end < len(frame.columns) and (frame.columns[end] in TAIL_COLUMNS) == tailing:
+            end += 1
+        part = frame.iloc[:, column:end] if tailing else frame.iloc[first, column:end]
+        lines = part.to_csv(index=False, header=False, lineterminator="\n").split("\n")[:-1]
+        if end - column == 1:  # one column alone writes an empty cell as "" (a blank line would be no row)
+            lines = ["" if line == '""' else line for line in lines]
+        if len(lines) != len(part):  # a cell with a line break: pandas's own way
+            return frame.to_csv(index=False)
+        pieces.append(lines if tailing else [lines[i] for i in which.tolist()])
+        column = end
+    return frame.head(0).to_csv(index=False) + "".join(",".join(cells) + "\n" for cells in zip(*pieces))
 
 
 def read_frame(path: str | Path) -> pd.DataFrame:
@@ -370,7 +400,7 @@ def runs_of(frame: pd.DataFrame) -> list:
 
 def settings_key(run: RunData) -> str:
     """What makes two runs the same settings: the digest every run is tagged with (``gspo_bench.config``), or,
-    for a run without one, its params less those that change nothing computed (``lifecycle.NOT_HASHED``) and
+    for a run without one, its params less those that change nothing computed (``digest.NOT_HASHED``) and
     its tags less those each run has of its own (``RUN_OWN_TAGS``)."""
     digest = run.tags.get("gspo_bench.config")
     return digest or _params_and_tags(run)
@@ -378,7 +408,7 @@ def settings_key(run: RunData) -> str:
 
 def _params_and_tags(run: RunData, skip: tuple[str, ...] = ()) -> str:
     """A run's params less ``NOT_HASHED`` and ``skip``, and its tags less those each run has of its own."""
-    from gspo_bench.tracking.lifecycle import NOT_HASHED
+    from gspo_bench.tracking.digest import NOT_HASHED
 
     return repr((sorted((k, v) for k, v in run.params.items() if not k.startswith(NOT_HASHED) and k not in skip),
                  sorted((k, v) for k, v in run.tags.items() if not k.startswith(RUN_OWN_TAGS))))

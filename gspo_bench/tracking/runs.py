@@ -30,8 +30,9 @@ from gspo_bench.config import RunConfig, flatten
 from gspo_bench.core.collectives import launch_rank_zero
 from gspo_bench.tracking import stores
 from gspo_bench.tracking.client import end_run as ending
-from gspo_bench.tracking.lifecycle import (ResumedLogger, RunLogger, config_digest, find_finished, find_resumable,
-                                           mark_orphans, owner_tags)
+from gspo_bench.tracking.digest import config_digest
+from gspo_bench.tracking.lifecycle import (ResumedLogger, RunLogger, find_finished, find_resumable, mark_orphans,
+                                           owner_tags)
 from gspo_bench.tracking.provenance import git_commit, machine
 from gspo_bench.tracking.redact import redact, redact_nested
 from gspo_bench.tracking.ui import NOTE_TAG, mark_experiment, run_description

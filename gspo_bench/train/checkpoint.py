@@ -24,7 +24,7 @@ whole checkpoints only.
 
 Loading verifies before it trusts: the file must unpickle (``weights_only=True``: plain containers,
 tensors and numbers, no arbitrary code), hold every key ``capture`` writes, carry this format's
-``VERSION`` and the run's settings digest (``lifecycle.config_digest``; the settings themselves are stored
+``VERSION`` and the run's settings digest (``digest.config_digest``; the settings themselves are stored
 too, so a mismatch is named key by key). ``load`` returns the newest checkpoint that passes, with a reason
 for each newer one that did not.
 """
@@ -74,7 +74,7 @@ def restore_records(module, state: dict) -> None:
 
 def capture(module, elapsed_s: float, config_hash: str, settings: dict | None = None) -> dict:
     """The state of a run at the end of its RL step ``module.rl_step`` (see the module docstring);
-    ``settings``: the hashed settings behind ``config_hash`` (``lifecycle.hashed_settings``)."""
+    ``settings``: the hashed settings behind ``config_hash`` (``digest.hashed_settings``)."""
     trainer, dm = module.trainer, module.trainer.datamodule
     return {
         "version": VERSION, "config_hash": config_hash, "settings": dict(settings or {}),

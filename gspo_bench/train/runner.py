@@ -35,7 +35,7 @@ from gspo_bench.core.collectives import launch_rank_zero
 from gspo_bench.core.losses import LOSSES, Controls
 from gspo_bench.core.loss_params import check_relations
 from gspo_bench.config import ConfigError, Resolved, RunConfig, to_dict
-from gspo_bench.tracking.lifecycle import config_digest, hashed_settings
+from gspo_bench.tracking.digest import config_digest, hashed_settings
 from gspo_bench.tracking.runs import quiet
 from gspo_bench.models import classify_model_ref, tokenizer_and_context
 from gspo_bench.tracking.redact import redact_nested
