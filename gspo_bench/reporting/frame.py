@@ -372,17 +372,24 @@ def runs_of(frame: pd.DataFrame) -> list:
         return out
     tag_cols = [c for c in frame.columns if c.startswith("tags.")]
     param_cols = [c for c in frame.columns if c.startswith("params.")]
-    for run_id, rows in frame.groupby("run_id", sort=False):
-        first = rows.iloc[0]
+    # each run's rows, runs in the order they first appear; its first row as a dict, its metric rows as lists
+    frame = frame[frame["run_id"].notna()]
+    codes, run_ids = pd.factorize(frame["run_id"])
+    order = np.argsort(codes, kind="stable")
+    bounds = np.cumsum(np.bincount(codes, minlength=len(run_ids)))[:-1]
+    positions = np.split(order, bounds)
+    firsts = frame.iloc[[int(p[0]) for p in positions]].to_dict("records")
+    keys, steps, values = (frame[c].tolist() for c in ("metric", "step", "value"))
 
-        def present(col) -> bool:
-            v = first[col]
-            return isinstance(v, str) or (v is not None and not (isinstance(v, float) and math.isnan(v)))
+    def present(v) -> bool:
+        return isinstance(v, str) or (v is not None and not (isinstance(v, float) and math.isnan(v)))
 
-        tags = {c[5:]: str(first[c]) for c in tag_cols if present(c)}
-        params = {c[7:]: str(first[c]) for c in param_cols if present(c)}
+    for run_id, first, rows in zip(run_ids, firsts, positions):
+        tags = {c[5:]: str(first[c]) for c in tag_cols if present(first[c])}
+        params = {c[7:]: str(first[c]) for c in param_cols if present(first[c])}
         metrics, history = {}, {}
-        for key, step, value in zip(rows["metric"], rows["step"], rows["value"]):
+        for i in rows.tolist():
+            key, step, value = keys[i], steps[i], values[i]
             if not isinstance(key, str) or not key:
                 continue
             step, value = int(float(step)), float(value)
@@ -390,7 +397,7 @@ def runs_of(frame: pd.DataFrame) -> list:
                 metrics[key] = value
             else:
                 history.setdefault(key, []).append((step, value))
-        started = _number(first["start_time"]) if "start_time" in rows.columns else None
+        started = _number(first["start_time"]) if "start_time" in first else None
         started = started if started is not None and math.isfinite(started) else None
         out.append(RunData(str(run_id), str(first["status"]), tags, params, metrics,
                            {k: sorted(v) for k, v in history.items()}, str(first["artifact_uri"] or ""),
