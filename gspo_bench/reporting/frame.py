@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fnmatch
 import gzip
+import itertools
 import logging
 import math
 import re
@@ -185,20 +186,17 @@ def csv_text(frame: pd.DataFrame) -> str:
     # each row's values of the other columns, as a 64-bit hash: the rows of one run share it
     keys = pd.util.hash_pandas_object(frame[rest], index=False).to_numpy()
     _, first, which = np.unique(keys, return_index=True, return_inverse=True)
-    pieces, column = [], 0
-    while column < len(frame.columns):  # runs of adjacent columns, each all tail or all other
-        tailing = frame.columns[column] in TAIL_COLUMNS
-        end = column
-        while end < len(frame.columns) and (frame.columns[end] in TAIL_COLUMNS) == tailing:
-            end += 1
-        part = frame.iloc[:, column:end] if tailing else frame.iloc[first, column:end]
+    pieces = []
+    # runs of adjacent columns, each all tail or all other
+    for tailing, run in itertools.groupby(range(len(frame.columns)), key=lambda i: frame.columns[i] in TAIL_COLUMNS):
+        columns = list(run)
+        part = frame.iloc[:, columns] if tailing else frame.iloc[first, columns]
         lines = part.to_csv(index=False, header=False, lineterminator="\n").split("\n")[:-1]
-        if end - column == 1:  # one column alone writes an empty cell as "" (a blank line would be no row)
+        if len(columns) == 1:  # one column alone writes an empty cell as "" (a blank line would be no row)
             lines = ["" if line == '""' else line for line in lines]
         if len(lines) != len(part):  # a cell with a line break: pandas's own way
             return frame.to_csv(index=False)
         pieces.append(lines if tailing else [lines[i] for i in which.tolist()])
-        column = end
     return frame.head(0).to_csv(index=False) + "".join(",".join(cells) + "\n" for cells in zip(*pieces))
 
 
