@@ -76,7 +76,7 @@ def test_optimiser_states_are_allocated_and_no_weight_moves():
 
 def test_a_profiled_measurement_writes_the_step_s_phases_then_its_operators(tmp_path):
     """``--profile``: a second step under torch.profiler, in micro-batches here: one forward, loss and backward
-    per micro-batch, one metrics pass for the minibatch, one prepare and one optimiser step."""
+    per micro-batch, one merge of their metrics for the minibatch, one prepare and one optimiser step."""
     from gspo_bench.config import parse_sets
 
     path = tmp_path / "micro-2p.txt"

@@ -14,6 +14,7 @@ import torch
 
 from gspo_bench.core.loss_params import DUAL_CLIP_C, LossParam, clip_band
 from gspo_bench.core.losses import BASE_DEFAULTS, LOSSES, agg_loss, kl_penalty, policy_loss, register_loss
+from gspo_bench.core.metrics import merged, values
 
 e = math.exp
 
@@ -363,6 +364,36 @@ def test_all_masked_batch_gives_connected_zero(name):
     loss.backward()
     assert (logp.grad == 0).all()
     assert all(v.item() == 0.0 for v in stats.values())
+
+
+@pytest.mark.parametrize("name", [n for n, spec in LOSSES.items() if not spec.minibatch_wide])
+def test_the_parts_statistics_merge_into_the_whole_minibatchs(name):
+    """A minibatch's stats from its parts (micro-batches: each part's loss over the whole minibatch's counts),
+    merged from the parts' sufficient statistics, are its stats from one call over all its rows."""
+    g = torch.Generator().manual_seed(3)
+    B, T = 6, 4
+    logp = -torch.rand(B, T, generator=g, dtype=torch.float64) * 2
+    old = logp + 0.4 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    mask = torch.rand(B, T, generator=g) < 0.8
+    mask[4] = False  # an empty response
+    kw = dict(advantages=torch.randn(B, generator=g, dtype=torch.float64), rollout_logp=old - 0.1,
+              correction="tis", opsm_threshold=0.05, kl_coef=0.1, entropy_coef=0.01,
+              ref_logp=logp - 0.2, **need(name))
+    ent = torch.rand(B, T, generator=g, dtype=torch.float64)
+    _, whole = policy_loss(name, logp=logp, old_logp=old, mask=mask, entropy=ent, **kw)
+    len_B = mask.sum(-1)
+    units = float(len_B.sum()) if LOSSES[name].aggregation == "token-mean" else float((len_B > 0).sum())
+    parts = []
+    for rows in (torch.tensor([0, 1]), torch.tensor([2, 3, 4]), torch.tensor([5])):
+        part_kw = {k: v[rows] if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+        _, st = policy_loss(name, logp=logp[rows], old_logp=old[rows], mask=mask[rows], entropy=ent[rows],
+                            units=units, token_units=float(len_B.sum()), partials=True, **part_kw)
+        parts.append(st)
+    got = values(merged(parts))
+    assert got.keys() == whole.keys() and {"mismatch/opsm_frac", "mismatch/is_weight_mean", "loss/entropy_bonus",
+                                           "ratio/seq_log_std", "clip/frac"} <= set(got)
+    for k in whole:
+        close(got[k].item(), whole[k].item(), 1e-12)
 
 
 def test_bf16_inputs_computed_in_float32():

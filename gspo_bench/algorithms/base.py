@@ -58,7 +58,7 @@ from gspo_bench.algorithms.evaluation import HeldOutEval
 from gspo_bench.config import Recipe, Resolved, RunConfig
 from gspo_bench.core.entropy_control import EntropyControl
 from gspo_bench.core.losses import LOSSES, Controls, loss_keywords, policy_loss
-from gspo_bench.core.metrics import StepStats
+from gspo_bench.core.metrics import Mean, StepStats, merged, values
 from gspo_bench.core.names import rejection_bounds
 from gspo_bench.core.ratios import loglinear_prox_logp, masked_mean, rejection_mask
 from gspo_bench.rollout.producer import RolloutBatch
@@ -492,7 +492,7 @@ class PolicyModule(HeldOutEval, L.LightningModule):
         if shares is not None:
             # bnpo divides by this process's own tokens of the minibatch, never by the count over every process
             shares = {**shares, "local_token": minibatch_units(mask)["token"]}
-        outs, total, finite = [], 0.0, True
+        outs, partials, total, finite = [], [], 0.0, True
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
             # a part after the first adds its weight gradients into the ones the parts before left, inside the
@@ -515,21 +515,19 @@ class PolicyModule(HeldOutEval, L.LightningModule):
                 with self.trainer.strategy.block_backward_sync() if quiet else contextlib.nullcontext(), \
                         record_function("step/backward"):
                     self.manual_backward(loss)
-            outs.append({k: v.detach() for k, v in out.items()})
+            outs.append({k: out[k].detach() for k in ("logp", "entropy")})
+            partials.append(st)
             # L = sum over parts of L_part, each part's sum over its units / the minibatch's count
             total = total + loss.detach()
         if not finite:
             self.zero_grad(set_to_none=True)
-        whole = outs[0]
-        if len(parts) > 1:
-            # the metrics of the whole minibatch (means, spreads, extremes over all its rows), from the parts'
-            # detached outputs: the same values as one pass over it, at the cost of one loss without a forward
-            with torch.no_grad(), record_function("step/metrics"):
-                whole = {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
-                _, st = self.minibatch_loss(batch, prep, rows, whole, None if units is None else shares)
-        stats.add({**st, "train/loss": total})
+        # the metrics of the whole minibatch (means, spreads, extremes over all its rows) from its parts' own
+        # statistics, merged (core/metrics.py): no loss is evaluated again
+        with torch.no_grad(), record_function("step/metrics"):
+            stats.add({**values(merged(partials)), "train/loss": total})
+            entropy = torch.cat([o["entropy"] for o in outs]) if len(outs) > 1 else outs[0]["entropy"]
         # the adaptive entropy control, from this step's entropy (its new c applies from the next step on)
-        self.entropy.adapt(whole["entropy"], mask, ddp.all_sum if self.world > 1 else None)
+        self.entropy.adapt(entropy, mask, ddp.all_sum if self.world > 1 else None)
         self.trace.minibatches.append((rows, torch.cat([o["logp"] for o in outs])))
         return finite
 
@@ -544,7 +542,8 @@ class PolicyModule(HeldOutEval, L.LightningModule):
 
     def minibatch_loss(self, batch: RolloutBatch, prep: dict, rows: torch.Tensor, out: dict[str, torch.Tensor],
                        units: dict[str, float] | None = None) -> tuple[torch.Tensor, dict]:
-        """The policy loss on ``rows`` from their forward ``out`` (``minibatch_forward``), and its metrics.
+        """The policy loss on ``rows`` from their forward ``out`` (``minibatch_forward``), and its metrics as the
+        rows' sufficient statistics (``core/metrics.py``), which ``minibatch_backward`` merges over the parts.
         ``units``: the divisors of the minibatch's means over tokens or sequences when ``rows`` are a part of it
         (a rank's share on W > 1 processes, a micro-batch): its counts over all its rows / W (``minibatches``,
         ``minibatch_units``), and ``local_token``, this process's own token count of it (bnpo's divisor); None when
@@ -574,10 +573,10 @@ class PolicyModule(HeldOutEval, L.LightningModule):
                                units=None if units is None else units[kind],
                                **({} if units is None or coef == 0 else {"token_units": units["token"]}),
                                **loss_keywords(spec, self.settings.loss.hparams(), self.settings.rollout.max_new_tokens),
-                               **extra)
+                               partials=True, **extra)
         # H = mean over the model's response tokens of the sampling distribution's entropy
         resp = batch.loss_mask[rows]
-        st["policy/entropy"] = (ent.detach() * resp).sum() / resp.sum().clamp(min=1)
+        st["policy/entropy"] = Mean((ent.detach() * resp).sum(), resp.sum())
         return loss, st
 
     def clip_and_step(self, stats: StepStats, loss_finite: bool) -> None:

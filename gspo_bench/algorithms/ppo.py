@@ -20,7 +20,7 @@ from gspo_bench.core import collectives as ddp
 from gspo_bench.algorithms.base import PolicyModule, adamw, register_algorithm
 from gspo_bench.config import Recipe
 from gspo_bench.core.losses import kl_penalty
-from gspo_bench.core.metrics import StepStats
+from gspo_bench.core.metrics import StepStats, Total
 from gspo_bench.rollout.producer import RolloutBatch
 from gspo_bench.rollout import fastlm
 from gspo_bench.rollout.engine import checkpointed_layers, position_ids, uses_packed
@@ -127,5 +127,5 @@ class PPO(PolicyModule):
         tokens = None if units is None else units["token"]
         value_loss = self.cfg.loss.vf_coef * 0.5 * (err * mask).sum() / (
             mask.sum().clamp(min=1) if tokens is None else (tokens if tokens > 0 else 1.0))
-        st["critic/value_loss"] = value_loss.detach()
+        st["critic/value_loss"] = Total(value_loss.detach())  # with units, the part's share: the shares add
         return policy + value_loss, st

@@ -5,7 +5,7 @@
 corrections), ``advantages.py`` (the advantage estimators' registry, group
 z-scores, GAE, shaping),
 ``entropy_control.py`` (the entropy bonus's coefficient, fixed or adaptive),
-``metrics.py`` (per-step reduction of minibatch statistics), ``lm_head.py`` (log-probs and
+``metrics.py`` (a minibatch's statistics merged from its parts', and their per-step reduction), ``lm_head.py`` (log-probs and
 entropy through the LM head in token chunks), ``collectives.py`` (sums, gathers
 and shares across the processes of a multi-process run), ``rng.py`` (every
 random generator's state), ``names.py`` (the name lists the config checks,

@@ -73,9 +73,10 @@ from gspo_bench.core.loss_params import (CLIP_COV_LB, CLIP_COV_RATIO, CLIP_COV_U
                                          EPS_LOW, ENTROPY_COEF, K_NEG, K_POS, KL_COV_COEF, KL_COV_RATIO, LAM_NEG,
                                          LAM_POS, PARAMS, TAU_NEG, TAU_POS, TOP_ENTROPY_QUANTILE, TRUNC_C, LossParam,
                                          clip_band)
+from gspo_bench.core.metrics import Total, Whole, mean_of, values
 from gspo_bench.core.names import KL_ESTIMATORS
 from gspo_bench.core.ratios import (apply_correction, check_correction, compute_dtype, correction_stats, is_weights,
-                                   m2po_mask, masked_delta, masked_mean, off_policy_sequences, ratio_stats,
+                                   m2po_mask, masked_delta, masked_mean, off_policy_sequences, ratio_partials,
                                    seq_logratio)
 
 Tensor = torch.Tensor
@@ -888,8 +889,12 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
                 opsm_threshold: float | None = None, m2_threshold: float | None = None, units: float | None = None,
                 entropy: Tensor | None = None, aggregation: str | None = None,
                 generator: torch.Generator | None = None, token_units: float | None = None,
-                **hparams) -> tuple[Tensor, dict[str, Tensor]]:
+                partials: bool = False, **hparams) -> tuple[Tensor, dict[str, Tensor]]:
     """Loss of algorithm ``name`` (a key of ``LOSSES``) and its detached 0-dim stats.
+
+    ``partials``: the stats as the rows' sufficient statistics instead (``core/metrics.py``: ``Mean``,
+    ``Total``...), which merge over the parts of a minibatch (micro-batches, given ``units``) into the whole
+    minibatch's; ``metrics.values`` of them are the stats.
 
     ``hparams``: the keywords the loss takes (its ``params``, declared in
     ``loss_params.py``, e.g. ``eps_low``, ``eps_high``, ``dual_clip_c``;
@@ -1003,20 +1008,20 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
             drop = off_B[:, None] & (_adv_BT(adv, mask_BT) < 0) & (mask_BT > 0)
             dropped_B = drop.any(-1)
         unit_loss = torch.where(drop, 0.0, unit_loss)
-        extra_stats["mismatch/opsm_frac"] = masked_mean(dropped_B.to(dtype), (mask_BT.sum(-1) > 0).to(dtype))
+        extra_stats["mismatch/opsm_frac"] = mean_of(dropped_B.to(dtype), (mask_BT.sum(-1) > 0).to(dtype))
     if m2_threshold is not None:
         keep_BT, m2 = m2po_mask(rollout_logp.detach().to(dtype), old_logp_BT, mask_BT, float(m2_threshold))
         valid_BT = mask_BT > 0
         # M2PO: the masked tokens' terms are zeroed (they stay in the denominator)
         unit_loss = torch.where(keep_BT | ~valid_BT, unit_loss, 0.0)
-        extra_stats["mismatch/m2"] = m2.to(dtype)
-        extra_stats["mismatch/m2_masked_frac"] = masked_mean((valid_BT & ~keep_BT).to(dtype), mask_BT)
+        extra_stats["mismatch/m2"] = Whole(m2.to(dtype))  # over the whole minibatch (no parts: checked above)
+        extra_stats["mismatch/m2_masked_frac"] = mean_of((valid_BT & ~keep_BT).to(dtype), mask_BT)
     kept_BT = None
     if q < 1.0:
         kept_BT = top_entropy_mask(entropy, mask_BT, q)
         # only the top-entropy tokens keep their term (the others stay in the denominators)
         unit_loss = torch.where(kept_BT, unit_loss, 0.0)
-        extra_stats["loss/entropy_mask_frac"] = masked_mean(kept_BT.to(dtype), mask_BT)
+        extra_stats["loss/entropy_mask_frac"] = mean_of(kept_BT.to(dtype), mask_BT)
     t_max = hp["max_new_tokens"]
     mode = spec.aggregation if aggregation is None else aggregation
     pg_loss = agg_loss(unit_loss, mask_BT, mode, units, t_max)
@@ -1039,11 +1044,12 @@ def policy_loss(name: str, *, logp: Tensor, old_logp: Tensor, advantages: Tensor
         h_bar = agg_loss(ent_BT, m_BT, "token-mean", token_units)
         # L = L_policy - c * Hbar
         loss = loss - ent_coef * h_bar
-        extra_stats["loss/entropy_bonus"] = (ent_coef * h_bar).detach()
+        extra_stats["loss/entropy_bonus"] = Total((ent_coef * h_bar).detach())  # a part's share, as h_bar is
 
     with torch.no_grad():
-        stats = ratio_stats(logp_BT.detach(), old_logp_BT, mask_BT, high_BT, low_BT)
-    stats["loss/policy"] = pg_loss.detach()
-    stats["loss/kl"] = kl_part.detach()
+        stats = ratio_partials(logp_BT.detach(), old_logp_BT, mask_BT, high_BT, low_BT)
+    # with units, the part's shares of the minibatch's terms: the parts' shares add up to them
+    stats["loss/policy"] = Total(pg_loss.detach())
+    stats["loss/kl"] = Total(kl_part.detach())
     stats.update(extra_stats)
-    return loss, stats
+    return loss, stats if partials else values(stats)

@@ -8,7 +8,7 @@ weights of the mismatch corrections (``tis`` / ``mis``, docs/algorithms.md's
 "Mismatch corrections") are here too: ``is_weights`` computes the detached
 weight at a loss's ratio unit, ``apply_correction`` applies it to the per-unit
 loss, ``correction_stats`` gives ``mismatch/is_weight_mean`` and
-``mismatch/corrected_frac``. Rejection by KL (``rejection_mask``, docs/algorithms.md's "Controls") removes
+``mismatch/corrected_frac`` (as sufficient statistics, like ``ratio_partials``: ``core/metrics.py``). Rejection by KL (``rejection_mask``, docs/algorithms.md's "Controls") removes
 tokens or whole responses whose ``log rho`` statistic is out of bounds.
 """
 
@@ -19,6 +19,7 @@ import numbers
 
 import torch
 
+from gspo_bench.core.metrics import Partial, Plus, extreme_of, mean_of, spread_of, value, values
 from gspo_bench.core.names import CORRECTION_LEVELS, CORRECTIONS
 
 Tensor = torch.Tensor
@@ -43,15 +44,12 @@ def seq_logratio(delta_BT: Tensor, mask_BT: Tensor) -> Tensor:
 
 def masked_mean(x: Tensor, w: Tensor) -> Tensor:
     # mean of x weighted by w over w > 0; 0 (not NaN) when nothing is selected
-    n = w.sum()
-    return torch.where(w > 0, x * w, 0.0).sum() / torch.where(n > 0, n, 1.0)
+    return value(mean_of(x, w))
 
 
 def masked_extreme(x: Tensor, keep: Tensor, largest: bool) -> Tensor:
-    fill = -math.inf if largest else math.inf
-    filled = torch.where(keep, x, fill)
-    ext = filled.amax() if largest else filled.amin()
-    return torch.where(keep.any(), ext, 0.0)
+    # max (min) of x over keep; 0 when nothing is kept
+    return value(extreme_of(x, keep, largest))
 
 
 def ratio_stats(logp_BT: Tensor, old_logp_BT: Tensor, mask_BT: Tensor, high_BT: Tensor, low_BT: Tensor
@@ -60,6 +58,13 @@ def ratio_stats(logp_BT: Tensor, old_logp_BT: Tensor, mask_BT: Tensor, high_BT: 
 
     ``high_BT`` / ``low_BT``: where the loss's clip binds on each side (token-expanded for sequence units).
     """
+    return values(ratio_partials(logp_BT, old_logp_BT, mask_BT, high_BT, low_BT))
+
+
+def ratio_partials(logp_BT: Tensor, old_logp_BT: Tensor, mask_BT: Tensor, high_BT: Tensor, low_BT: Tensor
+                   ) -> dict[str, Partial]:
+    """``ratio_stats`` as the rows' sufficient statistics (``core/metrics.py``), which merge over the parts of a
+    minibatch into the whole minibatch's."""
     valid_BT = mask_BT > 0
     delta_BT = masked_delta(logp_BT, old_logp_BT, mask_BT)
     ratio_BT = torch.exp(delta_BT)
@@ -67,36 +72,32 @@ def ratio_stats(logp_BT: Tensor, old_logp_BT: Tensor, mask_BT: Tensor, high_BT: 
     nonempty_B = len_B > 0
     seq_w_B = nonempty_B.to(mask_BT.dtype)
 
-    frac_high = masked_mean(high_BT.to(mask_BT.dtype), mask_BT)
-    frac_low = masked_mean(low_BT.to(mask_BT.dtype), mask_BT)
+    frac_high = mean_of(high_BT.to(mask_BT.dtype), mask_BT)
+    frac_low = mean_of(low_BT.to(mask_BT.dtype), mask_BT)
     # a sequence counts as clipped when any of its tokens is
     seq_clipped_B = ((high_BT | low_BT) & valid_BT).any(-1)
-
-    # population std of delta over response tokens
-    delta_mean = masked_mean(delta_BT, mask_BT)
-    token_log_std = masked_mean((delta_BT - delta_mean).square(), mask_BT).sqrt()
-    # per-sequence log-ratio log s_i and its population std over non-empty sequences
+    # per-sequence log-ratio log s_i (its spread is over non-empty sequences)
     seq_log_B = seq_logratio(delta_BT, mask_BT)
-    seq_log_mean = masked_mean(seq_log_B, seq_w_B)
-    seq_log_std = masked_mean((seq_log_B - seq_log_mean).square(), seq_w_B).sqrt()
     s_B = torch.exp(seq_log_B)
     # kl/old = r - 1 - log r = expm1(delta) - delta: k3 of KL(old || new), the tokens being the old policy's
     kl_old_BT = torch.expm1(delta_BT) - delta_BT
 
     return {
-        "clip/frac": frac_high + frac_low,
+        "clip/frac": Plus((frac_high, frac_low)),
         "clip/frac_high": frac_high,
         "clip/frac_low": frac_low,
-        "clip/seq_frac": masked_mean(seq_clipped_B.to(mask_BT.dtype), seq_w_B),
-        "ratio/mean": masked_mean(ratio_BT, mask_BT),
-        "ratio/min": masked_extreme(ratio_BT, valid_BT, largest=False),
-        "ratio/max": masked_extreme(ratio_BT, valid_BT, largest=True),
-        "ratio/token_log_std": token_log_std,
-        "ratio/seq_log_std": seq_log_std,
-        "ratio/seq_mean": masked_mean(s_B, seq_w_B),
-        "ratio/seq_min": masked_extreme(s_B, nonempty_B, largest=False),
-        "ratio/seq_max": masked_extreme(s_B, nonempty_B, largest=True),
-        "kl/old": masked_mean(kl_old_BT, mask_BT),
+        "clip/seq_frac": mean_of(seq_clipped_B.to(mask_BT.dtype), seq_w_B),
+        "ratio/mean": mean_of(ratio_BT, mask_BT),
+        "ratio/min": extreme_of(ratio_BT, valid_BT, largest=False),
+        "ratio/max": extreme_of(ratio_BT, valid_BT, largest=True),
+        # population std of delta over the response tokens
+        "ratio/token_log_std": spread_of(delta_BT, mask_BT),
+        # population std of log s_i over the non-empty sequences
+        "ratio/seq_log_std": spread_of(seq_log_B, seq_w_B),
+        "ratio/seq_mean": mean_of(s_B, seq_w_B),
+        "ratio/seq_min": extreme_of(s_B, nonempty_B, largest=False),
+        "ratio/seq_max": extreme_of(s_B, nonempty_B, largest=True),
+        "kl/old": mean_of(kl_old_BT, mask_BT),
     }
 
 
@@ -284,11 +285,12 @@ def apply_correction(unit_loss: Tensor, w: Tensor, mode: str, cap: float, floor:
     return torch.where(kept, factor * unit_loss, 0.0), corrected
 
 
-def correction_stats(w: Tensor, corrected: Tensor, unit_w: Tensor) -> dict[str, Tensor]:
-    """``mismatch/is_weight_mean`` (raw, untruncated ``w``) and ``mismatch/corrected_frac``, ``unit_w``-weighted."""
+def correction_stats(w: Tensor, corrected: Tensor, unit_w: Tensor) -> dict[str, Partial]:
+    """``mismatch/is_weight_mean`` (raw, untruncated ``w``) and ``mismatch/corrected_frac``, ``unit_w``-weighted,
+    as sufficient statistics (``core/metrics.py``)."""
     return {
-        "mismatch/is_weight_mean": masked_mean(w.detach(), unit_w),
-        "mismatch/corrected_frac": masked_mean(corrected.to(unit_w.dtype), unit_w),
+        "mismatch/is_weight_mean": mean_of(w.detach(), unit_w),
+        "mismatch/corrected_frac": mean_of(corrected.to(unit_w.dtype), unit_w),
     }
 
 
