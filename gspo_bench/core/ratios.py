@@ -19,7 +19,7 @@ import numbers
 
 import torch
 
-from gspo_bench.core.metrics import Partial, Plus, extreme_of, mean_of, spread_of, value, values
+from gspo_bench.core.metrics import Partial, Plus, extreme_of, mean_of, spread_of, value
 from gspo_bench.core.names import CORRECTION_LEVELS, CORRECTIONS
 
 Tensor = torch.Tensor
@@ -52,19 +52,14 @@ def masked_extreme(x: Tensor, keep: Tensor, largest: bool) -> Tensor:
     return value(extreme_of(x, keep, largest))
 
 
-def ratio_stats(logp_BT: Tensor, old_logp_BT: Tensor, mask_BT: Tensor, high_BT: Tensor, low_BT: Tensor
-                ) -> dict[str, Tensor]:
-    """The clip fractions, ratio spread and ``kl/old`` of one minibatch (docs/algorithms.md, "Clip fraction").
+def ratio_partials(logp_BT: Tensor, old_logp_BT: Tensor, mask_BT: Tensor, high_BT: Tensor, low_BT: Tensor
+                   ) -> dict[str, Partial]:
+    """The clip fractions, ratio spread and ``kl/old`` of some rows (docs/algorithms.md, "Clip fraction"), as
+    their sufficient statistics (``core/metrics.py``: ``metrics.values`` gives the numbers), which merge over
+    the parts of a minibatch into the whole minibatch's.
 
     ``high_BT`` / ``low_BT``: where the loss's clip binds on each side (token-expanded for sequence units).
     """
-    return values(ratio_partials(logp_BT, old_logp_BT, mask_BT, high_BT, low_BT))
-
-
-def ratio_partials(logp_BT: Tensor, old_logp_BT: Tensor, mask_BT: Tensor, high_BT: Tensor, low_BT: Tensor
-                   ) -> dict[str, Partial]:
-    """``ratio_stats`` as the rows' sufficient statistics (``core/metrics.py``), which merge over the parts of a
-    minibatch into the whole minibatch's."""
     valid_BT = mask_BT > 0
     delta_BT = masked_delta(logp_BT, old_logp_BT, mask_BT)
     ratio_BT = torch.exp(delta_BT)
