@@ -4,8 +4,9 @@ A minibatch trained in micro-batches has its metrics from the parts' own suffici
 weighted mean's sum and weight (``Mean``), a share of a sum (``Total``), an extreme (``Extreme``), a population
 spread (``Spread``, by Chan, Golub and LeVeque's pairwise update), a sum of those (``Plus``), or a value
 only the whole minibatch has (``Whole``). ``merge`` joins two parts' statistics, ``value`` gives the metric;
-one part's ``value`` is computed by the same operations as a direct reduction of its tensors, so a minibatch
-in one part logs exactly what it logged before. No loss is evaluated a second time for the metrics.
+one part's ``value`` is computed by the same operations as a direct reduction of its tensors
+(``ratios.masked_mean`` is ``value(mean_of(x, w))``), so a minibatch in one part logs that reduction bit for bit.
+No loss is evaluated a second time for the metrics.
 
 A rollout step runs several minibatches; each returns the same keys. Keys
 ending in ``/min`` or ``_min`` reduce by min, ``/max`` or ``_max`` by max,
