@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from gspo_bench.core.metrics import (Mean, Plus, StepStats, Total, Whole, extreme_of, mean_of, merge, merged,
                                      spread_of, value, values)
+from tests.conftest import examples
 
 
 def test_step_stats_reduce_by_key_suffix():
@@ -80,7 +81,7 @@ def test_kinds_that_cannot_merge_say_so():
         merged([{"a": Total(torch.tensor(1.0))}, {"b": Total(torch.tensor(1.0))}])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.tuples(st.floats(-50, 50, width=32), st.sampled_from([0.0, 1.0, 2.5])), min_size=1, max_size=24),
        st.lists(st.integers(0, 24), max_size=4))
 def test_merging_any_split_of_the_rows_gives_the_whole_rows_statistics(rows, cuts):
