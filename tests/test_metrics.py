@@ -61,6 +61,8 @@ def test_an_empty_part_changes_no_statistic():
     for whole, empty in ((mean_of(x, w), mean_of(torch.tensor([7.0, 8.0]), none)),
                          (spread_of(x, w), spread_of(torch.tensor([7.0, 8.0]), none))):
         assert value(merge(empty, whole)) == value(whole) and value(merge(whole, empty)) == value(whole)
+    spread = spread_of(x, w)  # and a spread's mean too, which later merges build on
+    assert merge(spread_of(x[:0], w[:0]), spread).mean == spread.mean == merge(spread, spread_of(x[:0], w[:0])).mean
     assert value(spread_of(torch.tensor([7.0]), torch.zeros(1))) == 0.0
 
 

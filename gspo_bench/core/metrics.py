@@ -91,7 +91,9 @@ def _merge_spread(a: Spread, b: Spread) -> Spread:
     safe = torch.where(n > 0, n, 1.0)
     d = b.mean - a.mean
     # mean = mean_a + d n_b / n;  m2 = m2_a + m2_b + d^2 n_a n_b / n  (Chan, Golub & LeVeque 1979), d = mean_b - mean_a
-    return Spread(n, a.mean + d * b.n / safe, a.m2 + b.m2 + d.square() * a.n * b.n / safe)
+    # (an empty first part hands over the second's mean as it is, not rounded through d n_b / n)
+    mean = torch.where(a.n > 0, a.mean + d * b.n / safe, b.mean)
+    return Spread(n, mean, a.m2 + b.m2 + d.square() * a.n * b.n / safe)
 
 
 def _merge_whole(a: Whole, b: Whole) -> Whole:
