@@ -38,7 +38,8 @@ def test_a_nan_in_one_minibatch_stays_in_the_step_value():
 
 def test_each_kind_merges_by_hand():
     # means: (1*1 + 3*1) / 2 and (5*2) / 2 -> (4 + 10) / 4
-    a, b = mean_of(torch.tensor([1.0, 3.0]), torch.tensor([1.0, 1.0])), mean_of(torch.tensor([5.0]), torch.tensor([2.0]))
+    a = mean_of(torch.tensor([1.0, 3.0]), torch.tensor([1.0, 1.0]))
+    b = mean_of(torch.tensor([5.0]), torch.tensor([2.0]))
     assert value(a) == 2.0 and value(b) == 5.0 and value(merge(a, b)) == 3.5
     assert value(merge(Total(torch.tensor(0.25)), Total(torch.tensor(0.5)))) == 0.75
     hi = [extreme_of(torch.tensor(x), torch.tensor(k), largest=True) for x, k in (([1.0, 9.0], [True, False]),
@@ -68,8 +69,9 @@ def test_an_empty_part_changes_no_statistic():
 
 def test_nan_in_a_part_stays_in_the_merged_value():
     nan = torch.tensor([float("nan")])
-    for kind in (lambda x: mean_of(x, torch.ones(1)), lambda x: extreme_of(x, torch.ones(1, dtype=torch.bool), True),
-                 lambda x: extreme_of(x, torch.ones(1, dtype=torch.bool), False), lambda x: spread_of(x, torch.ones(1))):
+    keep = torch.ones(1, dtype=torch.bool)
+    for kind in (lambda x: mean_of(x, torch.ones(1)), lambda x: extreme_of(x, keep, True),
+                 lambda x: extreme_of(x, keep, False), lambda x: spread_of(x, torch.ones(1))):
         assert math.isnan(value(merge(kind(torch.tensor([1.0])), kind(nan))))
         assert math.isnan(value(merge(kind(nan), kind(torch.tensor([1.0])))))
 

@@ -8,8 +8,10 @@ weights of the mismatch corrections (``tis`` / ``mis``, docs/algorithms.md's
 "Mismatch corrections") are here too: ``is_weights`` computes the detached
 weight at a loss's ratio unit, ``apply_correction`` applies it to the per-unit
 loss, ``correction_stats`` gives ``mismatch/is_weight_mean`` and
-``mismatch/corrected_frac`` (as sufficient statistics, like ``ratio_partials``: ``core/metrics.py``). Rejection by KL (``rejection_mask``, docs/algorithms.md's "Controls") removes
-tokens or whole responses whose ``log rho`` statistic is out of bounds.
+``mismatch/corrected_frac`` (as sufficient statistics, like ``ratio_partials``:
+``core/metrics.py``). Rejection by KL (``rejection_mask``, docs/algorithms.md's
+"Controls") removes tokens or whole responses whose ``log rho`` statistic is
+out of bounds.
 """
 
 from __future__ import annotations
