@@ -875,9 +875,10 @@ def test_claims_target_mde_prints_the_seeds_each_part_needs_at_its_deciding_leve
     assert "--target-mde 0" in one_line(capsys)
 
 
-def test_claims_joins_runs_tables_one_experiment_each(tmp_path_factory, tmp_path, capsys):
-    """``--runs A --runs B``: each experiment from the table that holds it, the joined table written beside the
-    page; an experiment in two tables is one line and exit 2, before any page."""
+def test_claims_joins_runs_tables_each_seed_from_one(tmp_path_factory, tmp_path, capsys):
+    """``--runs A --runs B``: each experiment from the tables that hold it, the joined table written beside the
+    page; an experiment's later seeds may come from another table (a later round's store), but a seed of an
+    experiment in two tables is one line and exit 2, before any page."""
     from gspo_bench.reporting.frame import read_frame
 
     uri, client, ids = new_store(tmp_path_factory, "claims-join", "claims-default", "suite-long")
@@ -907,11 +908,28 @@ def test_claims_joins_runs_tables_one_experiment_each(tmp_path_factory, tmp_path
     joined = read_frame(out.parent / "claims" / "runs.csv.gz")
     assert set(joined["experiment"]) == {"claims-default", "suite-long"}
     assert joined["run_id"].nunique() == 12
+    # a later round: seeds 3 and 4 of suite-long in a store of their own, joined to the page's table
+    later, client3, ids3 = new_store(tmp_path_factory, "claims-join-later", "suite-long")
+    for s in (3, 4):
+        for algo, fin in (("grpo", .50), ("gspo", .50 + (s + 2) / 100)):
+            log_run(client3, ids3["suite-long"], algo=algo, seed=s, evals=[(0, 0.40), (40, fin)],
+                    tags={"preset": "long"})
+    page3 = tmp_path / "later" / "claims.md"
+    assert main(["claims", "--source", f"suite-long={later}", "--tracking-uri", empty, "--out", str(page3)]) == 0
+    capsys.readouterr()
+    grown = tmp_path / "grown" / "claims.md"
+    assert main(["claims", "--runs", str(out.parent / "claims" / "runs.csv.gz"),
+                 "--runs", str(page3.parent / "claims" / "runs.csv.gz"), "--out", str(grown)]) == 0
+    long_row = next(line for line in grown.read_text().splitlines()
+                    if line.startswith("| long: final pass@1, gspo - grpo"))
+    assert "| 5 (0,1,2,3,4) | +4.0 |" in long_row  # (2 + 3 + 4 + 5 + 6) / 5 points, from both tables
+    assert read_frame(grown.parent / "claims" / "runs.csv.gz")["run_id"].nunique() == 16
     capsys.readouterr()
     assert main(["claims", "--runs", str(tables["suite-long"]), "--runs", str(out.parent / "claims" / "runs.csv.gz"),
                  "--out", str(tmp_path / "twice" / "claims.md")]) == 2
     text = one_line(capsys)
-    assert "experiment 'suite-long' is in both" in text and "give each experiment from one table" in text
+    assert "seed 0 of experiment 'suite-long' is in both" in text
+    assert "give each seed of an experiment from one table" in text
     assert not (tmp_path / "twice").exists()
 
 

@@ -4,13 +4,14 @@ region test and Holm by hand, the collapse events read from the runs, and the co
 from __future__ import annotations
 
 import gzip
+from pathlib import Path
 
 import pytest
 from scipy.stats import ttest_1samp
 
 from gspo_bench.cli.main import main
 from gspo_bench.reporting import staleness as st
-from gspo_bench.reporting.frame import RunData
+from gspo_bench.reporting.frame import RunData, read_frame
 from gspo_bench.reporting.staleness_grid import CORRECTIONS, ETAS, cells, command, experiment
 from tests.mlflow_fakes import one_line
 
@@ -110,6 +111,35 @@ def test_the_command_writes_the_page_its_figure_and_runs_table_and_reads_them_ba
     assert main(["staleness", "--runs", str(out.parent / "runs.csv.gz"), "--out", str(again)]) == 0
     strip = lambda t: t.split("\n", 3)[3]  # noqa: E731
     assert strip(again.read_text()) == strip(page)
+
+
+def test_two_rounds_tables_join_by_seed_and_a_seed_in_both_is_one_line_exit_2(tmp_path, capsys):
+    """A later round's seeds, trained into a store of their own, join the first round's table (``--runs A --runs
+    B``): the cells and the paired rows count both rounds' seeds; a seed of a cell in both tables is refused."""
+    def table(name: str, seeds: range) -> Path:
+        rows = []
+        for eta, base in ((0, 0.70), (8, 0.60)):
+            for seed in seeds:
+                rid = f"e{eta}s{seed}"
+                rows += [(rid, "FINISHED", experiment(eta, "naive"), "", "grpo", seed, "eval/pass1", s, x)
+                         for s, x in ((0, 0.4), (40, base + seed / 100))]
+        _table(tmp_path / name, rows)
+        return tmp_path / name
+
+    first, second = table("first.csv.gz", range(0, 3)), table("second.csv.gz", range(3, 5))
+    out = tmp_path / "page" / "README.md"
+    assert main(["staleness", "--runs", str(first), "--runs", str(second), "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "| naive | grpo | 72.0 (5) | - (0) | - (0) | 62.0 (5) |" in page  # 70 + (0 + 1 + 2 + 3 + 4) / 5
+    assert "| naive | grpo | 8 | 5 | -10.0 |" in page
+    assert set(read_frame(out.parent / "runs.csv.gz")["run_id"]) == {f"e{e}s{s}" for e in (0, 8) for s in range(5)}
+    capsys.readouterr()
+    again = tmp_path / "again" / "README.md"
+    assert main(["staleness", "--runs", str(first), "--runs", str(out.parent / "runs.csv.gz"),
+                 "--out", str(again)]) == 2
+    text = one_line(capsys)
+    assert "seed 0 of experiment 'staleness-e0-naive' is in both" in text and "from one table" in text
+    assert not again.parent.exists()
 
 
 def test_a_table_without_the_grid_or_a_bad_margin_is_one_line_exit_2(tmp_path, capsys):

@@ -242,8 +242,9 @@ def add_claims_parser(sub, default_uri: str) -> None:
                    "(runs.csv.gz, the page's raw data) go beside it in <stem>/ (default results/claims.md)")
     c.add_argument("--runs", metavar="FILE", action="append", help="read every experiment from a runs table "
                    "(an earlier claims page's <stem>/runs.csv.gz, or a report's runs.csv.gz) instead of MLflow "
-                   "stores; repeatable: the tables are joined, each experiment from the one table that holds it, and "
-                   "the joined table is written beside the page as its raw data")
+                   "stores; repeatable: the tables are joined, an experiment's seeds from several (a later round's in "
+                   "a new store), each seed from one, and the joined table is written beside the page as its raw "
+                   "data")
     c.add_argument("--target-mde", type=float, metavar="X",
                    help="instead of the page: per decisive part, the seeds needed to detect X (in the part's unit: "
                    "points of pass@1, log10, or the metric) with 80 %% power at the level that decides it, from the "
@@ -338,8 +339,9 @@ def add_staleness_parser(sub, default_uri: str) -> None:
                        "seed (holds: the 95 %% interval above -margin; falls: below it; Holm over the page), the "
                        "collapse events, a figure, and the runs table (runs.csv.gz) beside it.")
     c.add_argument("--tracking-uri", help=f"MLflow URI (default $MLFLOW_TRACKING_URI or {default_uri})")
-    c.add_argument("--runs", metavar="FILE", help="read the grid from a runs table (an earlier page's runs.csv.gz) "
-                   "instead of an MLflow store")
+    c.add_argument("--runs", metavar="FILE", action="append", help="read the grid from a runs table (an earlier "
+                   "page's runs.csv.gz) instead of an MLflow store; repeatable: the tables are joined, an "
+                   "experiment's seeds from several (a later round's in a new store), each seed from one")
     c.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                    help=f"points of pass@1 a cell may lose and still hold (default {DEFAULT_MARGIN:g})")
     c.add_argument("--out", default="results/staleness/README.md", help="the page to write; its figure and runs "
@@ -384,8 +386,8 @@ def staleness_command(args, console) -> int:
     names = {experiment(eta, c) for eta, c in cells()}
     table, uris = None, None
     if args.runs:
-        table = read_frame(args.runs)
-        cl.check_table(table, names, f"--runs {args.runs!r}")
+        table = cl.join_tables({path: read_frame(path) for path in args.runs})
+        cl.check_table(table, names, "--runs " + " ".join(repr(p) for p in args.runs))
     else:
         uri = read_uri(args.tracking_uri)
         uris = {n: uri for n in names}
@@ -404,7 +406,7 @@ def staleness_command(args, console) -> int:
             "machine": machine(), "runs": st.provenance(runs)}
     out.write_text(st.markdown(grid, rows, meta, str(figure.relative_to(out.parent))))
     own = out.parent / RUNS_FILE
-    if frame is not None and (args.runs is None or Path(args.runs).resolve() != own.resolve()):
+    if frame is not None and (table is None or len(args.runs) > 1 or Path(args.runs[0]).resolve() != own.resolve()):
         write_frame(frame, own)
     for line in st.summary_lines(rows):
         console.print(line, soft_wrap=True, markup=False)

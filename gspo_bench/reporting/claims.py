@@ -334,20 +334,23 @@ def check_table(frame, experiments: set[str], source: str) -> None:
 
 
 def join_tables(tables: dict[str, object]):
-    """Runs tables (path -> table, ``frame.read_frame``) as one: each experiment must come from one table, so
-    an experiment held by two of them is a ConfigError naming both (joining them would pair runs of two
-    stores by seed as if they were one experiment)."""
+    """Runs tables (path -> table, ``frame.read_frame``) as one. An experiment may be split across them by seed
+    (a later round's seeds trained into a new store), but each of its seeds must come from one table: a seed of
+    an experiment held by two is a ConfigError naming both (joining them would pair two stores' runs of one seed
+    as if one store had made them, or count a run twice)."""
     import pandas as pd
 
     from gspo_bench.config import ConfigError
 
-    where: dict[str, str] = {}
+    where: dict[tuple[str, str], str] = {}
     for path, table in tables.items():
-        for name in table["experiment"].dropna().unique():
-            if name in where:
-                raise ConfigError(f"--runs: experiment {name!r} is in both {where[name]!r} and {path!r}; "
-                                  f"give each experiment from one table")
-            where[name] = path
+        cells = table[["experiment", "tags.seed"]].dropna().drop_duplicates()
+        for name, seed in sorted(cells.itertuples(index=False), key=lambda c: (c[0], int(c[1]))):
+            key = (name, str(seed))
+            if key in where:
+                raise ConfigError(f"--runs: seed {seed} of experiment {name!r} is in both {where[key]!r} and "
+                                  f"{path!r}; give each seed of an experiment from one table")
+            where[key] = path
     return pd.concat(list(tables.values()), ignore_index=True)
 
 

@@ -150,9 +150,10 @@ def markdown(grid: dict[tuple[str, str, int], Cell], rows: list[Row], meta: dict
         out.append(f"- `{c.name}` ({', '.join(c.algos)}): {c.text}; "
                    + (", ".join(f"`{s}`" for s in c.sets) if c.sets else "no setting beside the lag") + ".")
     out += ["", "## Commands", "", "Each (eta, correction) is one experiment, `staleness-e<eta>-<correction>`, "
-            "one store for all of them (`staleness --run --seeds ...` trains them all in one command); the runs "
-            "read here were made by these, with `--tracking-uri` naming the store, one seed at a time (a stopped "
-            "job resumes with `--resume`):", "", "```bash"]
+            "one store for a round's cells (`staleness --run --seeds ...` trains them all in one command; "
+            "`staleness --runs A --runs B` joins two rounds' tables, each seed from one); the runs read here were "
+            "made by these, with `--tracking-uri` naming the store, one seed at a time (a stopped job resumes "
+            "with `--resume`):", "", "```bash"]
     out += [c for eta, corr in cells() for c in commands(eta, corr)]
     out += ["```", "", "## Final greedy pass@1 by staleness", "",
             "Mean over seeds (seeds in brackets). Cells may hold different seeds (a second round grows only "
