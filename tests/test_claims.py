@@ -11,8 +11,8 @@ from scipy.stats import ttest_1samp
 from gspo_bench.cli.main import main
 from gspo_bench.config import ConfigError
 from gspo_bench.reporting import claims as cl
-from gspo_bench.reporting.claim_specs import (EXPERIMENTS, LOG_SESOI, ROUNDS, SEEDS, STRESS_SEEDS, Claim, Curve, Part,
-                                              Term, claims, region_lookup, registered, table_comparison)
+from gspo_bench.reporting.claim_specs import (EXPERIMENTS, LOG_SESOI, ROUNDS, Claim, Part, Term, claims, region_lookup,
+                                              registered, table_comparison)
 from gspo_bench.reporting.frame import RunData
 
 
@@ -117,7 +117,7 @@ def _p_by_hand(ds: list[float], region: tuple[float, float]) -> tuple[float, boo
     one-sample t test of the differences against e, inside when their mean is on the region's side of e; for
     (lo, hi), the two one-sided tests of equivalence (the larger one-sided p, doubled) against the smaller
     one-sided p of lying beyond an edge, doubled."""
-    n, mean = len(ds), sum(ds) / len(ds)
+    mean = sum(ds) / len(ds)
     lo, hi = region
     if math.isfinite(lo) != math.isfinite(hi):
         edge = lo if math.isfinite(lo) else hi
