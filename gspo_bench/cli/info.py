@@ -319,12 +319,18 @@ def claims_command(args, console) -> int:
     # the page's raw data beside it (claims --runs reads it back), unless it was read from there: the runs of
     # the experiments the page read, from stores, several tables, or one table kept elsewhere
     own = fig_dir / RUNS_FILE
-    if frame is not None and (table is None or len(args.runs) > 1 or Path(args.runs[0]).resolve() != own.resolve()):
+    if frame is not None and not _read_from(args.runs, own):
         write_frame(frame, own)
     for i, r in enumerate(results, 1):
         console.print(f"{i}. {r.claim.text} -> {r.verdict}{cl.seeds_and_mde(r)}", soft_wrap=True, markup=False)
     console.print(f"wrote {out} and {len(figures)} figures in {fig_dir}", soft_wrap=True, markup=False)
     return 0
+
+
+def _read_from(runs: list[str] | None, own: Path) -> bool:
+    """Whether a page read its runs from its own raw-data table alone (``--runs`` naming just that file), which
+    it then leaves as it is; from stores, several tables, or one kept elsewhere, the page writes its own."""
+    return bool(runs) and len(runs) == 1 and Path(runs[0]).resolve() == own.resolve()
 
 
 def add_staleness_parser(sub, default_uri: str) -> None:
@@ -406,7 +412,7 @@ def staleness_command(args, console) -> int:
             "machine": machine(), "runs": st.provenance(runs)}
     out.write_text(st.markdown(grid, rows, meta, str(figure.relative_to(out.parent))))
     own = out.parent / RUNS_FILE
-    if frame is not None and (table is None or len(args.runs) > 1 or Path(args.runs[0]).resolve() != own.resolve()):
+    if frame is not None and not _read_from(args.runs, own):
         write_frame(frame, own)
     for line in st.summary_lines(rows):
         console.print(line, soft_wrap=True, markup=False)
